@@ -1,0 +1,297 @@
+"""A small graph builder that writes .circle and .tflite bytes.
+
+    b = Builder()
+    x = b.input("x", (1, 4))
+    w = b.constant("w", np.ones((3, 4), np.float32))
+    y = b.op("FULLY_CONNECTED", [x, w, -1], {"fused_activation_function": "RELU"})
+    b.output(y)
+    data = b.to_bytes("tflite")
+
+Output shapes and dtypes are inferred by running circle-jax's own operator on abstract values
+(``jax.eval_shape``); pass ``shapes=``/``dtypes=`` where inference is not possible.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import ir
+from .io.reader import _options
+from .io.schema import OPERATOR_CODES, options_class, options_tag, schema, tensor_type
+from .io.writer import pack
+from .ops.common import is_static
+from .ops.registry import OpContext, lookup
+
+_ENUMS = {
+    "padding": schema.Padding.Padding,
+    "fused_activation_function": schema.ActivationFunctionType.ActivationFunctionType,
+    "mode": schema.MirrorPadMode.MirrorPadMode,
+}
+_DTYPE_OPTIONS = {"in_data_type", "out_data_type", "out_type", "output_type", "idx_out_type"}
+
+
+@dataclass
+class _Tensor:
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    data: np.ndarray | None = None
+
+
+@dataclass
+class _Op:
+    type: str
+    custom_code: str | None
+    inputs: list[int]
+    outputs: list[int]
+    options_tag: int
+    options: Any
+    custom_options: bytes | None
+    version: int
+
+
+@dataclass
+class GraphBuilder:
+    """One subgraph under construction; tensors are referred to by their integer index."""
+
+    owner: Builder
+    index: int
+    name: str
+    tensors: list[_Tensor] = field(default_factory=list)
+    ops: list[_Op] = field(default_factory=list)
+    inputs: list[int] = field(default_factory=list)
+    outputs: list[int] = field(default_factory=list)
+
+    def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> int:
+        """Add a graph input."""
+        t = self._add(name, tuple(shape), np.dtype(dtype).name)
+        self.inputs.append(t)
+        return t
+
+    def constant(self, name: str, value: Any, dtype: str | None = None) -> int:
+        """Add a constant tensor holding ``value`` (its numpy dtype is kept unless given)."""
+        arr = np.asarray(value, dtype=dtype)
+        return self._add(name, arr.shape, _dtype_name(arr.dtype), np.ascontiguousarray(arr))
+
+    def tensor(self, name: str, shape: Sequence[int], dtype: str = "float32") -> int:
+        """Add a plain (non-constant) tensor, e.g. for an output computed by a later op."""
+        return self._add(name, tuple(shape), np.dtype(dtype).name)
+
+    def op(
+        self,
+        op_type: str,
+        inputs: Sequence[int],
+        options: Mapping[str, Any] | None = None,
+        *,
+        outputs: int | Sequence[int] = 1,
+        shapes: Sequence[Sequence[int]] | None = None,
+        dtypes: Sequence[str] | None = None,
+        names: Sequence[str] | None = None,
+        custom_code: str | None = None,
+        custom_options: bytes | None = None,
+        version: int = 1,
+    ) -> Any:
+        """Add an operator; returns its output tensor (or a tuple when it has several).
+
+        ``op_type`` is a builtin name (``"CONV_2D"``) or ``"CUSTOM"`` with ``custom_code``.
+        ``options`` use snake_case names of the schema's options table; enum options accept
+        names (``padding="VALID"``, ``fused_activation_function="RELU6"``). ``outputs`` is
+        a count of new tensors or a list of existing tensor indices.
+        """
+        if op_type not in OPERATOR_CODES:
+            raise ValueError(f"unknown operator {op_type!r}")
+        tag = options_tag(op_type)
+        opts = _options_object(op_type, tag, options or {})
+        if isinstance(outputs, int):
+            n = outputs
+            out_idx = None
+        else:
+            out_idx, n = list(outputs), len(outputs)
+        names = list(names) if names else [
+            f"{op_type.lower()}_{len(self.ops)}" + (f"_{j}" if n > 1 else "") for j in range(n)
+        ]
+        if out_idx is None:
+            inferred = self._infer(op_type, custom_code, inputs, opts, custom_options, n,
+                                   shapes, dtypes)
+            out_idx = [self._add(nm, s, d) for nm, (s, d) in zip(names, inferred)]
+        self.ops.append(
+            _Op(op_type, custom_code, list(inputs), out_idx, tag, opts, custom_options, version)
+        )
+        return out_idx[0] if n == 1 else tuple(out_idx)
+
+    def output(self, *tensors: int) -> None:
+        """Mark tensors as graph outputs, in order."""
+        self.outputs.extend(tensors)
+
+    def shape(self, t: int) -> tuple[int, ...]:
+        return self.tensors[t].shape
+
+    def _add(self, name: str, shape: tuple[int, ...], dtype: str, data: Any = None) -> int:
+        self.tensors.append(_Tensor(name, tuple(int(d) for d in shape), dtype, data))
+        return len(self.tensors) - 1
+
+    def _ir_tensor(self, i: int) -> ir.Tensor | None:
+        if i < 0:
+            return None
+        t = self.tensors[i]
+        return ir.Tensor(i, t.name, t.shape, t.dtype, 0, t.data)
+
+    def _infer(self, op_type, custom_code, inputs, opts, custom_options, n, shapes, dtypes):
+        if shapes is not None:
+            dts = dtypes or ["float32"] * n
+            return [(tuple(s), np.dtype(d).name) for s, d in zip(shapes, dts)]
+        key = f"CUSTOM:{custom_code}" if op_type == "CUSTOM" else op_type
+        fn = lookup(key)
+        if fn is None:
+            raise ValueError(f"cannot infer output shapes of {key}: pass shapes= and dtypes=")
+        placeholder = tuple(
+            ir.Tensor(-1, f"out{j}", (), np.dtype(dtypes[j]).name if dtypes else "float32", 0)
+            for j in range(n)
+        )
+        op = ir.Operator(len(self.ops), op_type, OPERATOR_CODES[op_type], tuple(inputs), (),
+                         _options(opts), custom_code, custom_options)
+        ctx = OpContext(op, tuple(self._ir_tensor(i) for i in inputs), placeholder,
+                        self.owner._abstract_subgraph)
+        values = [None if i < 0 else self.tensors[i] for i in inputs]
+        dynamic = [j for j, t in enumerate(values) if t is not None and t.data is None]
+
+        def run(*dyn: Any) -> Any:
+            args = [None if t is None else t.data for t in values]
+            for j, v in zip(dynamic, dyn):
+                args[j] = v
+            return fn(ctx, *args)
+
+        structs = [jax.ShapeDtypeStruct(values[j].shape, ir.as_numpy_dtype(values[j].dtype))
+                   for j in dynamic]
+        if dynamic:
+            out = jax.eval_shape(run, *structs)
+        else:
+            with jax.ensure_compile_time_eval():
+                out = run()
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        result = []
+        for o in outs:
+            dtype = o.dtype if not is_static(o) else np.asarray(o).dtype
+            result.append((tuple(np.shape(o)), _dtype_name(dtype)))
+        return result
+
+
+class Builder:
+    """Builds a whole model: the main graph (methods forwarded) plus optional subgraphs."""
+
+    def __init__(self, description: str = "circle-jax builder") -> None:
+        self.description = description
+        self.graphs: list[GraphBuilder] = []
+        self.main = self.subgraph("main")
+
+    def subgraph(self, name: str) -> GraphBuilder:
+        """A new subgraph (for IF / WHILE bodies); its index is ``.index``."""
+        g = GraphBuilder(self, len(self.graphs), name)
+        self.graphs.append(g)
+        return g
+
+    def __getattr__(self, name: str) -> Any:
+        if name in ("input", "constant", "tensor", "op", "output", "shape"):
+            return getattr(self.main, name)
+        raise AttributeError(name)
+
+    def _abstract_subgraph(self, k: int, args: Sequence[Any]) -> tuple[Any, ...]:
+        g = self.graphs[k]
+        return tuple(jnp.zeros(g.tensors[i].shape, ir.as_numpy_dtype(g.tensors[i].dtype))
+                     for i in g.outputs)
+
+    def to_object(self) -> Any:
+        """circle-schema's ``ModelT`` of this model."""
+        m = schema.Model.ModelT()
+        m.version = 0
+        m.description = self.description
+        m.buffers = [schema.Buffer.BufferT()]
+        codes: dict[tuple, int] = {}
+        m.operatorCodes = []
+        m.subgraphs = []
+        for g in self.graphs:
+            sg = schema.SubGraph.SubGraphT()
+            sg.name = g.name
+            sg.tensors = []
+            for t in g.tensors:
+                tt = schema.Tensor.TensorT()
+                tt.name, tt.shape, tt.type = t.name, list(t.shape), tensor_type(t.dtype)
+                if t.data is not None:
+                    b = schema.Buffer.BufferT()
+                    b.data = np.ascontiguousarray(t.data).view(np.uint8).ravel()
+                    m.buffers.append(b)
+                    tt.buffer = len(m.buffers) - 1
+                sg.tensors.append(tt)
+            sg.inputs, sg.outputs = list(g.inputs), list(g.outputs)
+            sg.operators = []
+            for o in g.ops:
+                key = (o.type, o.custom_code, o.version)
+                if key not in codes:
+                    code = OPERATOR_CODES[o.type]
+                    oc = schema.OperatorCode.OperatorCodeT()
+                    oc.builtinCode = code
+                    oc.deprecatedBuiltinCode = code if 0 <= code < 127 else 127
+                    oc.customCode, oc.version = o.custom_code, o.version
+                    codes[key] = len(m.operatorCodes)
+                    m.operatorCodes.append(oc)
+                op = schema.Operator.OperatorT()
+                op.opcodeIndex = codes[key]
+                op.inputs, op.outputs = list(o.inputs), list(o.outputs)
+                if o.options is not None:
+                    op.builtinOptionsType, op.builtinOptions = o.options_tag, o.options
+                if o.custom_options is not None:
+                    op.customOptions = np.frombuffer(o.custom_options, np.uint8)
+                sg.operators.append(op)
+            m.subgraphs.append(sg)
+        return m
+
+    def to_bytes(self, file_format: str = "circle") -> bytes:
+        """The model as ``"circle"`` (CIR0) or ``"tflite"`` (TFL3, version 3) bytes."""
+        return pack(self.to_object(), file_format)
+
+    def save(self, path: str | os.PathLike, file_format: str | None = None) -> None:
+        """Write the model; the format follows the extension unless given."""
+        from .io.atomic import atomic_write
+
+        path = os.fspath(path)
+        fmt = file_format or ("tflite" if path.endswith(".tflite") else "circle")
+        atomic_write(path, self.to_bytes(fmt))
+
+
+def _dtype_name(dtype: Any) -> str:
+    name = np.dtype(dtype).name
+    return name
+
+
+def _options_object(op_type: str, tag: int, options: Mapping[str, Any]) -> Any:
+    if not tag:
+        if options:
+            raise ValueError(f"{op_type} takes no options, got {sorted(options)}")
+        return None
+    obj = options_class(tag)()
+    from .io.schema import camel_case
+
+    valid = {k for k in vars(obj)}
+    for key, value in options.items():
+        attr = camel_case(key)
+        if attr not in valid:
+            from .io.schema import snake_case
+
+            raise ValueError(
+                f"{op_type} has no option {key!r}; valid: {sorted(snake_case(v) for v in valid)}"
+            )
+        if isinstance(value, str) and key in _ENUMS:
+            value = getattr(_ENUMS[key], value.upper())
+        elif key in _DTYPE_OPTIONS and not isinstance(value, int):
+            value = tensor_type(value)
+        elif isinstance(value, (tuple, np.ndarray)):
+            value = list(np.asarray(value).tolist())
+        setattr(obj, attr, value)
+    return obj

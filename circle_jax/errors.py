@@ -1,0 +1,23 @@
+"""Errors circle-jax raises for bad input: each message is one line saying what is wrong."""
+
+from __future__ import annotations
+
+
+class CircleJaxError(Exception):
+    """Base class of every error circle-jax raises on purpose."""
+
+
+class CircleFormatError(CircleJaxError, ValueError):
+    """A model or companion file is malformed, truncated or of a foreign format."""
+
+
+class UnsupportedOperatorError(CircleJaxError, NotImplementedError):
+    """The model uses operators circle-jax cannot lower; the message lists all of them."""
+
+
+class DataError(CircleJaxError, ValueError):
+    """Training or inference data does not fit the model (sizes, dtypes, counts)."""
+
+
+class TrainingError(CircleJaxError, RuntimeError):
+    """Training cannot go on (e.g. a non-finite loss)."""

@@ -1,0 +1,222 @@
+"""Read .circle / .tflite bytes into the immutable IR, refusing malformed files clearly."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+
+from .. import ir
+from ..ir import as_numpy_dtype
+from ..errors import CircleFormatError
+from .schema import (
+    CIRCLE_IDENTIFIER,
+    OPERATOR_NAMES,
+    TFLITE_IDENTIFIER,
+    numpy_dtype,
+    schema,
+    snake_case,
+)
+
+_MIN_SIZE = 8  # root offset + file identifier
+
+
+def read_bytes(source: str | os.PathLike | bytes) -> tuple[bytes, str]:
+    """The bytes of a model given as a path or bytes, and a name for messages."""
+    if isinstance(source, (bytes, bytearray, memoryview)):
+        return bytes(source), "<bytes>"
+    path = os.fspath(source)
+    try:
+        with open(path, "rb") as f:
+            return f.read(), path
+    except OSError as e:
+        raise CircleFormatError(f"cannot read model file {path}: {e.strerror}") from None
+
+
+def unpack(buf: bytes, where: str = "<bytes>") -> Any:
+    """Check the identifier and unpack the flatbuffer into circle-schema's ``ModelT``."""
+    if len(buf) < _MIN_SIZE:
+        raise CircleFormatError(
+            f"{where}: {len(buf)} bytes is too short for a Circle/TFLite model "
+            f"(expected a FlatBuffer with identifier CIR0 or TFL3)"
+        )
+    ident = bytes(buf[4:8])
+    if ident not in (CIRCLE_IDENTIFIER, TFLITE_IDENTIFIER):
+        raise CircleFormatError(
+            f"{where}: file identifier {ident!r} is neither b'CIR0' (Circle) nor b'TFL3' (TFLite)"
+        )
+    root = int.from_bytes(buf[:4], "little")
+    if root + 4 > len(buf):
+        raise CircleFormatError(
+            f"{where}: root table offset {root} lies past the end of the {len(buf)}-byte file "
+            "(truncated file?)"
+        )
+    try:
+        return schema.Model.ModelT.InitFromPackedBuf(buf, 0)
+    except Exception as e:  # flatbuffers raises struct/index errors on bad offsets
+        raise CircleFormatError(
+            f"{where}: not a readable {ident.decode()} FlatBuffer ({type(e).__name__}: {e}); "
+            "the file is truncated or corrupted"
+        ) from None
+
+
+def read_model(source: str | os.PathLike | bytes) -> ir.Model:
+    """Read a .circle or .tflite model (path or bytes) into the IR."""
+    buf, where = read_bytes(source)
+    m = unpack(buf, where)
+    return model_from_object(m, buf, where)
+
+
+def model_from_object(m: Any, buf: bytes, where: str = "<bytes>") -> ir.Model:
+    """Convert circle-schema's ``ModelT`` into the validated IR."""
+    buffers = [_buffer_bytes(b, buf, i, where) for i, b in enumerate(m.buffers or [])]
+    opcodes = [_opcode(c) for c in (m.operatorCodes or [])]
+    subgraphs = tuple(
+        _subgraph(k, sg, buffers, opcodes, where) for k, sg in enumerate(m.subgraphs or [])
+    )
+    if not subgraphs:
+        raise CircleFormatError(f"{where}: the model has no subgraph (expected at least one)")
+    metadata = {}
+    for md in m.metadata or []:
+        name = _text(md.name)
+        metadata[name] = _index(md.buffer, len(buffers), f"metadata {name!r} buffer", where)
+    metadata = {name: buffers[i] or b"" for name, i in metadata.items()}
+    signatures = tuple(_signature(s, subgraphs, where) for s in (m.signatureDefs or []))
+    return ir.Model(
+        subgraphs=subgraphs,
+        file_identifier=bytes(buf[4:8]).decode(),
+        version=int(m.version),
+        description=_text(m.description),
+        metadata=metadata,
+        signature_defs=signatures,
+        source=bytes(buf),
+    )
+
+
+def _text(value: Any) -> str:
+    if value is None:
+        return ""
+    return value.decode("utf-8", "replace") if isinstance(value, bytes) else str(value)
+
+
+def _index(i: int, n: int, what: str, where: str) -> int:
+    if not 0 <= i < n:
+        raise CircleFormatError(f"{where}: {what} index {i} is out of range (expected 0..{n - 1})")
+    return int(i)
+
+
+def _buffer_bytes(b: Any, buf: bytes, i: int, where: str) -> bytes | None:
+    if b.offset > 1:  # data stored past the flatbuffer (large models)
+        end = b.offset + b.size
+        if end > len(buf):
+            raise CircleFormatError(
+                f"{where}: buffer {i} claims bytes {b.offset}..{end} but the file has "
+                f"{len(buf)} bytes (truncated file?)"
+            )
+        return bytes(buf[b.offset : end])
+    if b.data is None or len(b.data) == 0:
+        return None
+    return np.asarray(b.data, dtype=np.uint8).tobytes()
+
+
+def _opcode(c: Any) -> tuple[int, str | None, int]:
+    # Circle's rule: 127 in the deprecated field means "look at builtin_code".
+    code = c.builtinCode if c.deprecatedBuiltinCode == 127 else c.deprecatedBuiltinCode
+    return int(code), (_text(c.customCode) if c.customCode is not None else None), int(c.version)
+
+
+def _tensor(k: int, t: Any, buffers: list, sg: int, where: str) -> ir.Tensor:
+    dtype = numpy_dtype(t.type)
+    shape = tuple(int(d) for d in (t.shape if t.shape is not None else ()))
+    name = _text(t.name) or f"tensor_{sg}_{k}"
+    bidx = _index(t.buffer, max(len(buffers), 1), f"tensor {name!r} buffer", where)
+    raw = buffers[bidx] if bidx < len(buffers) else None
+    data = None
+    if raw is not None and dtype not in ("string",) and not dtype.startswith(("unknown", "ggml")):
+        try:
+            np_dtype = as_numpy_dtype(dtype)
+        except TypeError:
+            np_dtype = None
+        if np_dtype is not None:
+            count = int(np.prod(shape, dtype=np.int64))
+            if len(raw) != count * np_dtype.itemsize:
+                raise CircleFormatError(
+                    f"{where}: constant tensor {name!r} of shape {list(shape)} {dtype} needs "
+                    f"{count * np_dtype.itemsize} bytes but its buffer {bidx} has {len(raw)}"
+                )
+            data = np.frombuffer(raw, dtype=np_dtype).reshape(shape)
+    q = t.quantization
+    quant = None
+    if q is not None and q.scale is not None and len(q.scale):
+        zp = q.zeroPoint if q.zeroPoint is not None else [0] * len(q.scale)
+        quant = ir.Quantization(
+            tuple(float(s) for s in q.scale), tuple(int(z) for z in zp), int(q.quantizedDimension)
+        )
+    sig = tuple(int(d) for d in t.shapeSignature) if t.shapeSignature is not None else None
+    return ir.Tensor(k, name, shape, dtype, bidx, data, quant, sig, bool(t.isVariable))
+
+
+def _options(o: Any) -> ir.Options:
+    if o is None:
+        return ir.Options()
+    items = {}
+    for key, value in vars(o).items():
+        if isinstance(value, np.ndarray):
+            value = tuple(value.tolist())
+        elif isinstance(value, list):
+            value = tuple(value)
+        elif isinstance(value, bytes):
+            value = value.decode("utf-8", "replace")
+        items[snake_case(key)] = value
+    return ir.Options(items)
+
+
+def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, where: str) -> ir.Subgraph:
+    tensors = tuple(_tensor(i, t, buffers, k, where) for i, t in enumerate(sg.tensors or []))
+    n = len(tensors)
+
+    def indices(values: Any, what: str, optional: bool = False) -> tuple[int, ...]:
+        out = tuple(int(v) for v in (values if values is not None else ()))
+        for v in out:
+            if not (optional and v == -1):
+                _index(v, n, f"subgraph {k} {what} tensor", where)
+        return out
+
+    operators = []
+    for i, op in enumerate(sg.operators or []):
+        oc = _index(op.opcodeIndex, len(opcodes), f"subgraph {k} operator {i} opcode", where)
+        code, custom, version = opcodes[oc]
+        name = OPERATOR_NAMES.get(code, f"UNKNOWN_{code}")
+        options = op.builtinOptions if op.builtinOptions is not None else op.builtinOptions2
+        custom_options = (
+            np.asarray(op.customOptions, np.uint8).tobytes() if op.customOptions is not None else None
+        )
+        operators.append(
+            ir.Operator(
+                index=i,
+                type=name,
+                code=code,
+                inputs=indices(op.inputs, f"operator {i} ({name}) input", optional=True),
+                outputs=indices(op.outputs, f"operator {i} ({name}) output"),
+                options=_options(options),
+                custom_code=custom,
+                custom_options=custom_options,
+                version=version,
+            )
+        )
+    return ir.Subgraph(
+        index=k,
+        name=_text(sg.name),
+        tensors=tensors,
+        operators=tuple(operators),
+        inputs=indices(sg.inputs, "input"),
+        outputs=indices(sg.outputs, "output"),
+    )
+
+
+def _signature(s: Any, subgraphs: tuple, where: str) -> ir.SignatureDef:
+    k = _index(s.subgraphIndex, len(subgraphs), "signature subgraph", where)
+    def names(maps: Any) -> dict[str, int]:
+        return {_text(t.name): int(t.tensorIndex) for t in (maps or [])}
+    return ir.SignatureDef(_text(s.signatureKey), k, names(s.inputs), names(s.outputs))

@@ -1,0 +1,154 @@
+"""The intermediate representation: immutable dataclasses describing a Circle/TFLite model.
+
+The IR is what the reader produces and what lowering consumes. It holds everything needed
+to run the model and, through ``Model.source`` (the original file bytes), everything needed
+to write it back with new weights.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+# Fused activation codes (ActivationFunctionType) and padding codes (Padding).
+ACT_NONE, ACT_RELU, ACT_RELU_N1_TO_1, ACT_RELU6, ACT_TANH, ACT_SIGN_BIT = range(6)
+PAD_SAME, PAD_VALID = 0, 1
+
+
+def as_numpy_dtype(name: str) -> np.dtype:
+    """numpy dtype for an IR dtype name (bfloat16 through ml_dtypes)."""
+    if name == "bfloat16":
+        import ml_dtypes
+
+        return np.dtype(ml_dtypes.bfloat16)
+    return np.dtype(name)
+
+
+class Options(Mapping[str, Any]):
+    """Read-only operator options with snake_case keys, readable as attributes.
+
+    ``op.options.fused_activation_function`` and ``op.options["stride_w"]`` both work;
+    a missing option reads as ``None`` through attribute access.
+    """
+
+    __slots__ = ("_items",)
+
+    def __init__(self, items: Mapping[str, Any] | None = None) -> None:
+        object.__setattr__(self, "_items", dict(items or {}))
+
+    def __getitem__(self, key: str) -> Any:
+        return self._items[key]
+
+    def __iter__(self) -> Iterator[str]:
+        return iter(self._items)
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            return self._items[key]
+        except KeyError:
+            return None
+
+    def __setattr__(self, key: str, value: Any) -> None:
+        raise AttributeError("Options are read-only")
+
+    def __repr__(self) -> str:
+        inner = ", ".join(f"{k}={v!r}" for k, v in self._items.items())
+        return f"Options({inner})"
+
+
+@dataclass(frozen=True)
+class Quantization:
+    """Affine quantization parameters of a tensor (per-tensor or per-axis)."""
+
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
+    quantized_dimension: int = 0
+
+
+@dataclass(frozen=True, eq=False)
+class Tensor:
+    """One tensor of a subgraph; ``data`` is set (read-only numpy) for constants."""
+
+    index: int
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    buffer: int
+    data: np.ndarray | None = field(default=None, repr=False)
+    quantization: Quantization | None = None
+    shape_signature: tuple[int, ...] | None = None
+    is_variable: bool = False
+
+    @property
+    def is_constant(self) -> bool:
+        return self.data is not None
+
+    @property
+    def is_float(self) -> bool:
+        return self.dtype in ("float16", "float32", "float64", "bfloat16")
+
+
+@dataclass(frozen=True)
+class Operator:
+    """One operator: ``type`` is the builtin name (``CONV_2D``) or ``CUSTOM``."""
+
+    index: int
+    type: str
+    code: int
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+    options: Options = field(default_factory=Options)
+    custom_code: str | None = None
+    custom_options: bytes | None = field(default=None, repr=False)
+    version: int = 1
+
+    @property
+    def key(self) -> str:
+        """The registry key: the builtin name, or ``CUSTOM:<custom_code>``."""
+        return f"CUSTOM:{self.custom_code}" if self.type == "CUSTOM" else self.type
+
+
+@dataclass(frozen=True)
+class Subgraph:
+    index: int
+    name: str
+    tensors: tuple[Tensor, ...]
+    operators: tuple[Operator, ...]
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...]
+
+
+@dataclass(frozen=True)
+class SignatureDef:
+    key: str
+    subgraph_index: int
+    inputs: Mapping[str, int]
+    outputs: Mapping[str, int]
+
+
+@dataclass(frozen=True, eq=False)
+class Model:
+    """A whole model file. ``source`` keeps the original bytes for exact write-back."""
+
+    subgraphs: tuple[Subgraph, ...]
+    file_identifier: str
+    version: int
+    description: str
+    metadata: Mapping[str, bytes] = field(repr=False)
+    signature_defs: tuple[SignatureDef, ...] = ()
+    source: bytes = field(default=b"", repr=False)
+
+    @property
+    def main(self) -> Subgraph:
+        return self.subgraphs[0]
+
+    @property
+    def format(self) -> str:
+        """``"circle"`` for CIR0 files, ``"tflite"`` otherwise."""
+        return "circle" if self.file_identifier == "CIR0" else "tflite"

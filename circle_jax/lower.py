@@ -1,0 +1,144 @@
+"""Lowering: the IR becomes a pure ``apply(params, *inputs)`` built from registered operators.
+
+Float constant tensors are parameters (looked up by name in ``params``); every other constant
+stays a static numpy value, and operators whose inputs are all static are evaluated at lowering
+time (constant folding), so shape arithmetic never reaches the compiled graph.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping, Sequence
+from typing import Any
+
+import jax
+import numpy as np
+
+from . import ir
+from .errors import UnsupportedOperatorError
+from .ops.registry import OpContext, lookup
+
+# Operators that must never be folded (they carry control flow or state).
+_NO_FOLD = frozenset({"IF", "WHILE", "STABLEHLO_COMPOSITE", "CALL_ONCE", "VAR_HANDLE"})
+
+ParamKey = tuple[int, int]  # (subgraph index, tensor index)
+
+
+def param_table(model: ir.Model) -> dict[str, ParamKey]:
+    """Unique readable names for every float constant tensor that some operator reads."""
+    table: dict[str, ParamKey] = {}
+    for sg in model.subgraphs:
+        read = {i for op in sg.operators for i in op.inputs if i >= 0}
+        for t in sg.tensors:
+            if t.is_constant and t.is_float and t.index in read:
+                name, n = t.name, 1
+                while name in table:
+                    name, n = f"{t.name}_{n}", n + 1
+                table[name] = (sg.index, t.index)
+    return table
+
+
+def unsupported_operators(model: ir.Model) -> list[str]:
+    """A line per operator circle-jax cannot lower (all of them, not just the first)."""
+    missing = []
+    for sg in model.subgraphs:
+        for op in sg.operators:
+            if lookup(op.key) is None:
+                where = f"subgraph {sg.index} " if len(model.subgraphs) > 1 else ""
+                missing.append(f"{op.key} (code {op.code}) at {where}operator {op.index}")
+    return missing
+
+
+def check_supported(model: ir.Model) -> None:
+    """Raise one error listing every unsupported operator of the model."""
+    missing = unsupported_operators(model)
+    if missing:
+        raise UnsupportedOperatorError(
+            f"{len(missing)} unsupported operator(s): " + "; ".join(missing)
+            + " (see circle_jax.supported_operators())"
+        )
+
+
+class Lowered:
+    """The lowered model: pure functions over (params, inputs), built once per IR."""
+
+    def __init__(self, model: ir.Model) -> None:
+        check_supported(model)
+        self.model = model
+        self.params = param_table(model)
+        self._param_name = {key: name for name, key in self.params.items()}
+
+    def apply(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
+        """Run subgraph 0: the model's outputs, in order, as a tuple."""
+        outputs, _ = self.run(0, params, inputs, keep=False)
+        return outputs
+
+    def intermediates(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, Any]:
+        """Every tensor of subgraph 0 computed for these inputs, keyed by tensor name."""
+        _, env = self.run(0, params, inputs, keep=True)
+        return env
+
+    def run(
+        self, k: int, params: Mapping[str, Any], inputs: Sequence[Any], keep: bool
+    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        sg = self.model.subgraphs[k]
+        if len(inputs) != len(sg.inputs):
+            raise TypeError(f"subgraph {k} takes {len(sg.inputs)} inputs, got {len(inputs)}")
+        env: dict[int, Any] = dict(zip(sg.inputs, inputs))
+
+        def value(i: int) -> Any:
+            if i < 0:
+                return None
+            if i in env:
+                return env[i]
+            t = sg.tensors[i]
+            name = self._param_name.get((k, i))
+            if name is not None:
+                return params[name]
+            if t.data is not None:
+                return t.data
+            raise ValueError(f"subgraph {k}: tensor {t.name!r} is read before it is computed")
+
+        def run_subgraph(j: int, args: Sequence[Any]) -> tuple[Any, ...]:
+            return self.run(j, params, args, keep=False)[0]
+
+        for op in sg.operators:
+            args = [value(i) for i in op.inputs]
+            ctx = OpContext(
+                op,
+                tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs),
+                tuple(sg.tensors[i] for i in op.outputs),
+                run_subgraph,
+            )
+            fn = lookup(op.key)
+            try:
+                if op.type not in _NO_FOLD and args and all(_static(a) for a in args):
+                    with jax.ensure_compile_time_eval():
+                        out = fn(ctx, *args)
+                    out = jax.tree.map(np.asarray, out)
+                else:
+                    out = fn(ctx, *args)
+            except (ValueError, TypeError, NotImplementedError) as e:
+                if str(e).startswith(f"operator {op.index} "):
+                    raise
+                raise type(e)(f"operator {op.index} ({op.key}) of subgraph {k}: {e}") from e
+            outs = out if isinstance(out, (tuple, list)) else (out,)
+            if len(outs) != len(op.outputs):
+                raise ValueError(
+                    f"operator {op.index} ({op.key}) produced {len(outs)} outputs, "
+                    f"the model declares {len(op.outputs)}"
+                )
+            for i, o in zip(op.outputs, outs):
+                if i >= 0:
+                    env[i] = o
+        outputs = tuple(value(i) for i in sg.outputs)
+        named = {sg.tensors[i].name: v for i, v in env.items()} if keep else {}
+        return outputs, named
+
+
+def _static(x: Any) -> bool:
+    return x is None or isinstance(x, (np.ndarray, np.generic))
+
+
+def lower(model: ir.Model) -> Callable[..., tuple[Any, ...]]:
+    """``apply(params, *inputs)`` for subgraph 0 of ``model``."""
+    return Lowered(model).apply

@@ -1,0 +1,135 @@
+"""``circle_jax.load``: a model file becomes a pure ``apply`` plus a params pytree."""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from . import ir
+from .io.reader import read_model
+from .lower import Lowered, ParamKey
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """Name, shape and dtype of a model input or output."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+
+
+class Model:
+    """A loaded model: ``apply(params, *inputs) -> tuple`` and its float weights ``params``.
+
+    ``apply`` is pure: it reads weights only from the ``params`` argument, so it can be
+    differentiated, jitted and vmapped. ``params`` maps unique tensor names to arrays.
+    """
+
+    def __init__(self, model: ir.Model) -> None:
+        self.ir = model
+        self._lowered = Lowered(model)
+        self.param_keys: dict[str, ParamKey] = dict(self._lowered.params)
+        self.params: dict[str, jax.Array] = {
+            name: jnp.asarray(model.subgraphs[k].tensors[i].data)
+            for name, (k, i) in self.param_keys.items()
+        }
+        sg = model.main
+        self.inputs = tuple(_spec(sg.tensors[i]) for i in sg.inputs)
+        self.outputs = tuple(_spec(sg.tensors[i]) for i in sg.outputs)
+
+    def apply(self, params: Mapping[str, Any], *inputs: Any) -> tuple[jax.Array, ...]:
+        """The model's outputs for ``inputs``, in the model's output order."""
+        return self._lowered.apply(params, *(jnp.asarray(x) for x in inputs))
+
+    def intermediates(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, jax.Array]:
+        """Every tensor of the main subgraph, keyed by tensor name (for oracle dumps)."""
+        return self._lowered.intermediates(params, *(jnp.asarray(x) for x in inputs))
+
+    def __call__(self, *inputs: Any) -> tuple[jax.Array, ...]:
+        """``apply`` with the model's own weights."""
+        return self.apply(self.params, *inputs)
+
+    @property
+    def operators(self) -> tuple[ir.Operator, ...]:
+        return self.ir.main.operators
+
+    def param_operators(self) -> dict[str, list[int]]:
+        """For each param, the indices of the main-subgraph operators that read it."""
+        readers: dict[str, list[int]] = {}
+        for name, (k, i) in self.param_keys.items():
+            if k == 0:
+                readers[name] = [op.index for op in self.operators if i in op.inputs]
+        return readers
+
+    def summary(self) -> str:
+        """A printable table of operators, tensors and parameter counts."""
+        return summarize(self.ir, self.param_keys)
+
+    def __repr__(self) -> str:
+        n = sum(int(np.prod(p.shape)) for p in self.params.values())
+        return (
+            f"Model({self.ir.format}, {len(self.operators)} operators, "
+            f"{len(self.params)} params / {n} weights, inputs={[s.shape for s in self.inputs]})"
+        )
+
+
+def _spec(t: ir.Tensor) -> TensorSpec:
+    return TensorSpec(t.name, t.shape, t.dtype)
+
+
+def load(source: str | os.PathLike | bytes) -> Model:
+    """Load a .circle or .tflite model (a path or the file's bytes)."""
+    return Model(read_model(source))
+
+
+def summarize(model: ir.Model, param_keys: Mapping[str, ParamKey] | None = None) -> str:
+    """The text ``circle-jax info`` prints: file facts, inputs/outputs, operators, params."""
+    param_keys = param_keys or {}
+    lines = [
+        f"format: {model.format} ({model.file_identifier}), schema version {model.version}, "
+        f"{len(model.subgraphs)} subgraph(s)",
+    ]
+    if model.description:
+        lines.append(f"description: {model.description}")
+    if model.metadata:
+        lines.append("metadata: " + ", ".join(sorted(model.metadata)))
+    for sig in model.signature_defs:
+        lines.append(f"signature {sig.key!r}: subgraph {sig.subgraph_index}")
+    counted = {key for key in param_keys.values()}
+    total = 0
+    for sg in model.subgraphs:
+        title = f"subgraph {sg.index}" + (f" {sg.name!r}" if sg.name else "")
+        lines.append(f"\n{title}: {len(sg.operators)} operators, {len(sg.tensors)} tensors")
+        for kind, idx in (("input", sg.inputs), ("output", sg.outputs)):
+            for i in idx:
+                t = sg.tensors[i]
+                lines.append(f"  {kind:6} {t.name}: {t.dtype}{list(t.shape)}")
+        lines.append(f"  {'#':>4}  {'operator':28} inputs -> outputs")
+        for op in sg.operators:
+            ins = ", ".join(_short(sg, i) for i in op.inputs)
+            outs = ", ".join(_short(sg, i) for i in op.outputs)
+            lines.append(f"  {op.index:>4}  {op.key:28} {ins} -> {outs}")
+        n = sum(
+            int(np.prod(t.shape)) for t in sg.tensors if (sg.index, t.index) in counted
+        )
+        total += n
+        lines.append(
+            f"  params: {sum(1 for k, _ in counted if k == sg.index)} tensors, {n} weights"
+        )
+    lines.append(f"\ntotal trainable-capable weights: {total}")
+    return "\n".join(lines)
+
+
+def _short(sg: ir.Subgraph, i: int) -> str:
+    if i < 0:
+        return "-"
+    t = sg.tensors[i]
+    tag = "w" if t.is_constant else ""
+    return f"{tag}{t.dtype}{list(t.shape)}"

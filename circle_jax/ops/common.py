@@ -1,0 +1,76 @@
+"""Helpers shared by operator families: fused activations, static values, padding."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from .. import ir
+
+
+def clip_tf(x: jax.Array, lo: float, hi: float) -> jax.Array:
+    """Clip to [lo, hi] with TF's gradient rule: 1 strictly inside, 0 at and beyond the bounds."""
+    inside = (x > lo) & (x < hi)
+    return jnp.where(inside, x, jnp.clip(jax.lax.stop_gradient(x), lo, hi))
+
+
+def fused_activation(x: jax.Array, code: int | None) -> jax.Array:
+    """Apply a fused activation (ActivationFunctionType), with TF's gradients at kinks."""
+    if not code:
+        return x
+    if code == ir.ACT_RELU:
+        return jax.nn.relu(x)
+    if code == ir.ACT_RELU6:
+        return clip_tf(x, 0.0, 6.0)
+    if code == ir.ACT_RELU_N1_TO_1:
+        return clip_tf(x, -1.0, 1.0)
+    if code == ir.ACT_TANH:
+        return jnp.tanh(x)
+    raise ValueError(f"fused activation {code} (SIGN_BIT) is not supported")
+
+
+def is_static(x: Any) -> bool:
+    """True for values known at lowering time (numpy arrays and Python scalars)."""
+    return isinstance(x, (np.ndarray, np.generic, int, float, bool))
+
+
+def static(x: Any, what: str = "value") -> np.ndarray:
+    """The numpy value of a static input, or a clear error if it is only known at run time."""
+    if x is None:
+        raise ValueError(f"{what} is missing")
+    if not is_static(x):
+        try:  # concrete jax arrays (e.g. folded constants) are fine
+            return np.asarray(x)
+        except Exception:  # a tracer
+            raise ValueError(
+                f"{what} must be a constant known when the model is lowered "
+                "(dynamic shapes are not supported)"
+            ) from None
+    return np.asarray(x)
+
+
+def same_padding(size: int, kernel: int, stride: int, dilation: int = 1) -> tuple[int, int]:
+    """TFLite SAME padding (the extra pixel goes at the end)."""
+    effective = (kernel - 1) * dilation + 1
+    out = -(-size // stride)
+    total = max((out - 1) * stride + effective - size, 0)
+    return total // 2, total - total // 2
+
+
+def padding_pairs(
+    padding: int, sizes: tuple[int, ...], kernel: tuple[int, ...], strides: tuple[int, ...],
+    dilations: tuple[int, ...] | None = None,
+) -> list[tuple[int, int]]:
+    """Explicit (before, after) pairs for SAME (0) or VALID (1) padding per spatial dim."""
+    dilations = dilations or (1,) * len(sizes)
+    if padding == ir.PAD_VALID:
+        return [(0, 0)] * len(sizes)
+    return [same_padding(*a) for a in zip(sizes, kernel, strides, dilations)]
+
+
+def output_dtype(ctx: Any, index: int = 0) -> np.dtype:
+    """The declared dtype of an operator output."""
+    return ir.as_numpy_dtype(ctx.outputs[index].dtype)

@@ -1,0 +1,80 @@
+"""The operator registry: Circle operator name -> pure JAX implementation.
+
+An implementation is ``fn(ctx: OpContext, *inputs) -> array | tuple[array, ...]``. Options and
+shapes are static Python values read from ``ctx``; inputs are JAX arrays, or numpy arrays for
+static (integer/shape) constants, or ``None`` for an omitted optional input.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from .. import ir
+
+OpFn = Callable[..., Any]
+
+_REGISTRY: dict[str, OpFn] = {}
+
+
+def register(*keys: str) -> Callable[[OpFn], OpFn]:
+    """Register an implementation under operator names (``"CONV_2D"``, ``"CUSTOM:Name"``)."""
+
+    def decorate(fn: OpFn) -> OpFn:
+        for key in keys:
+            if key in _REGISTRY:
+                raise ValueError(f"operator {key} registered twice")
+            _REGISTRY[key] = fn
+        return fn
+
+    return decorate
+
+
+def lookup(key: str) -> OpFn | None:
+    """The implementation of ``key``, or None when circle-jax does not support it."""
+    _load_families()
+    return _REGISTRY.get(key)
+
+
+def supported_operators() -> list[str]:
+    """Every operator name circle-jax can lower, sorted."""
+    _load_families()
+    return sorted(_REGISTRY)
+
+
+@dataclass(frozen=True)
+class OpContext:
+    """Static facts about one operator, handed to its implementation."""
+
+    op: ir.Operator
+    inputs: tuple[ir.Tensor | None, ...]
+    outputs: tuple[ir.Tensor, ...]
+    run_subgraph: Callable[[int, Sequence[Any]], tuple[Any, ...]]
+
+    @property
+    def options(self) -> ir.Options:
+        return self.op.options
+
+    def error(self, message: str) -> ValueError:
+        """A one-line error naming this operator."""
+        return ValueError(f"operator {self.op.index} ({self.op.key}): {message}")
+
+
+_loaded = False
+
+
+def _load_families() -> None:
+    """Import every operator family module once (they register themselves)."""
+    global _loaded
+    if _loaded:
+        return
+    _loaded = True
+    import importlib
+    import pkgutil
+
+    from .. import ops
+
+    for info in pkgutil.iter_modules(ops.__path__):
+        if info.name not in ("registry", "common"):
+            importlib.import_module(f"{ops.__name__}.{info.name}")
