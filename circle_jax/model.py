@@ -13,6 +13,7 @@ import numpy as np
 
 from . import ir
 from .io.reader import read_model
+from .io.writer import export_model
 from .lower import Lowered, ParamKey
 
 
@@ -67,6 +68,24 @@ class Model:
             if k == 0:
                 readers[name] = [op.index for op in self.operators if i in op.inputs]
         return readers
+
+    def export(
+        self,
+        params: Mapping[str, Any] | None = None,
+        file_format: str | None = None,
+        metadata: Mapping[str, bytes | None] | None = None,
+    ) -> bytes:
+        """The model file's bytes with ``params`` written in (default: the model's own).
+
+        Everything else (operators, tensors, names, metadata, signature defs) is preserved.
+        ``file_format`` is "circle" or "tflite" (TFL3, version 3: LiteRT runs it).
+        """
+        params = self.params if params is None else params
+        unknown = sorted(set(params) - set(self.param_keys))
+        if unknown:
+            raise ValueError(f"unknown param name(s) {unknown}")
+        weights = {self.param_keys[k]: np.asarray(v) for k, v in params.items()}
+        return export_model(self.ir, weights, file_format=file_format, metadata=metadata)
 
     def summary(self) -> str:
         """A printable table of operators, tensors and parameter counts."""

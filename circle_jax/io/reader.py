@@ -8,8 +8,8 @@ from typing import Any
 import numpy as np
 
 from .. import ir
-from ..ir import as_numpy_dtype
 from ..errors import CircleFormatError
+from ..ir import as_numpy_dtype
 from .schema import (
     CIRCLE_IDENTIFIER,
     OPERATOR_NAMES,
@@ -189,9 +189,9 @@ def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, where: str) -> ir.S
         code, custom, version = opcodes[oc]
         name = OPERATOR_NAMES.get(code, f"UNKNOWN_{code}")
         options = op.builtinOptions if op.builtinOptions is not None else op.builtinOptions2
-        custom_options = (
-            np.asarray(op.customOptions, np.uint8).tobytes() if op.customOptions is not None else None
-        )
+        custom_options = None
+        if op.customOptions is not None:
+            custom_options = np.asarray(op.customOptions, np.uint8).tobytes()
         operators.append(
             ir.Operator(
                 index=i,

@@ -1,0 +1,430 @@
+"""Training: a ``TrainState`` pytree, a pure jitted step, and epochs as one ``lax.scan``.
+
+Data flow per step: trainable params (float32 masters) → cast to the variable then compute
+dtype → ``model.apply`` → loss in float32 → scaled gradients (optionally accumulated over
+micro-batches inside the step) → unscaled, finiteness-checked → optax update (optionally
+accumulated across steps) → new state, or the old state on a skipped overflow step.
+Frozen params are a separate argument that is never differentiated.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from jax import lax
+
+from .errors import DataError, TrainingError
+from .losses import get_loss, get_reduction, loss_name
+from .model import Model
+from .optim import (
+    LossScale,
+    Policy,
+    accumulate,
+    get_optimizer,
+    get_policy,
+    loss_scale_from_spec,
+    scaled_value_and_grad,
+    select_tree,
+)
+
+Batch = tuple[tuple[jax.Array, ...], jax.Array]
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run; fields left ``None`` take circle+ defaults.
+
+    ``loss``/``optimizer``/``reduction`` accept names or onert_train's numeric codes.
+    ``trainable``: "all", "none", an int N (the last N operators in Circle order, onert's
+    ``num_of_trainable_ops``: -1 = all, 0 = none) or an iterable of param names.
+    ``accumulate``: k micro-batches per update; ``accumulate_mode`` "stream" (each step is
+    one micro-batch of ``batch_size``, the update on every k-th step) or "in_step" (each
+    step's batch of ``batch_size`` is split into k micro-batches inside the step).
+    """
+
+    epochs: int = 5
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    loss: str | int | None = None
+    reduction: str | int | None = None
+    from_logits: bool | None = None
+    clip: str | tuple[float, float] | None = None
+    optimizer: str | int | None = None
+    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    trainable: Any = None
+    validation_split: float = 0.0
+    shuffle: bool = False
+    seed: int = 0
+    drop_remainder: bool = True
+    accumulate: int = 1
+    accumulate_mode: str = "stream"
+    precision: Any = None
+    loss_scale: Any = "none"
+    on_overflow: str = "skip"
+
+    def with_defaults(self, model: Model) -> TrainConfig:
+        """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
+        from .io.traininfo import decode_traininfo
+
+        info = None
+        if "CIRCLE_TRAINING" in model.ir.metadata:
+            info = decode_traininfo(model.ir.metadata["CIRCLE_TRAINING"])
+        n_ops = len(model.operators)
+        defaults: dict[str, Any] = {
+            "batch_size": 32, "learning_rate": 0.001, "loss": "mse",
+            "reduction": "sum_over_batch_size", "from_logits": False, "optimizer": "sgd",
+            "trainable": "all",
+        }
+        if info is not None:
+            ops = tuple(info.trainable_ops)
+            defaults.update(
+                batch_size=info.batch_size, learning_rate=info.learning_rate, loss=info.loss,
+                reduction=info.reduction, from_logits=info.from_logits,
+                optimizer=info.optimizer,
+                trainable=_tail_count(ops, n_ops) if _is_tail(ops, n_ops) else ops,
+            )
+        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+
+def _is_tail(ops: Sequence[int], n: int) -> bool:
+    return tuple(sorted(ops)) == tuple(range(n - len(ops), n))
+
+
+def _tail_count(ops: Sequence[int], n: int) -> int:
+    return -1 if len(ops) == n else len(ops)
+
+
+class TrainState(NamedTuple):
+    """The whole training state, a pytree.
+
+    Attributes:
+      params: trainable params (float32 masters when the variable dtype is half).
+      opt_state: the optax state (includes the accumulation state when accumulating).
+      loss_scale: the loss-scale state (scale and growth counter are array leaves).
+      step: int32 count of micro-steps taken (skipped ones included).
+    """
+
+    params: dict[str, jax.Array]
+    opt_state: Any
+    loss_scale: LossScale
+    step: jax.Array
+
+
+class StepMetrics(NamedTuple):
+    """Per-step results, stacked over an epoch by the scan."""
+
+    loss: jax.Array  # pre-update loss of the batch
+    correct: jax.Array  # samples whose argmax matches the target's (categorical accuracy)
+    skipped: jax.Array  # 1 when the update was skipped for non-finite gradients
+    overflows: jax.Array  # gradient overflows seen (retries included)
+    scale: jax.Array  # loss scale used
+
+
+@dataclass
+class History:
+    """Per-epoch results of ``fit``."""
+
+    loss: list[float] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    val_accuracy: list[float] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    loss_scale: list[float] = field(default_factory=list)
+    ms_per_step: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    compile_ms: float = 0.0
+
+
+def select_trainable(model: Model, spec: Any) -> frozenset[str]:
+    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``)."""
+    names = set(model.params)
+    if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
+        return frozenset(names)
+    if spec == "none" or spec == 0:
+        return frozenset()
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        first = len(model.operators) - spec
+        readers = model.param_operators()
+        return frozenset(n for n, ops in readers.items() if any(i >= first for i in ops))
+    if isinstance(spec, str):
+        spec = [spec]
+    chosen = set(spec)
+    if all(isinstance(s, (int, np.integer)) for s in chosen):  # operator indices (circle+)
+        readers = model.param_operators()
+        return frozenset(n for n, ops in readers.items() if chosen.intersection(ops))
+    unknown = sorted(chosen - names)
+    if unknown:
+        raise ValueError(f"unknown weight name(s) {unknown}; the model's params are "
+                         f"{sorted(names)}")
+    return frozenset(chosen)
+
+
+class Trainer:
+    """Compiled training and evaluation for one model and configuration."""
+
+    def __init__(self, model: Model, config: TrainConfig | None = None, **overrides: Any):
+        config = replace(config or TrainConfig(), **overrides).with_defaults(model)
+        self.model, self.config = model, config
+        reduction = get_reduction(config.reduction)
+        loss_kwargs: dict[str, Any] = {"reduction": reduction}
+        if loss_name(config.loss) != "mean_squared_error":
+            loss_kwargs["from_logits"] = bool(config.from_logits)
+            if config.clip is not None:
+                loss_kwargs["clip"] = config.clip
+        self.loss_fn = get_loss(config.loss, **loss_kwargs)
+        inner = get_optimizer(config.optimizer, config.learning_rate, **config.optimizer_kwargs)
+        if config.accumulate_mode not in ("stream", "in_step"):
+            raise ValueError(f"accumulate_mode must be 'stream' or 'in_step', got "
+                             f"{config.accumulate_mode!r}")
+        if config.accumulate < 1:
+            raise ValueError(f"accumulate must be >= 1, got {config.accumulate}")
+        stream_k = config.accumulate if config.accumulate_mode == "stream" else 1
+        self.micro_batches = config.accumulate if config.accumulate_mode == "in_step" else 1
+        acc_reduction = "sum" if reduction.value == "sum" else "mean"
+        self.tx = accumulate(inner, stream_k, acc_reduction) if stream_k > 1 else inner
+        self.policy: Policy = get_policy(config.precision)
+        self.trainable = select_trainable(model, config.trainable)
+        self._grads = scaled_value_and_grad(
+            self._loss, config.on_overflow, has_aux=True, micro_batches=self.micro_batches,
+            reduction=acc_reduction,
+        )
+        self._epoch = jax.jit(self._epoch_impl, donate_argnums=0)
+        self._step = jax.jit(self.train_step, donate_argnums=0)
+        self._eval = jax.jit(self._eval_impl)
+
+    # -- state -------------------------------------------------------------------------
+    def split_params(self, params: Mapping[str, Any]) -> tuple[dict, dict]:
+        """(trainable float32 masters, frozen params as stored)."""
+        trainable = {k: jnp.asarray(v, jnp.float32) if self._master(v) else jnp.asarray(v)
+                     for k, v in params.items() if k in self.trainable}
+        frozen = {k: jnp.asarray(v) for k, v in params.items() if k not in self.trainable}
+        return trainable, frozen
+
+    def _master(self, v: Any) -> bool:
+        return jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating)
+
+    def init(self, params: Mapping[str, Any] | None = None) -> tuple[TrainState, dict]:
+        """A fresh state and the frozen params for ``params`` (default: the model's)."""
+        trainable, frozen = self.split_params(params if params is not None else
+                                              self.model.params)
+        state = TrainState(trainable, self.tx.init(trainable),
+                           loss_scale_from_spec(self.config.loss_scale),
+                           jnp.zeros([], jnp.int32))
+        return state, frozen
+
+    def merge(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, jax.Array]:
+        """All params in the model's own dtypes (for ``model.apply`` and export)."""
+        stored = {k: v.dtype for k, v in self.model.params.items()}
+        out = {k: jnp.asarray(v, stored[k]) for k, v in state.params.items()}
+        out.update(frozen)
+        return out
+
+    # -- the pure step -----------------------------------------------------------------
+    def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array]) -> jax.Array:
+        p = self.policy
+        params = {**p.cast_to_param(_grad_cast(trainable, p.grad_dtype)), **frozen}
+        out = self.model.apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[0]
+        return p.cast_to_output(out).astype(jnp.float32)
+
+    def _loss(self, trainable: dict, frozen: dict, batch: Batch) -> tuple[jax.Array, jax.Array]:
+        x, y = batch
+        out = self._forward(trainable, frozen, x)
+        return self.loss_fn(out, y), _correct(out, y)
+
+    def train_step(self, state: TrainState, frozen: dict, batch: Batch
+                   ) -> tuple[TrainState, StepMetrics]:
+        """One pure training step on one batch (one micro-batch when streaming)."""
+        r = self._grads(state.loss_scale, state.params, frozen, batch)
+        updates, opt_state = self.tx.update(r.grads, state.opt_state, state.params)
+        params = optax.apply_updates(state.params, updates)
+        new = TrainState(params, opt_state, r.loss_scale, state.step + 1)
+        kept = TrainState(state.params, state.opt_state, r.loss_scale, state.step + 1)
+        new = select_tree(r.grads_finite, new, kept)
+        correct = jnp.sum(r.aux) if r.aux is not None else jnp.zeros([], jnp.int32)
+        metrics = StepMetrics(r.loss, correct, (~r.grads_finite).astype(jnp.int32),
+                              r.n_overflows, state.loss_scale.loss_scale)
+        return new, metrics
+
+    def _epoch_impl(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array):
+        return lax.scan(lambda s, b: self.train_step(s, frozen, b), state, (xs, ys))
+
+    def _eval_impl(self, params: dict, xs: tuple, ys: jax.Array) -> tuple[jax.Array, jax.Array]:
+        def body(_: None, b: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
+            x, y = b
+            out = self.model.apply(params, *x)[0].astype(jnp.float32)
+            return None, (self.loss_fn(out, y), jnp.sum(_correct(out, y)))
+
+        _, (losses, correct) = lax.scan(body, None, (xs, ys))
+        return losses, correct
+
+    # -- host-side driving ---------------------------------------------------------------
+    def run_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array], y: jax.Array,
+                  epoch: int = 0) -> tuple[TrainState, StepMetrics]:
+        """One epoch: batches of ``batch_size`` (shuffled if configured), one compiled scan."""
+        n = y.shape[0]
+        b = self.config.batch_size
+        if self.config.shuffle:
+            perm = jax.random.permutation(jax.random.fold_in(jax.random.key(self.config.seed),
+                                                             epoch), n)
+            x, y = tuple(a[perm] for a in x), y[perm]
+        steps = n // b
+        if steps == 0 and self.config.drop_remainder:
+            raise DataError(f"{n} training samples are fewer than one batch of {b}")
+        xs, ys = _batched(x, y, b, steps)
+        state, metrics = self._epoch(state, frozen, xs, ys)
+        if not self.config.drop_remainder and n % b:
+            tail = (tuple(a[steps * b:] for a in x), y[steps * b:])
+            state, m = self._step(state, frozen, tail)
+            metrics = jax.tree.map(lambda a, c: jnp.concatenate([a, c[None]]), metrics, m)
+        return state, metrics
+
+    def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
+                 batch_size: int | None = None) -> tuple[float, float]:
+        """(mean batch loss, categorical accuracy) over the data, in batches."""
+        x, y = _as_inputs(self.model, x), jnp.asarray(y)
+        n = y.shape[0]
+        b = min(batch_size or self.config.batch_size, n)
+        steps = n // b
+        xs, ys = _batched(x, y, b, steps)
+        losses, correct = self._eval(dict(params), xs, ys)
+        return float(jnp.mean(losses)), float(jnp.sum(correct)) / (steps * b)
+
+
+def _batched(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int) -> tuple[tuple, jax.Array]:
+    def cut(a: jax.Array) -> jax.Array:
+        return a[: steps * b].reshape((steps, b) + a.shape[1:])
+
+    return tuple(cut(a) for a in x), cut(y)
+
+
+def _correct(out: jax.Array, y: jax.Array) -> jax.Array:
+    """Per-sample categorical accuracy (argmax, first max wins); sparse labels accepted."""
+    pred = jnp.argmax(out.reshape(out.shape[0], -1), axis=-1)
+    if y.ndim == out.ndim and y.shape[-1] == out.shape[-1] and out.shape[-1] > 1:
+        target = jnp.argmax(y.reshape(y.shape[0], -1), axis=-1)
+    else:
+        target = y.reshape(y.shape[0]).astype(pred.dtype)
+    return (pred == target).astype(jnp.int32)
+
+
+def _grad_cast(tree: dict, dtype: Any) -> dict:
+    """Identity forward; the backward rounds cotangents to ``dtype`` (the gradient dtype)."""
+    if np.dtype(dtype) == np.float32:
+        return tree
+    return _round_cotangent(tree, np.dtype(dtype))
+
+
+def _round_cotangent(tree: dict, dtype: np.dtype) -> dict:
+    @jax.custom_vjp
+    def ident(t: dict) -> dict:
+        return t
+
+    def fwd(t: dict) -> tuple[dict, None]:
+        return t, None
+
+    def bwd(_: None, g: dict) -> tuple[dict]:
+        return (jax.tree.map(lambda a: a.astype(dtype).astype(a.dtype), g),)
+
+    ident.defvjp(fwd, bwd)
+    return ident(tree)
+
+
+def _as_inputs(model: Model, x: Any) -> tuple[jax.Array, ...]:
+    xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    if len(xs) != len(model.inputs):
+        raise DataError(f"the model has {len(model.inputs)} inputs, got {len(xs)} arrays")
+    out = []
+    for a, spec in zip(xs, model.inputs):
+        a = np.asarray(a)
+        if a.shape[1:] != spec.shape[1:]:
+            raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
+                            f"the model expects {list(spec.shape[1:])}")
+        out.append(jnp.asarray(a, spec.dtype))
+    return tuple(out)
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns: trained params (model dtypes), the final state and history."""
+
+    params: dict[str, jax.Array]
+    state: TrainState
+    history: History
+    trainer: Trainer
+
+
+def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tuple, Any]:
+    """(train x, train y, val x, val y): the LAST ``fraction`` of samples validate (onert)."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"validation_split must be in [0, 1), got {fraction}")
+    n = y.shape[0]
+    n_val = int(n * fraction)
+    cut = n - n_val
+    return tuple(a[:cut] for a in x), y[:cut], tuple(a[cut:] for a in x), y[cut:]
+
+
+def fit(
+    model: Model,
+    x: Any,
+    y: Any,
+    config: TrainConfig | None = None,
+    *,
+    params: Mapping[str, Any] | None = None,
+    state: TrainState | None = None,
+    on_epoch: Callable[[int, History], None] | None = None,
+    **overrides: Any,
+) -> FitResult:
+    """Train ``model`` on (x, y): epochs of compiled scans, onert's conventions by default.
+
+    ``x`` is an array or a sequence of arrays (one per model input) with samples on axis 0.
+    Returns trained params, the final ``TrainState`` and a ``History`` of per-epoch loss
+    (mean of the batches' pre-update losses), accuracy, validation loss, skipped steps,
+    loss scale and ms/step. ``on_epoch(i, history)`` runs after each epoch (a logging point).
+    """
+    trainer = Trainer(model, config, **overrides)
+    cfg = trainer.config
+    xs, ys = _as_inputs(model, x), jnp.asarray(y, jnp.float32)
+    if any(a.shape[0] != ys.shape[0] for a in xs):
+        raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
+                        f"{ys.shape[0]}")
+    x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
+    if state is None:
+        state, frozen = trainer.init(params)
+    else:
+        _, frozen = trainer.init(params)
+    hist = History()
+    t0 = time.perf_counter()
+    trainer._epoch.lower(state, frozen, *_batched(x_tr, y_tr, cfg.batch_size,
+                                                  max(y_tr.shape[0] // cfg.batch_size, 1))
+                         ).compile()
+    hist.compile_ms = (time.perf_counter() - t0) * 1000
+    for epoch in range(cfg.epochs):
+        t = time.perf_counter()
+        state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch)
+        loss = float(jnp.mean(m.loss))  # host sync: the epoch's logging point
+        ms = (time.perf_counter() - t) * 1000 / max(int(m.loss.shape[0]), 1)
+        if not np.isfinite(loss) and not int(jnp.sum(m.skipped)):
+            raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
+                                "the learning rate or check the data")
+        hist.loss.append(loss)
+        seen = int(m.loss.shape[0]) * cfg.batch_size
+        hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
+        hist.skipped.append(int(jnp.sum(m.skipped)))
+        hist.loss_scale.append(float(state.loss_scale.loss_scale))
+        hist.ms_per_step.append(ms)
+        hist.steps.append(int(m.loss.shape[0]))
+        if y_val.shape[0]:
+            vl, va = trainer.evaluate(trainer.merge(state, frozen), x_val, y_val)
+            hist.val_loss.append(vl)
+            hist.val_accuracy.append(va)
+        if on_epoch is not None:
+            on_epoch(epoch, hist)
+    return FitResult(trainer.merge(state, frozen), state, hist, trainer)
+

@@ -1,0 +1,120 @@
+"""The reader: real files load into the IR, malformed files give one clear line."""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.io.reader import read_model
+from circle_jax.io.writer import export_model
+
+MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
+ALL_MODELS = sorted(glob.glob(os.path.join(MODELS, "*.tflite")) +
+                    glob.glob(os.path.join(MODELS, "*.circle")))
+
+
+def test_shared_models_present() -> None:
+    assert len(ALL_MODELS) >= 20, f"expected the shared models at {MODELS}"
+
+
+@pytest.mark.parametrize("path", ALL_MODELS, ids=os.path.basename)
+def test_reads_every_shared_model(path: str) -> None:
+    m = read_model(path)
+    assert m.file_identifier in ("CIR0", "TFL3")
+    assert m.main.operators, "every shared model has operators"
+    for sg in m.subgraphs:
+        for op in sg.operators:
+            assert all(-1 <= i < len(sg.tensors) for i in op.inputs)
+
+
+def test_circle_negative_opcode_rule() -> None:
+    b = cj.Builder()
+    x = b.input("x", (1, 4, 4, 2))
+    g = b.constant("gamma", np.ones(2, np.float32))
+    be = b.constant("beta", np.zeros(2, np.float32))
+    b.op("INSTANCE_NORM", [x, g, be], {"epsilon": 1e-5}, shapes=[(1, 4, 4, 2)])
+    m = read_model(b.to_bytes("circle"))
+    op = m.main.operators[0]
+    assert (op.type, op.code) == ("INSTANCE_NORM", -2)
+
+
+def test_export_without_changes_is_structurally_identical() -> None:
+    path = os.path.join(MODELS, "onert_micro_simple_mnist_model.circle")
+    m = read_model(path)
+    again = read_model(export_model(m))
+    assert again.file_identifier == "CIR0" and again.description == m.description
+    for a, b in zip(m.subgraphs, again.subgraphs):
+        assert [t.name for t in a.tensors] == [t.name for t in b.tensors]
+        assert [(o.key, o.inputs, o.outputs, dict(o.options)) for o in a.operators] == \
+               [(o.key, o.inputs, o.outputs, dict(o.options)) for o in b.operators]
+        for ta, tb in zip(a.tensors, b.tensors):
+            assert (ta.data is None) == (tb.data is None)
+            if ta.data is not None:
+                assert ta.data.tobytes() == tb.data.tobytes()
+
+
+def _valid_bytes() -> bytes:
+    with open(os.path.join(MODELS, "tflm_hello_world_sine_float.tflite"), "rb") as f:
+        return f.read()
+
+
+BAD_FILES = {
+    "empty": (b"", "too short"),
+    "tiny": (b"\x00\x01\x02", "too short"),
+    "random": (bytes(np.random.default_rng(0).integers(0, 256, 4096, dtype=np.uint8)),
+               "neither b'CIR0'"),
+    "wrong identifier": (b"\x10\x00\x00\x00ONNX" + b"\x00" * 64, "neither b'CIR0'"),
+    "truncated root": (b"\xff\xff\x00\x00TFL3" + b"\x00" * 16, "past the end"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_FILES))
+def test_bad_files_give_one_clear_line(name: str) -> None:
+    data, expected = BAD_FILES[name]
+    with pytest.raises(cj.CircleFormatError) as e:
+        read_model(data)
+    msg = str(e.value)
+    assert expected in msg and "\n" not in msg
+
+
+@pytest.mark.parametrize("keep", [0.25, 0.5, 0.9, 0.99])
+def test_truncated_model_is_refused(keep: float) -> None:
+    data = _valid_bytes()
+    with pytest.raises(cj.CircleFormatError) as e:
+        read_model(data[: int(len(data) * keep)])
+    assert "\n" not in str(e.value)
+
+
+def test_out_of_range_tensor_index_is_refused() -> None:
+    b = cj.Builder()
+    x = b.input("x", (1, 4))
+    b.op("RELU", [x], shapes=[(1, 4)])
+    obj = b.to_object()
+    obj.subgraphs[0].operators[0].inputs = [7]
+    from circle_jax.io.writer import pack
+
+    with pytest.raises(cj.CircleFormatError, match=r"input tensor index 7 is out of range"):
+        read_model(pack(obj, "circle"))
+
+
+def test_missing_file() -> None:
+    with pytest.raises(cj.CircleFormatError, match="cannot read model file"):
+        read_model("/nonexistent/model.circle")
+
+
+def test_unsupported_operators_listed_at_once() -> None:
+    b = cj.Builder()
+    x = b.input("x", (1, 4))
+    y = b.op("HASHTABLE_SIZE", [x], shapes=[(1,)], dtypes=["int64"])
+    z = b.op("NON_MAX_SUPPRESSION_V4", [x], shapes=[(1,)])
+    b.output(y, z)
+    with pytest.raises(cj.UnsupportedOperatorError) as e:
+        cj.load(b.to_bytes("circle"))
+    msg = str(e.value)
+    assert "2 unsupported operator(s)" in msg
+    assert "HASHTABLE_SIZE (code" in msg and "NON_MAX_SUPPRESSION_V4 (code" in msg
+    assert "operator 0" in msg and "operator 1" in msg and "\n" not in msg
