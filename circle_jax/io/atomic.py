@@ -1,0 +1,104 @@
+"""Write files atomically: readers see the old file or the complete new one, never a part."""
+
+from __future__ import annotations
+
+import os
+import secrets
+from collections.abc import Callable, Iterable
+from typing import BinaryIO
+
+from circle_jax.errors import DataError
+
+PathLike = str | os.PathLike
+"""A filesystem path."""
+
+Writer = Callable[[BinaryIO], None]
+"""A function that writes a file's bytes to an open binary file."""
+
+
+def _same_file(a: PathLike, b: PathLike) -> bool:
+    """True when ``a`` and ``b`` name the same existing file (links and ``..`` resolved)."""
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def _protected(protect: PathLike | Iterable[PathLike] | None) -> list[PathLike]:
+    if protect is None:
+        return []
+    if isinstance(protect, (str, bytes, os.PathLike)):
+        return [protect]
+    return list(protect)
+
+
+def _fsync_dir(directory: str) -> None:
+    """Make a rename durable; best effort (some systems cannot open directories)."""
+    try:
+        fd = os.open(directory, os.O_RDONLY)
+    except OSError:
+        return
+    try:
+        os.fsync(fd)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def atomic_write(
+    path: PathLike,
+    data: bytes | bytearray | memoryview | Writer,
+    *,
+    protect: PathLike | Iterable[PathLike] | None = None,
+) -> None:
+    """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` atomically.
+
+    The bytes go to a temporary file in the target's directory, which is flushed,
+    fsynced and renamed onto ``path`` with ``os.replace``. If anything fails the
+    temporary file is removed and ``path`` is left as it was. ``protect`` names
+    input files that must never be overwritten (e.g. the model being exported):
+    if ``path`` is one of them, :class:`DataError` is raised before anything is written.
+    """
+    target = os.fspath(path)
+    for p in _protected(protect):
+        if _same_file(target, p) or os.path.abspath(target) == os.path.abspath(os.fspath(p)):
+            raise DataError(
+                f"refusing to write {target!r}: it is the input file {os.fspath(p)!r}; "
+                "choose a different output path"
+            )
+    if os.path.isdir(target):
+        raise DataError(f"cannot write {target!r}: it is a directory, expected a file path")
+
+    directory = os.path.dirname(os.path.abspath(target))
+    base = os.path.basename(target)
+    flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | getattr(os, "O_BINARY", 0)
+    while True:
+        tmp = os.path.join(directory, f".{base}.{secrets.token_hex(4)}.tmp")
+        try:
+            fd = os.open(tmp, flags, 0o666)  # the umask applies, as for a plain open()
+            break
+        except FileExistsError:
+            continue
+
+    try:
+        with os.fdopen(fd, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        if os.path.exists(target):
+            try:
+                os.chmod(tmp, os.stat(target).st_mode & 0o7777)  # keep the old file's mode
+            except OSError:
+                pass
+        os.replace(tmp, target)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except FileNotFoundError:
+            pass
+        raise
+    _fsync_dir(directory)
