@@ -1,0 +1,479 @@
+"""Convolutions and matrix products: FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D, TRANSPOSE_CONV,
+CONV_3D, BATCH_MATMUL, and the custom ops ``Convolution2DTransposeBias`` (MediaPipe) and
+``BatchMatMulV2`` (TensorFlow).
+
+These operators dominate training-step time, so HOW a convolution is lowered to XLA is a
+performance decision made per shape by :func:`choose_conv_lowering` and
+:func:`choose_transpose_conv_lowering` (numbers in their docstrings come from
+``benchmarks/bench_conv_lowering.py``). The lowerings, all computing the same values:
+
+- ``"xla"``: ``lax.conv_general_dilated`` (with ``feature_group_count`` for groups).
+- ``"im2col"``: the kernel's shifted (strided, dilated) slices of the padded input are
+  concatenated on the channel axis and multiplied by the flattened filter in one matmul.
+- ``"shift"``: depthwise only: the shifted slices are multiplied by per-channel weights and
+  summed (an elementwise fusion; no grouped convolution anywhere, forward or backward).
+- ``"col2im"`` (transpose convolution): one matmul gives every tap's contribution, each tap is
+  placed at its strided output positions with ``lax.pad`` (interior padding) and summed.
+
+Tests force each lowering with :func:`force_lowering`.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import struct
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from .common import fused_activation, padding_pairs, static
+from .registry import OpContext, register
+
+Pads = Sequence[tuple[int, int]]
+
+CONV_LOWERINGS = ("xla", "im2col", "shift")
+TRANSPOSE_CONV_LOWERINGS = ("xla", "col2im")
+
+#: Largest im2col depth (kernel taps x input channels per group) lowered as im2col + matmul.
+IM2COL_MAX_DEPTH = 576
+
+#: Largest ``taps x input channels x output channels`` lowered as col2im for TRANSPOSE_CONV.
+COL2IM_MAX_WORK = 1 << 20
+
+_forced: str | None = None
+
+
+@contextmanager
+def force_lowering(method: str | None) -> Iterator[None]:
+    """Within the block, lower every convolution with ``method`` (tests and benchmarks).
+
+    ``method`` is one of ``CONV_LOWERINGS`` or ``TRANSPOSE_CONV_LOWERINGS``; a convolution the
+    method cannot compute raises ``ValueError`` instead of silently falling back. The choice is
+    made while tracing, so functions must be (re)traced inside the block.
+    """
+    global _forced
+    if method is not None and method not in CONV_LOWERINGS + TRANSPOSE_CONV_LOWERINGS:
+        raise ValueError(f"unknown lowering {method!r}")
+    previous, _forced = _forced, method
+    try:
+        yield
+    finally:
+        _forced = previous
+
+
+def choose_conv_lowering(kernel: Sequence[int], c_in: int, groups: int) -> str:
+    """The lowering of a (grouped) convolution with this kernel, input channels and groups.
+
+    Measured on XLA CPU (2 cores, JAX 0.10, forward + backward, jitted; see
+    ``benchmarks/bench_conv_lowering.py``):
+
+    - depthwise (one input channel per group): ``feature_group_count=C`` convolution and its
+      gradient are 10-30x slower than ``"shift"`` (3x3 at 64x64x32: shift is ~20x faster), so
+      depthwise is always ``"shift"``;
+    - regular and grouped convolutions with few channels are dispatch/layout bound in XLA's
+      convolution; im2col + one matmul is 2-5x faster while the im2col depth
+      ``taps * C_in / groups`` is at most ``IM2COL_MAX_DEPTH`` (1x1 convolutions are plain
+      matmuls); beyond it the copies of im2col cost more than they save, use ``"xla"``.
+    """
+    cg = c_in // groups
+    if cg == 1 and groups > 1:
+        return "shift"
+    if math.prod(kernel) * cg <= IM2COL_MAX_DEPTH:
+        return "im2col"
+    return "xla"
+
+
+def choose_transpose_conv_lowering(kernel: Sequence[int], c_in: int, c_out: int) -> str:
+    """The lowering of a transpose convolution.
+
+    XLA CPU lowers ``lhs_dilation`` convolutions by multiplying the zeros of the dilated
+    input as well; col2im (one matmul, then every tap placed with a strided ``lax.pad``) only
+    does the useful work and wins while ``taps * C_in * C_out`` is at most ``COL2IM_MAX_WORK``
+    (measured in ``benchmarks/bench_conv_lowering.py``).
+    """
+    if math.prod(kernel) * c_in * c_out <= COL2IM_MAX_WORK:
+        return "col2im"
+    return "xla"
+
+
+def _pick(chosen: str, allowed: Sequence[str], what: str) -> str:
+    if _forced is None:
+        return chosen
+    if _forced not in allowed:
+        raise ValueError(f"lowering {_forced!r} cannot compute {what} (use one of {allowed})")
+    return _forced
+
+
+# ----------------------------------------------------------------------------- conv core
+
+
+def _out_sizes(sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+               dilations: Sequence[int], pads: Pads) -> tuple[int, ...]:
+    out = []
+    for n, k, s, d, (lo, hi) in zip(sizes, kernel, strides, dilations, pads, strict=True):
+        m = (n + lo + hi - (k - 1) * d - 1) // s + 1
+        if m <= 0:
+            raise ValueError(
+                f"the kernel ({k}, dilation {d}) is larger than the padded input ({n + lo + hi})"
+            )
+        out.append(m)
+    return tuple(out)
+
+
+def _taps(xp: jax.Array, kernel: Sequence[int], strides: Sequence[int],
+          dilations: Sequence[int], out: Sequence[int]) -> Iterator[jax.Array]:
+    """The strided slice of the padded input ``xp`` [N, *S, C] seen by each kernel tap."""
+    n, c = xp.shape[0], xp.shape[-1]
+    for offset in itertools.product(*(range(k) for k in kernel)):
+        start = [o * d for o, d in zip(offset, dilations, strict=True)]
+        limit = [b + (m - 1) * s + 1 for b, m, s in zip(start, out, strides, strict=True)]
+        yield lax.slice(xp, (0, *start, 0), (n, *limit, c), (1, *strides, 1))
+
+
+def _pad_spatial(x: jax.Array, pads: Pads) -> jax.Array:
+    if not any(lo or hi for lo, hi in pads):
+        return x
+    return jnp.pad(x, [(0, 0), *pads, (0, 0)])
+
+
+def _dimension_numbers(nd: int) -> tuple[str, str, str]:
+    sp = "DHW"[-nd:] if nd <= 3 else None
+    if sp is None:
+        raise ValueError(f"{nd}-d convolutions are not supported")
+    return f"N{sp}C", f"{sp}IO", f"N{sp}C"
+
+
+def conv_nd(x: jax.Array, w: jax.Array, strides: Sequence[int], dilations: Sequence[int],
+            pads: Pads, method: str | None = None) -> jax.Array:
+    """Channels-last convolution: x [N, *S, C_in], w [*K, C_in/groups, C_out] -> [N, *S', C_out].
+
+    ``pads`` are explicit (before, after) pairs per spatial dim; groups = C_in / w.shape[-2].
+    ``method`` overrides the dispatch rule (one of ``CONV_LOWERINGS``).
+    """
+    nd = x.ndim - 2
+    kernel, cg, c_out = tuple(w.shape[:nd]), w.shape[-2], w.shape[-1]
+    c_in = x.shape[-1]
+    if w.ndim != nd + 2:
+        raise ValueError(f"filter rank {w.ndim} does not match a {nd}-d convolution")
+    if c_in % cg or c_out % (c_in // cg):
+        raise ValueError(
+            f"input channels {c_in} and output channels {c_out} are not a multiple of "
+            f"the filter's {cg} input channels per group"
+        )
+    groups = c_in // cg
+    out = _out_sizes(x.shape[1:-1], kernel, strides, dilations, pads)
+    if method is None:
+        allowed = ("xla", "im2col") + (("shift",) if cg == 1 else ())
+        method = _pick(choose_conv_lowering(kernel, c_in, groups), allowed,
+                       f"a convolution with {cg} input channels per group")
+    if method == "xla":
+        return lax.conv_general_dilated(
+            x, w, tuple(strides), [tuple(p) for p in pads], rhs_dilation=tuple(dilations),
+            dimension_numbers=_dimension_numbers(nd), feature_group_count=groups,
+        )
+    taps = list(_taps(_pad_spatial(x, pads), kernel, strides, dilations, out))
+    if method == "shift":
+        return _depthwise_shift(taps, w, c_in)
+    if method != "im2col":
+        raise ValueError(f"unknown convolution lowering {method!r}")
+    if groups == 1:
+        cols = taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=-1)
+        return jnp.matmul(cols, w.reshape(-1, c_out))
+    cols = jnp.stack(taps, axis=-2)  # [N, *S', K, C_in]
+    cols = cols.reshape(*cols.shape[:-1], groups, cg)
+    wg = w.reshape(len(taps), cg, groups, c_out // groups)
+    y = jnp.einsum("...kgc,kcgo->...go", cols, wg)
+    return y.reshape(*y.shape[:-2], c_out)
+
+
+def _depthwise_shift(taps: list[jax.Array], w: jax.Array, c_in: int) -> jax.Array:
+    """Sum over taps of slice * per-channel weight; output channel c*M + m reads channel c."""
+    c_out = w.shape[-1]
+    m = c_out // c_in
+    weights = w.reshape(len(taps), c_out)
+    acc = None
+    for k, t in enumerate(taps):
+        if m > 1:
+            t = jnp.repeat(t, m, axis=-1)
+        term = t * weights[k]
+        acc = term if acc is None else acc + term
+    return acc
+
+
+def _bias_act(y: jax.Array, b: Any, act: int | None) -> jax.Array:
+    if b is not None:
+        y = y + b
+    return fused_activation(y, act)
+
+
+def _ints(*values: Any, default: int = 1) -> tuple[int, ...]:
+    """Option values as ints; an absent (None) or zero value reads as ``default``."""
+    return tuple(int(v) if v else default for v in values)
+
+
+def _check_float(w: Any, what: str) -> None:
+    if not jnp.issubdtype(jnp.result_type(w), jnp.floating):
+        raise NotImplementedError(
+            f"{what} of dtype {jnp.result_type(w)} (quantized/hybrid weights) is not supported; "
+            "dequantize the model first"
+        )
+
+
+def _spatial_conv(ctx: OpContext, x: Any, w: Any, b: Any, strides: tuple[int, ...],
+                  dilations: tuple[int, ...]) -> jax.Array:
+    """Shared body of CONV_2D / DEPTHWISE_CONV_2D / CONV_3D: w is [*K, C_in/groups, C_out]."""
+    o = ctx.options
+    nd = len(strides)
+    kernel = tuple(w.shape[:nd])
+    if x.ndim != nd + 2:
+        raise ValueError(f"input must have rank {nd + 2}, got shape {tuple(x.shape)}")
+    pads = padding_pairs(o.padding or 0, tuple(x.shape[1:-1]), kernel, strides, dilations)
+    y = conv_nd(x, w, strides, dilations, pads)
+    return _bias_act(y, b, o.fused_activation_function)
+
+
+# ----------------------------------------------------------------------------- convolutions
+
+
+@register("CONV_2D")
+def conv_2d(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
+    """NHWC convolution, filter [O, H, W, I]; I < C_in means groups = C_in / I."""
+    _check_float(w, "CONV_2D filter")
+    o = ctx.options
+    if jnp.ndim(w) != 4:
+        raise ValueError(f"filter must be [O, H, W, I], got shape {tuple(jnp.shape(w))}")
+    w = jnp.transpose(w, (1, 2, 3, 0))  # [H, W, I, O]
+    return _spatial_conv(ctx, x, w, b, _ints(o.stride_h, o.stride_w),
+                         _ints(o.dilation_h_factor, o.dilation_w_factor))
+
+
+@register("DEPTHWISE_CONV_2D")
+def depthwise_conv_2d(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
+    """Filter [1, H, W, C*M]; output channel c*M + m = input channel c times filter c*M + m.
+
+    The multiplier M is the filter's channels / input channels (the depth_multiplier option
+    is only checked when it is set).
+    """
+    _check_float(w, "DEPTHWISE_CONV_2D filter")
+    o = ctx.options
+    shape = tuple(jnp.shape(w))
+    c = x.shape[-1]
+    if len(shape) != 4 or shape[0] != 1:
+        raise ValueError(f"filter must be [1, H, W, C*M], got shape {shape}")
+    if shape[3] % c:
+        raise ValueError(f"filter channels {shape[3]} are not a multiple of input channels {c}")
+    if o.depth_multiplier and o.depth_multiplier * c != shape[3]:
+        raise ValueError(
+            f"depth_multiplier {o.depth_multiplier} x input channels {c} != filter channels "
+            f"{shape[3]}"
+        )
+    w = jnp.reshape(w, (shape[1], shape[2], 1, shape[3]))
+    return _spatial_conv(ctx, x, w, b, _ints(o.stride_h, o.stride_w),
+                         _ints(o.dilation_h_factor, o.dilation_w_factor))
+
+
+@register("CONV_3D")
+def conv_3d(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
+    """NDHWC convolution, filter [D, H, W, I, O]."""
+    _check_float(w, "CONV_3D filter")
+    o = ctx.options
+    if jnp.ndim(w) != 5:
+        raise ValueError(f"filter must be [D, H, W, I, O], got shape {tuple(jnp.shape(w))}")
+    return _spatial_conv(ctx, x, w, b, _ints(o.stride_d, o.stride_h, o.stride_w),
+                         _ints(o.dilation_d_factor, o.dilation_h_factor, o.dilation_w_factor))
+
+
+# ----------------------------------------------------------------------------- transpose conv
+
+
+def transpose_conv_2d(x: jax.Array, w: jax.Array, out_hw: Sequence[int],
+                      strides: Sequence[int], pad_before: Sequence[int],
+                      method: str | None = None) -> jax.Array:
+    """Scatter form of a transpose convolution, x [N, H, W, I], filter w [O, kh, kw, I]:
+
+    ``out[n, i*s - pad + f, o] += x[n, i, c] * w[o, f, c]`` (TFLite's definition), keeping only
+    output positions inside ``out_hw``. Returns [N, *out_hw, O].
+    """
+    c_out, kh, kw, c_in = w.shape
+    if x.shape[-1] != c_in:
+        raise ValueError(f"input channels {x.shape[-1]} != filter input channels {c_in}")
+    kernel = (kh, kw)
+    if method is None:
+        method = _pick(choose_transpose_conv_lowering(kernel, c_in, c_out),
+                       TRANSPOSE_CONV_LOWERINGS, "a transpose convolution")
+    in_hw = x.shape[1:3]
+    if method == "col2im":
+        # y[..., tap, o] = sum_c x[..., c] w[o, tap, c]: one matmul for every tap.
+        y = jnp.matmul(x, jnp.transpose(w, (3, 1, 2, 0)).reshape(c_in, kh * kw * c_out))
+        y = y.reshape(*x.shape[:3], kh * kw, c_out)
+        zero = jnp.zeros((), y.dtype)
+        acc = None
+        for k, (fy, fx) in enumerate(itertools.product(range(kh), range(kw))):
+            config = [(0, 0, 0)]
+            for f, p, n, m, s in zip((fy, fx), pad_before, in_hw, out_hw, strides, strict=True):
+                lo = f - p
+                config.append((lo, m - lo - (n - 1) * s - 1, s - 1))
+            config.append((0, 0, 0))
+            term = lax.pad(y[..., k, :], zero, config)
+            acc = term if acc is None else acc + term
+        return acc
+    if method != "xla":
+        raise ValueError(f"unknown transpose convolution lowering {method!r}")
+    # Correlate the stride-dilated input with the spatially flipped filter.
+    wf = jnp.flip(jnp.transpose(w, (1, 2, 3, 0)), (0, 1))  # [kh, kw, I, O]
+    pads, crop = [], []
+    for k, p, n, m, s in zip(kernel, pad_before, in_hw, out_hw, strides, strict=True):
+        lo = k - 1 - p
+        hi = m - ((n - 1) * s + 1) - lo + k - 1
+        pads.append((lo, max(hi, 0)))
+        crop.append(m)
+    y = lax.conv_general_dilated(x, wf, (1, 1), pads, lhs_dilation=tuple(strides),
+                                 dimension_numbers=("NHWC", "HWIO", "NHWC"))
+    return y[:, : crop[0], : crop[1], :]
+
+
+@register("TRANSPOSE_CONV")
+def transpose_conv(ctx: OpContext, output_shape: Any, w: Any, x: Any, b: Any = None) -> jax.Array:
+    """Inputs (output_shape, filter [O, H, W, I], input, bias?); the gradient of CONV_2D.
+
+    SAME padding is computed from the OUTPUT size (as TFLite does). The batch size is taken
+    from the input, so a model can run at another batch size than its output_shape says.
+    """
+    _check_float(w, "TRANSPOSE_CONV filter")
+    o = ctx.options
+    shape = [int(v) for v in static(output_shape, "TRANSPOSE_CONV output_shape").reshape(-1)]
+    if len(shape) != 4 or x.ndim != 4 or jnp.ndim(w) != 4:
+        raise ValueError("TRANSPOSE_CONV needs a 4-d output_shape, input and filter [O, H, W, I]")
+    if shape[3] != jnp.shape(w)[0]:
+        raise ValueError(f"output_shape channels {shape[3]} != filter outputs {jnp.shape(w)[0]}")
+    strides = _ints(o.stride_h, o.stride_w)
+    kernel = tuple(jnp.shape(w)[1:3])
+    pads = padding_pairs(o.padding or 0, tuple(shape[1:3]), kernel, strides)
+    y = transpose_conv_2d(x, w, shape[1:3], strides, [p[0] for p in pads])
+    return _bias_act(y, b, o.fused_activation_function)
+
+
+# TfLitePadding of TFLite's C API (NOT the schema's Padding enum).
+_TFLITE_PADDING_SAME, _TFLITE_PADDING_VALID = 1, 2
+
+
+def parse_transpose_conv_bias_options(data: bytes | None) -> tuple[int, int, int]:
+    """(padding, stride_w, stride_h) of MediaPipe's Convolution2DTransposeBias.
+
+    MediaPipe's kernel (mediapipe/util/tflite/operations/transpose_conv_bias.cc) reinterprets
+    the custom options as a C ``TfLiteTransposeConvParams``, whose first members are
+    ``TfLitePadding padding; int stride_width; int stride_height;`` so the bytes are three
+    little-endian int32: padding (1 = SAME, 2 = VALID: TfLitePadding, unlike the schema's
+    enum), stride_width, stride_height. Newer structs append more fields; they are ignored.
+    """
+    if data is None or len(data) < 12:
+        raise ValueError(
+            "Convolution2DTransposeBias needs 12 bytes of custom options "
+            f"(int32 padding, stride_w, stride_h), got {0 if data is None else len(data)}"
+        )
+    padding, sw, sh = struct.unpack_from("<3i", data)
+    if padding not in (_TFLITE_PADDING_SAME, _TFLITE_PADDING_VALID):
+        raise ValueError(f"Convolution2DTransposeBias padding {padding} is not 1 (SAME) or 2 "
+                         "(VALID)")
+    if sw <= 0 or sh <= 0:
+        raise ValueError(f"Convolution2DTransposeBias strides must be positive, got {sw}, {sh}")
+    return padding, sw, sh
+
+
+@register("CUSTOM:Convolution2DTransposeBias")
+def convolution_2d_transpose_bias(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
+    """MediaPipe's transpose convolution + bias: inputs (input, filter [O, H, W, I], bias).
+
+    Unlike TRANSPOSE_CONV there is no output_shape input: per spatial dim, with
+    ``r = (in - 1) % stride``, SAME trims ``t = max(0, k - r - 1)`` pixels (``t // 2`` at the
+    start) and the output size is ``stride * (in - 1) + k - t``; VALID trims nothing.
+    """
+    _check_float(w, "Convolution2DTransposeBias filter")
+    padding, sw, sh = parse_transpose_conv_bias_options(ctx.op.custom_options)
+    if x.ndim != 4 or jnp.ndim(w) != 4:
+        raise ValueError("Convolution2DTransposeBias needs a 4-d input and filter [O, H, W, I]")
+    strides = (sh, sw)
+    kernel = tuple(jnp.shape(w)[1:3])
+    out, before = [], []
+    for n, k, s in zip(x.shape[1:3], kernel, strides, strict=True):
+        trim = max(0, k - (n - 1) % s - 1) if padding == _TFLITE_PADDING_SAME else 0
+        out.append(s * (n - 1) + k - trim)
+        before.append(trim // 2)
+    y = transpose_conv_2d(x, w, out, strides, before)
+    return _bias_act(y, b, None)
+
+
+# ----------------------------------------------------------------------------- matmuls
+
+
+@register("FULLY_CONNECTED")
+def fully_connected(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
+    """y = x @ w.T + b with w [out, in]; x is flattened to [-1, in] unless keep_num_dims."""
+    _check_float(w, "FULLY_CONNECTED weights")
+    o = ctx.options
+    if o.weights_format:
+        raise NotImplementedError(
+            f"FULLY_CONNECTED weights_format {o.weights_format} (shuffled int8) is not "
+            "supported, only DEFAULT"
+        )
+    if jnp.ndim(w) != 2:
+        raise ValueError(f"weights must be [out, in], got shape {tuple(jnp.shape(w))}")
+    n_in = jnp.shape(w)[1]
+    size = math.prod(x.shape)
+    if o.keep_num_dims:
+        if x.shape[-1] != n_in:
+            raise ValueError(f"keep_num_dims: input's last dim {x.shape[-1]} != weights' {n_in}")
+    else:
+        if size % n_in:
+            raise ValueError(f"input of {size} elements cannot be split into rows of {n_in}")
+        x = jnp.reshape(x, (size // n_in, n_in))
+    y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
+    return _bias_act(y, b, o.fused_activation_function)
+
+
+def _batch_matmul(x: Any, y: Any, adj_x: bool, adj_y: bool) -> jax.Array:
+    if jnp.ndim(x) < 2 or jnp.ndim(y) < 2:
+        raise ValueError(f"operands need rank >= 2, got shapes {jnp.shape(x)} and {jnp.shape(y)}")
+    if adj_x:
+        x = jnp.swapaxes(x, -1, -2)
+    if adj_y:
+        y = jnp.swapaxes(y, -1, -2)
+    if jnp.shape(x)[-1] != jnp.shape(y)[-2]:
+        raise ValueError(f"contracted dims differ: {jnp.shape(x)} @ {jnp.shape(y)}")
+    return jnp.matmul(x, y)
+
+
+@register("BATCH_MATMUL")
+def batch_matmul(ctx: OpContext, x: Any, y: Any) -> jax.Array:
+    """x @ y over the last two dims (adj_x / adj_y transpose them); batch dims broadcast."""
+    o = ctx.options
+    return _batch_matmul(x, y, bool(o.adjoint_lhs), bool(o.adjoint_rhs))
+
+
+def parse_flex_options(data: bytes | None) -> dict[str, Any]:
+    """Custom options stored as a FlexBuffer map (empty dict when there are none)."""
+    if not data:
+        return {}
+    from flatbuffers import flexbuffers
+
+    try:
+        value = flexbuffers.Loads(bytes(data))
+    except Exception as e:  # malformed bytes
+        raise ValueError(f"custom options are not a FlexBuffer map: {e}") from None
+    if not isinstance(value, dict):
+        raise ValueError(f"custom options are a FlexBuffer {type(value).__name__}, not a map")
+    return value
+
+
+@register("CUSTOM:BatchMatMulV2")
+def batch_matmul_v2(ctx: OpContext, x: Any, y: Any) -> jax.Array:
+    """TensorFlow's BatchMatMulV2; adj_x / adj_y come from FlexBuffer custom options (default
+    False)."""
+    opts = parse_flex_options(ctx.op.custom_options)
+    return _batch_matmul(x, y, bool(opts.get("adj_x", False)), bool(opts.get("adj_y", False)))
+

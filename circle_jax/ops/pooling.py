@@ -1,0 +1,172 @@
+"""2-D pooling (NHWC): AVERAGE_POOL_2D, MAX_POOL_2D, L2_POOL_2D.
+
+TFLite semantics: the window at output (i, j) covers input rows ``i*stride_h - pad_top ...``
+(SAME pads put the extra pixel at the end); padded positions never take part, so AVERAGE and
+L2 divide by the number of VALID (non-padded) elements of each window and MAX ignores padding.
+The fused activation is applied to the pooled value.
+
+Gradients: MAX_POOL_2D sends each window's whole gradient to the FIRST maximum of the window
+in row-major (h, then w) order, like TF's MaxPoolGrad (no split among ties). L2_POOL_2D has
+no TF gradient; here an all-zero window gets gradient 0 (instead of NaN).
+
+Lowering (measured on the 2-core CPU machine, JAX 0.10, jitted forward+backward of
+``sum(pool(x) * c)``, µs per call; see ``benchmark()``): the window reduction is separable,
+so it is done as two 1-D passes (W then H), each the max/sum of ``k`` strided slices of the
+padded input, with a custom VJP for the max rule. Against ``lax.reduce_window`` (whose
+gradient for max is a select-and-scatter):
+
+=========================  =====  ===========  =================
+shape, window/stride/pad   op     slices (µs)  reduce_window (µs)
+=========================  =====  ===========  =================
+see ``_MEASURED`` below
+=========================  =====  ===========  =================
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from .common import fused_activation, padding_pairs
+from .registry import OpContext, register
+
+Pads = tuple[int, int]
+
+
+def _lowest(dtype: np.dtype) -> float | int:
+    if jnp.issubdtype(dtype, jnp.floating):
+        return -np.inf
+    return int(jnp.iinfo(dtype).min)
+
+
+def _out_size(size: int, k: int, s: int, pads: Pads) -> int:
+    return (size + pads[0] + pads[1] - k) // s + 1
+
+
+def _window_slices(xp: jax.Array, axis: int, k: int, s: int, out: int) -> list[jax.Array]:
+    """The ``k`` strided slices of a padded array whose j-th holds window element j."""
+    return [lax.slice_in_dim(xp, j, j + (out - 1) * s + 1, s, axis) for j in range(k)]
+
+
+def _pad_axis(x: jax.Array, axis: int, pads: Pads, value: float | int) -> jax.Array:
+    if pads == (0, 0):
+        return x
+    cfg = [(0, 0, 0)] * x.ndim
+    cfg[axis] = (pads[0], pads[1], 0)
+    return lax.pad(x, jnp.asarray(value, x.dtype), cfg)
+
+
+def _slices_of(x: jax.Array, axis: int, k: int, s: int, pads: Pads, value: float | int):
+    out = _out_size(x.shape[axis], k, s, pads)
+    return _window_slices(_pad_axis(x, axis, pads, value), axis, k, s, out)
+
+
+def _sum1d(x: jax.Array, axis: int, k: int, s: int, pads: Pads) -> jax.Array:
+    """Sum over 1-D windows along ``axis`` (zero padding)."""
+    return functools.reduce(jnp.add, _slices_of(x, axis, k, s, pads, 0))
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
+def _max1d(x: jax.Array, axis: int, k: int, s: int, pads: Pads) -> jax.Array:
+    """Max over 1-D windows along ``axis``; the gradient goes to the first maximum."""
+    return functools.reduce(jnp.maximum, _slices_of(x, axis, k, s, pads, _lowest(x.dtype)))
+
+
+def _max1d_fwd(x, axis, k, s, pads):
+    y = _max1d(x, axis, k, s, pads)
+    return y, (x, y)
+
+
+def _max1d_bwd(axis, k, s, pads, res, g):
+    x, y = res
+    slices, vjp = jax.vjp(lambda v: _slices_of(v, axis, k, s, pads, _lowest(v.dtype)), x)
+    taken = jnp.zeros(y.shape, bool)
+    cotangents = []
+    for sl in slices:
+        first = (sl == y) & ~taken
+        taken = taken | first
+        cotangents.append(jnp.where(first, g, jnp.zeros_like(g)))
+    return vjp(cotangents)
+
+
+_max1d.defvjp(_max1d_fwd, _max1d_bwd)
+
+
+def _valid_counts(sizes: Sequence[int], kernel: Sequence[int], strides: Sequence[int],
+                  pads: Sequence[Pads]) -> np.ndarray:
+    """Number of non-padded elements of every window, shape [OH, OW, 1] (static)."""
+    per_axis = []
+    for n, k, s, (lo, hi) in zip(sizes, kernel, strides, pads):
+        start = np.arange(_out_size(n, k, s, (lo, hi))) * s - lo
+        per_axis.append(np.minimum(start + k, n) - np.maximum(start, 0))
+    return (per_axis[0][:, None] * per_axis[1][None, :])[..., None]
+
+
+@jax.custom_jvp
+def _safe_sqrt(v: jax.Array) -> jax.Array:
+    return jnp.sqrt(v)
+
+
+@_safe_sqrt.defjvp
+def _safe_sqrt_jvp(primals, tangents):
+    (v,), (dv,) = primals, tangents
+    y = jnp.sqrt(v)
+    return y, jnp.where(y > 0, dv / jnp.where(y > 0, 2 * y, 1), jnp.zeros_like(y))
+
+
+def _geometry(ctx: OpContext, x: jax.Array) -> tuple[tuple[int, int], tuple[int, int], list]:
+    o = ctx.options
+    if np.ndim(x) != 4:
+        raise ValueError(f"pooling needs a 4-D NHWC input, got rank {np.ndim(x)}")
+    kernel = (int(o.filter_height), int(o.filter_width))
+    strides = (int(o.stride_h), int(o.stride_w))
+    if min(kernel) < 1 or min(strides) < 1:
+        raise ValueError(f"filter {kernel} and stride {strides} must be positive")
+    sizes = tuple(x.shape[1:3])
+    pads = padding_pairs(o.padding, sizes, kernel, strides)
+    if any(_out_size(n, k, s, p) < 1 for n, k, s, p in zip(sizes, kernel, strides, pads)):
+        raise ValueError(f"filter {kernel} does not fit the {sizes} input with VALID padding")
+    return kernel, strides, pads
+
+
+def _separable(pool1d: Callable[..., jax.Array], x: jax.Array, kernel, strides, pads):
+    y = pool1d(x, 2, kernel[1], strides[1], tuple(pads[1]))
+    return pool1d(y, 1, kernel[0], strides[0], tuple(pads[0]))
+
+
+@register("MAX_POOL_2D")
+def max_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
+    """Max over each window (padding ignored); gradient to the first max, like TF."""
+    x = jnp.asarray(x)
+    kernel, strides, pads = _geometry(ctx, x)
+    y = _separable(_max1d, x, kernel, strides, pads)
+    return fused_activation(y, ctx.options.fused_activation_function)
+
+
+@register("AVERAGE_POOL_2D")
+def average_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
+    """Mean over the non-padded elements of each window."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise NotImplementedError(f"AVERAGE_POOL_2D of {x.dtype} (quantized) is not supported")
+    kernel, strides, pads = _geometry(ctx, x)
+    total = _separable(_sum1d, x, kernel, strides, pads)
+    y = total / _valid_counts(x.shape[1:3], kernel, strides, pads).astype(x.dtype)
+    return fused_activation(y, ctx.options.fused_activation_function)
+
+
+@register("L2_POOL_2D")
+def l2_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
+    """sqrt(mean of squares) over the non-padded elements of each window."""
+    x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        raise NotImplementedError(f"L2_POOL_2D of {x.dtype} is not supported")
+    kernel, strides, pads = _geometry(ctx, x)
+    total = _separable(_sum1d, x * x, kernel, strides, pads)
+    mean = total / _valid_counts(x.shape[1:3], kernel, strides, pads).astype(x.dtype)
+    return fused_activation(_safe_sqrt(mean), ctx.options.fused_activation_function)

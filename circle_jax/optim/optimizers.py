@@ -1,0 +1,311 @@
+"""Optimizers as `optax.GradientTransformation`s, with TF/Keras/onert numerics where they differ.
+
+Every ``learning_rate`` is a float or an optax schedule ``step -> lr`` (``step`` counts real
+updates made so far, starting at 0, as in Keras and optax).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from typing import Any, NamedTuple
+
+import jax
+import jax.numpy as jnp
+import optax
+
+from circle_jax.losses.reduction import _normalize_name
+
+ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
+
+EPS_PLACEMENTS = ("tf", "optax", "onert_micro")
+
+
+def _lr_at(learning_rate: ScalarOrSchedule, count: jax.Array) -> jax.Array:
+    return jnp.asarray(learning_rate(count) if callable(learning_rate) else learning_rate)
+
+
+# --------------------------------------------------------------------------- Adam (TF)
+
+
+class AdamTFState(NamedTuple):
+    """State of `adam_tf`.
+
+    Attributes:
+      count: int32 number of updates made so far (``t - 1`` in the Adam paper).
+      mu: first moment ``m`` per parameter, in the parameter dtype.
+      nu: second moment ``v`` per parameter, in the parameter dtype.
+    """
+
+    count: jax.Array
+    mu: optax.Updates
+    nu: optax.Updates
+
+
+def adam_tf(
+    learning_rate: ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-7,
+) -> optax.GradientTransformation:
+    """Adam exactly as TF's ``ApplyAdam``, Keras and onert's train backend compute it.
+
+    With ``t = count + 1``, in the parameter dtype and in this operation order::
+
+        alpha = lr * sqrt(1 - b2**t) / (1 - b1**t)
+        m += (g - m) * (1 - b1)
+        v += (g*g - v) * (1 - b2)
+        w -= alpha * m / (sqrt(v) + eps)
+
+    The emitted update is ``-(alpha * m / (sqrt(v) + eps))``; ``optax.apply_updates`` then
+    gives the same bits as ``w -= ...``. Differs from `optax.adam`, whose eps is effectively
+    ``eps * sqrt(1 - b2**t)``. Constants such as ``1 - b1`` are computed in the parameter
+    dtype, as TF's kernel does (Keras 3 rounds the float64 ``1 - b1`` instead: a few ulps).
+    """
+
+    def init_fn(params: optax.Params) -> AdamTFState:
+        zeros = jax.tree.map(jnp.zeros_like, params)
+        return AdamTFState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros)
+
+    def update_fn(updates, state: AdamTFState, params=None):
+        del params
+        lr = _lr_at(learning_rate, state.count)
+        t = optax.safe_int32_increment(state.count)
+
+        def consts(dt):
+            return jnp.ones([], dt), jnp.asarray(b1, dt), jnp.asarray(b2, dt)
+
+        def new_m(g, m):
+            one, b1_, _ = consts(m.dtype)
+            return m + (g.astype(m.dtype) - m) * (one - b1_)
+
+        def new_v(g, v):
+            one, _, b2_ = consts(v.dtype)
+            g = g.astype(v.dtype)
+            return v + (g * g - v) * (one - b2_)
+
+        def step(m, v):
+            one, b1_, b2_ = consts(m.dtype)
+            tt = t.astype(m.dtype)
+            alpha = lr.astype(m.dtype) * jnp.sqrt(one - b2_**tt) / (one - b1_**tt)
+            return -(alpha * m / (jnp.sqrt(v) + jnp.asarray(eps, m.dtype)))
+
+        m = jax.tree.map(new_m, updates, state.mu)
+        v = jax.tree.map(new_v, updates, state.nu)
+        u = jax.tree.map(step, m, v)
+        return u, AdamTFState(count=t, mu=m, nu=v)
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+class DecoupledWeightDecayState(NamedTuple):
+    """State of `decoupled_weight_decay`.
+
+    Attributes:
+      count: int32 number of updates made so far (feeds a learning-rate schedule).
+    """
+
+    count: jax.Array
+
+
+def decoupled_weight_decay(
+    learning_rate: ScalarOrSchedule, weight_decay: float
+) -> optax.GradientTransformation:
+    """Add ``-(w * weight_decay * lr)`` to the updates (Keras AdamW's decoupled decay)."""
+
+    def init_fn(params) -> DecoupledWeightDecayState:
+        del params
+        return DecoupledWeightDecayState(count=jnp.zeros([], jnp.int32))
+
+    def update_fn(updates, state: DecoupledWeightDecayState, params=None):
+        if params is None:
+            raise ValueError("decoupled_weight_decay needs params: call update(g, state, params)")
+        lr = _lr_at(learning_rate, state.count)
+        updates = jax.tree.map(
+            lambda u, p: u - (p * jnp.asarray(weight_decay, p.dtype) * lr.astype(p.dtype)),
+            updates,
+            params,
+        )
+        return updates, DecoupledWeightDecayState(count=optax.safe_int32_increment(state.count))
+
+    return optax.GradientTransformation(init_fn, update_fn)
+
+
+# --------------------------------------------------------------------------- public factories
+
+
+def _check_placement(eps_placement: str) -> str:
+    if eps_placement not in EPS_PLACEMENTS:
+        raise ValueError(
+            f"unknown eps_placement {eps_placement!r}: use one of {', '.join(EPS_PLACEMENTS)}"
+        )
+    return eps_placement
+
+
+def sgd(
+    learning_rate: ScalarOrSchedule, momentum: float = 0.0, nesterov: bool = False
+) -> optax.GradientTransformation:
+    """SGD ``w -= lr * g`` (onert's), with optional (Nesterov) momentum — `optax.sgd`.
+
+    optax's momentum keeps ``m = g + momentum * m`` and steps ``-lr * m``; Keras keeps
+    ``v = momentum * v - lr * g``: the same for a constant learning rate.
+    """
+    if nesterov and not momentum:
+        raise ValueError("nesterov=True needs a non-zero momentum")
+    return optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov)
+
+
+def adam(
+    learning_rate: ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-7,
+    eps_placement: str = "tf",
+) -> optax.GradientTransformation:
+    """Adam with a choice of where ``eps`` goes (``m_hat``, ``v_hat``: bias-corrected moments).
+
+    - ``"tf"`` (TF, Keras, onert train backend): `adam_tf`, ``alpha * m / (sqrt(v) + eps)``.
+    - ``"optax"``: `optax.adam`, ``m_hat / (sqrt(v_hat) + eps)``.
+    - ``"onert_micro"``: ``m_hat / sqrt(v_hat + eps)``, i.e. ``optax.adam(eps=0, eps_root=eps)``.
+
+    ``eps`` defaults to Keras'/onert's 1e-7 for every placement (optax's own default is 1e-8).
+    """
+    placement = _check_placement(eps_placement)
+    if placement == "tf":
+        return adam_tf(learning_rate, b1, b2, eps)
+    if placement == "optax":
+        return optax.adam(learning_rate, b1, b2, eps)
+    return optax.adam(learning_rate, b1, b2, eps=0.0, eps_root=eps)
+
+
+def adamw(
+    learning_rate: ScalarOrSchedule,
+    b1: float = 0.9,
+    b2: float = 0.999,
+    eps: float = 1e-7,
+    weight_decay: float = 0.004,
+    eps_placement: str = "tf",
+    mask: Any = None,
+) -> optax.GradientTransformation:
+    """Adam with decoupled weight decay ``w -= lr * weight_decay * w``; defaults as Keras AdamW.
+
+    ``eps_placement`` as in `adam`; ``"optax"`` is exactly `optax.adamw`. ``mask`` (a pytree of
+    bools or a function of params) selects the decayed leaves. Keras decays before the Adam
+    step, here both are summed into one update: equal up to float rounding.
+    """
+    placement = _check_placement(eps_placement)
+    if placement == "optax":
+        return optax.adamw(learning_rate, b1, b2, eps, weight_decay=weight_decay, mask=mask)
+    if placement == "onert_micro":
+        return optax.adamw(
+            learning_rate, b1, b2, eps=0.0, eps_root=eps, weight_decay=weight_decay, mask=mask
+        )
+    decay = decoupled_weight_decay(learning_rate, weight_decay)
+    if mask is not None:
+        decay = optax.masked(decay, mask)
+    return optax.chain(adam_tf(learning_rate, b1, b2, eps), decay)
+
+
+def rmsprop(
+    learning_rate: ScalarOrSchedule = 0.001,
+    rho: float = 0.9,
+    eps: float = 1e-7,
+    momentum: float = 0.0,
+    centered: bool = False,
+) -> optax.GradientTransformation:
+    """RMSprop with Keras' defaults and formula — `optax.rmsprop` configured to match.
+
+    ``v = rho * v + (1 - rho) * g**2`` (from 0), ``w -= lr * g / sqrt(v + eps)``; centered
+    subtracts the squared running mean of ``g`` inside the root; momentum as in `sgd`.
+    """
+    return optax.rmsprop(
+        learning_rate,
+        decay=rho,
+        eps=eps,
+        initial_scale=0.0,
+        eps_in_sqrt=True,
+        centered=centered,
+        momentum=momentum or None,
+    )
+
+
+# --------------------------------------------------------------------------- schedules
+
+SCHEDULES: dict[str, Callable[..., optax.Schedule]] = {
+    "constant": optax.constant_schedule,
+    "exponential": optax.exponential_decay,
+    "cosine": optax.cosine_decay_schedule,
+    "warmup_cosine": optax.warmup_cosine_decay_schedule,
+    "linear": optax.linear_schedule,
+    "polynomial": optax.polynomial_schedule,
+    "piecewise": optax.piecewise_constant_schedule,
+}
+
+
+def schedule(name: str, **kwargs) -> optax.Schedule:
+    """An optax learning-rate schedule by short name; ``kwargs`` go to the optax function.
+
+    Names: constant (value), exponential (init_value, transition_steps, decay_rate, ...),
+    cosine (init_value, decay_steps, ...), warmup_cosine (init_value, peak_value,
+    warmup_steps, decay_steps, ...), linear / polynomial (init_value, end_value, ...),
+    piecewise (init_value, boundaries_and_scales).
+    """
+    key = _normalize_name(name)
+    if key not in SCHEDULES:
+        raise ValueError(f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}")
+    try:
+        return SCHEDULES[key](**kwargs)
+    except TypeError as e:
+        raise ValueError(f"bad arguments for schedule {name!r}: {e}") from None
+
+
+# --------------------------------------------------------------------------- registry
+
+OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
+    "sgd": sgd,
+    "momentum": lambda lr, momentum=0.9, nesterov=False: sgd(lr, momentum, nesterov),
+    "nesterov": lambda lr, momentum=0.9: sgd(lr, momentum, nesterov=True),
+    "adam": adam,
+    "adam_optax": lambda lr, b1=0.9, b2=0.999, eps=1e-7: adam(lr, b1, b2, eps, "optax"),
+    "adam_onert_micro": lambda lr, b1=0.9, b2=0.999, eps=1e-7: adam(
+        lr, b1, b2, eps, "onert_micro"
+    ),
+    "adamw": adamw,
+    "rmsprop": rmsprop,
+}
+
+# onert_train's --optimizer codes. (circle+'s Optimizer enum differs: SGD=0, ADAM=1; map it
+# to a name before calling `get_optimizer`.)
+ONERT_OPTIMIZER_CODES: dict[int, str] = {1: "sgd", 2: "adam"}
+
+
+def optimizer_name(spec: str | int) -> str:
+    """Canonical name (a key of `OPTIMIZERS`) of a name or onert_train code (1=sgd, 2=adam)."""
+    if isinstance(spec, bool):
+        raise ValueError(f"optimizer must be a name or an onert code, got {spec!r}")
+    if isinstance(spec, int):
+        if spec in ONERT_OPTIMIZER_CODES:
+            return ONERT_OPTIMIZER_CODES[spec]
+        raise ValueError(f"unknown onert optimizer code {spec}: use 1 (sgd) or 2 (adam)")
+    if isinstance(spec, str) and _normalize_name(spec) in OPTIMIZERS:
+        return _normalize_name(spec)
+    raise ValueError(
+        f"unknown optimizer {spec!r}: use one of {', '.join(OPTIMIZERS)} or onert codes 1, 2"
+    )
+
+
+def get_optimizer(
+    spec: str | int, learning_rate: ScalarOrSchedule, **kwargs
+) -> optax.GradientTransformation:
+    """An optimizer by name or onert_train code; ``kwargs`` go to its factory.
+
+    Names: sgd, momentum (sgd, momentum 0.9), nesterov, adam (TF eps placement), adam_optax,
+    adam_onert_micro, adamw, rmsprop. Codes: 1 = sgd, 2 = adam (TF placement, as onert).
+    """
+    name = optimizer_name(spec)
+    factory = OPTIMIZERS[name]
+    try:
+        inspect.signature(factory).bind(learning_rate, **kwargs)
+    except TypeError as e:
+        raise ValueError(f"bad options for optimizer {name!r}: {e}") from None
+    return factory(learning_rate, **kwargs)

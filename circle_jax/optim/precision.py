@@ -1,0 +1,180 @@
+"""Precision policy: the dtypes of stored weights, computation, gradients and outputs.
+
+Vocabulary (as jmp and nntrainer): the *param* (variable) dtype is how weights are stored,
+the *compute* dtype is what the forward pass runs in, the *grad* dtype is what gradients
+are cast to before the optimizer, the *output* dtype is what the model returns to the loss.
+
+Specs `get_policy` accepts:
+
+- a `Policy`, or None (all float32);
+- jmp's form ``"p=f32,c=f16,o=f32"`` (long keys ``params=``, ``compute=``, ``output=``,
+  ``grad=``/``g=``); a missing ``g`` is the param dtype, anything else missing is float32;
+- nntrainer's weight-activation pair ``"fp16-fp16"``, ``"fp32-fp16"``, ``"bf16-bf16"``
+  (case-insensitive): param = grad = the first, compute = output = the second;
+- one dtype name ``"float32"``/``"f32"``/``"fp16"``/``"bf16"``/...: all four dtypes;
+- Keras' ``"mixed_float16"``/``"mixed_bfloat16"``: float32 params, grads and output,
+  half compute.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+_DTYPES: dict[str, np.dtype] = {}
+for _names, _dt in (
+    (("float32", "f32", "fp32", "float"), jnp.float32),
+    (("float16", "f16", "fp16", "half"), jnp.float16),
+    (("bfloat16", "bf16"), jnp.bfloat16),
+    (("float64", "f64", "fp64", "double"), jnp.float64),
+):
+    for _n in _names:
+        _DTYPES[_n] = np.dtype(_dt)
+
+_MIXED = {"mixed_float16": np.dtype(jnp.float16), "mixed_bfloat16": np.dtype(jnp.bfloat16)}
+
+_KEYS = {
+    "p": "param_dtype",
+    "param": "param_dtype",
+    "params": "param_dtype",
+    "param_dtype": "param_dtype",
+    "c": "compute_dtype",
+    "compute": "compute_dtype",
+    "compute_dtype": "compute_dtype",
+    "g": "grad_dtype",
+    "grad": "grad_dtype",
+    "grads": "grad_dtype",
+    "gradient": "grad_dtype",
+    "grad_dtype": "grad_dtype",
+    "o": "output_dtype",
+    "output": "output_dtype",
+    "output_dtype": "output_dtype",
+}
+
+_FORMS = (
+    "'p=f32,c=f16,o=f32' (keys p/c/g/o), 'fp32-fp16' (weight-activation), "
+    "'float32'/'fp16'/'bf16', 'mixed_float16'/'mixed_bfloat16' or a Policy"
+)
+
+
+def to_dtype(spec: Any) -> np.dtype:
+    """A floating numpy dtype from a name (``"f16"``, ``"bfloat16"``, ...) or a dtype."""
+    if isinstance(spec, str):
+        key = spec.strip().lower()
+        if key in _DTYPES:
+            return _DTYPES[key]
+        raise ValueError(f"unknown float dtype {spec!r}: use float32/f32/fp32, float16/f16/fp16 "
+                         "or bfloat16/bf16")
+    try:
+        dt = np.dtype(spec)
+    except TypeError:
+        raise ValueError(f"not a dtype: {spec!r}") from None
+    if not jnp.issubdtype(dt, jnp.floating):
+        raise ValueError(f"a precision policy needs floating dtypes, got {dt}")
+    return dt
+
+
+def _short(dt: np.dtype) -> str:
+    return {"float32": "f32", "float16": "f16", "bfloat16": "bf16", "float64": "f64"}[dt.name]
+
+
+def _cast(tree: Any, dtype: np.dtype) -> Any:
+    def leaf(x):
+        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+            return x.astype(dtype)
+        return x
+
+    return jax.tree.map(leaf, tree)
+
+
+@dataclasses.dataclass(frozen=True)
+class Policy:
+    """Dtypes for one training run; ``cast_to_*`` cast floating leaves of a pytree only.
+
+    Attributes:
+      param_dtype: how weights (variables) are stored and updated.
+      compute_dtype: what the forward (and backward) pass computes in.
+      grad_dtype: what gradients are cast to before the optimizer sees them (None: the
+        param dtype).
+      output_dtype: what model outputs are cast to before the loss.
+    """
+
+    param_dtype: Any = np.dtype(jnp.float32)
+    compute_dtype: Any = np.dtype(jnp.float32)
+    grad_dtype: Any = None
+    output_dtype: Any = np.dtype(jnp.float32)
+
+    def __post_init__(self):
+        if self.grad_dtype is None:
+            object.__setattr__(self, "grad_dtype", self.param_dtype)
+        for f in dataclasses.fields(self):
+            object.__setattr__(self, f.name, to_dtype(getattr(self, f.name)))
+
+    def cast_to_param(self, tree: Any) -> Any:
+        return _cast(tree, self.param_dtype)
+
+    def cast_to_compute(self, tree: Any) -> Any:
+        return _cast(tree, self.compute_dtype)
+
+    def cast_to_grad(self, tree: Any) -> Any:
+        return _cast(tree, self.grad_dtype)
+
+    def cast_to_output(self, tree: Any) -> Any:
+        return _cast(tree, self.output_dtype)
+
+    def __str__(self) -> str:
+        return (
+            f"p={_short(self.param_dtype)},c={_short(self.compute_dtype)},"
+            f"g={_short(self.grad_dtype)},o={_short(self.output_dtype)}"
+        )
+
+
+def _parse_jmp(spec: str) -> Policy:
+    fields: dict[str, np.dtype] = {}
+    for part in spec.split(","):
+        key, sep, value = (s.strip() for s in part.partition("="))
+        if not sep or key not in _KEYS:
+            bad = part.strip()
+            raise ValueError(f"bad part {bad!r} of precision policy {spec!r}: use {_FORMS}")
+        fields[_KEYS[key]] = to_dtype(value)
+    fields.setdefault("param_dtype", np.dtype(jnp.float32))
+    fields.setdefault("grad_dtype", fields["param_dtype"])
+    return Policy(**fields)
+
+
+def get_policy(spec: Any = None) -> Policy:
+    """Resolve a precision policy spec (see the module docstring for the accepted forms)."""
+    if isinstance(spec, Policy):
+        return spec
+    if spec is None:
+        return Policy()
+    if not isinstance(spec, str):
+        raise ValueError(f"unknown precision policy {spec!r}: use {_FORMS}")
+    s = spec.strip().lower()
+    if "=" in s:
+        return _parse_jmp(s)
+    if s in _MIXED:
+        return Policy(compute_dtype=_MIXED[s])
+    if s in _DTYPES:
+        dt = _DTYPES[s]
+        return Policy(dt, dt, dt, dt)
+    weight, sep, activation = s.partition("-")
+    if sep and weight in _DTYPES and activation in _DTYPES:
+        w, a = _DTYPES[weight], _DTYPES[activation]
+        return Policy(param_dtype=w, compute_dtype=a, grad_dtype=w, output_dtype=a)
+    raise ValueError(f"unknown precision policy {spec!r}: use {_FORMS}")
+
+
+def master_weights_needed(policy: Policy) -> bool:
+    """True when weights are stored in a half dtype, so training keeps float32 master weights.
+
+    Design: the optimizer state and the update act on a float32 master copy of every
+    weight; the half copy (``policy.cast_to_param(master)``) is derived from it after each
+    update and only feeds the forward pass. Updates smaller than a half ulp would otherwise
+    be lost (nntrainer keeps FP32 master weights beside FP16 ones for this reason).
+    """
+    return np.dtype(policy.param_dtype).itemsize < 4
