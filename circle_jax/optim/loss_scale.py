@@ -26,6 +26,8 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from circle_jax.optim.accumulate import accumulate_in_step
+
 
 def _is_float(x: Any) -> bool:
     return hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating)
@@ -309,6 +311,8 @@ def scaled_value_and_grad(
     loss_fn: Callable[..., Any],
     on_overflow: str | OverflowPolicy = OverflowPolicy.SKIP,
     has_aux: bool = False,
+    micro_batches: int = 1,
+    reduction: str = "mean",
 ) -> Callable[..., ScaledGrads]:
     """Wrap ``loss_fn(params, *args)`` into ``fn(loss_scale, params, *args) -> ScaledGrads``.
 
@@ -317,6 +321,11 @@ def scaled_value_and_grad(
     call argument (it is training state). With ``on_overflow="retry"`` the recomputation runs
     in a ``lax.while_loop``, which ends because each retry lowers the scale toward
     ``min_scale``.
+
+    With ``micro_batches=k > 1`` the LAST argument is a batch pytree that is split into k
+    micro-batches inside the step (`accumulate_in_step`): the scaled gradients of the
+    micro-batches are combined (``reduction`` "mean" or "sum") before unscaling, so one
+    micro-batch of activations is live at a time and loss scaling composes with it.
     """
     try:
         policy = OverflowPolicy(on_overflow)
@@ -328,8 +337,21 @@ def scaled_value_and_grad(
         loss, aux = out if has_aux else (out, None)
         return loss_scale.scale(loss), (loss, aux)
 
+    def scaled_grads(params, batch, loss_scale, *rest):
+        grads, (loss, aux) = jax.grad(scaled_loss, has_aux=True)(
+            params, loss_scale, *rest, batch
+        )
+        return (loss, aux), grads
+
     def attempt(loss_scale, params, *args):
-        grads, (loss, aux) = jax.grad(scaled_loss, has_aux=True)(params, loss_scale, *args)
+        if micro_batches > 1:
+            *rest, batch = args
+            grad_fn = accumulate_in_step(scaled_grads, micro_batches, reduction, has_aux=True)
+            (loss, aux), grads = grad_fn(params, batch, loss_scale, *rest)
+            if aux is not None:
+                aux = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), aux)
+        else:
+            grads, (loss, aux) = jax.grad(scaled_loss, has_aux=True)(params, loss_scale, *args)
         grads = loss_scale.unscale(grads)
         return loss, aux, grads, all_finite(grads)
 
