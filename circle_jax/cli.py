@@ -1,4 +1,4 @@
-"""``circle-jax``: train (an onert_train drop-in), info, run and traininfo.
+"""``circle-jax``: train (an onert_train drop-in), info, run, export and traininfo.
 
 Errors print one line ``E: <what is wrong>`` and exit non-zero; no output file is left
 half-written (every write is atomic).
@@ -77,8 +77,17 @@ def _add_train(sub: Any) -> None:
     p.add_argument("--export_circle", metavar="FILE")
     p.add_argument("--export_tflite", metavar="FILE")
     p.add_argument("--export_circleplus", metavar="FILE")
-    p.add_argument("--export_checkpoint", metavar="FILE")
-    p.add_argument("--checkpoint", metavar="FILE")
+    p.add_argument("--export_checkpoint", metavar="FILE",
+                   help="write an onert checkpoint after every epoch (or --checkpoint_every_steps)")
+    p.add_argument("--checkpoint_every_steps", type=int, metavar="N",
+                   help="rewrite --export_checkpoint every N steps instead")
+    p.add_argument("--checkpoint_order", choices=["auto", "onert", "ascending"],
+                   default="auto", help="entry order of --export_checkpoint: onert's (so "
+                   "onert_train imports it; asks the onert wheel), ascending tensor index, or "
+                   "auto: onert's when the onert wheel can tell (default)")
+    p.add_argument("--checkpoint", metavar="FILE",
+                   help="resume from an onert checkpoint (weights, Adam m/v, step)")
+    p.add_argument("--export_wof", metavar="FILE", help="write the trained weights as .wof")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--shuffle", action="store_true")
     p.add_argument("--keep_remainder", action="store_true",
@@ -100,6 +109,15 @@ def _add_other(sub: Any) -> None:
     p.add_argument("--input", action="append", required=True, metavar="FILE",
                    help=".npy/.npz/raw input (repeat per model input, or one .npz)")
     p.add_argument("--output_dir", default=".", metavar="DIR")
+    p = sub.add_parser("export", help="write a model (with weights from a .wof or checkpoint) "
+                       "as .circle, .tflite or .wof")
+    p.add_argument("model")
+    src = p.add_mutually_exclusive_group()
+    src.add_argument("--load_wof", metavar="FILE", help="take the weights from a .wof file")
+    src.add_argument("--checkpoint", metavar="FILE", help="take the weights from a checkpoint")
+    p.add_argument("--circle", metavar="OUT", help="write a .circle file")
+    p.add_argument("--tflite", metavar="OUT", help="write a .tflite file (LiteRT runs it)")
+    p.add_argument("--wof", metavar="OUT", help="write the float weights as .wof")
     p = sub.add_parser("traininfo", help="print or set circle+ training metadata")
     p.add_argument("model")
     p.add_argument("--set", metavar="JSON", help="circle_plus_gen-style hyper-parameters")
@@ -119,7 +137,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     from .errors import CircleJaxError
 
     try:
-        return {"train": cmd_train, "info": cmd_info, "run": cmd_run,
+        return {"train": cmd_train, "info": cmd_info, "run": cmd_run, "export": cmd_export,
                 "traininfo": cmd_traininfo}[args.command](args)
     except (CliError, CircleJaxError, ValueError, OSError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -196,6 +214,7 @@ def cmd_traininfo(args: argparse.Namespace) -> int:
         return 0
     if not args.output:
         raise CliError("--set needs -o OUT (the input model is never modified)")
+    _check_outputs({"-o": args.output}, [args.model, args.set])
     with open(args.set) as f:
         try:
             obj = json.load(f)
@@ -206,6 +225,66 @@ def cmd_traininfo(args: argparse.Namespace) -> int:
     atomic_write(args.output, data, protect=args.model)
     print(f"wrote {args.output}")
     return 0
+
+
+def cmd_export(args: argparse.Namespace) -> int:
+    from .io.atomic import atomic_write
+    from .state_io import checkpoint_params, load_wof, save_wof
+
+    outputs = {"--circle": args.circle, "--tflite": args.tflite, "--wof": args.wof}
+    if not any(outputs.values()):
+        raise CliError("nothing to write: give --circle OUT, --tflite OUT and/or --wof OUT")
+    inputs = [p for p in (args.model, args.load_wof, args.checkpoint) if p]
+    _check_outputs(outputs, inputs)
+    model = _load(args.model)
+    params = model.params
+    if args.load_wof:
+        params = load_wof(args.load_wof, model)
+    elif args.checkpoint:
+        params = checkpoint_params(args.checkpoint, model)
+    changed = {k: v for k, v in params.items() if k in model.params}
+    for flag, fmt in (("--circle", "circle"), ("--tflite", "tflite")):
+        if outputs[flag]:
+            atomic_write(outputs[flag], model.export(changed, fmt), protect=inputs)
+            print(f"wrote {outputs[flag]}")
+    if args.wof:
+        save_wof(args.wof, model, params, protect=inputs)
+        print(f"wrote {args.wof}")
+    return 0
+
+
+def _check_outputs(outputs: dict[str, str | None], inputs: Sequence[str | None],
+                   allowed: dict[str, str | None] | None = None) -> None:
+    """Refuse, before any work, outputs that are inputs, repeat, or lie in no directory.
+
+    ``allowed[flag]`` is an input that output ``flag`` may rewrite (a checkpoint it resumes).
+    """
+    allowed = allowed or {}
+    seen: dict[str, str] = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        for src in inputs:
+            if src and src != allowed.get(flag) and _same_path(src, path):
+                raise CliError(f"refusing to write {flag} {path!r}: it is the input file "
+                               f"{src!r}; choose a different output path")
+        full = os.path.realpath(path)
+        if full in seen:
+            raise CliError(f"{seen[full]} and {flag} both write {path!r}; give different paths")
+        seen[full] = flag
+        if os.path.isdir(path):
+            raise CliError(f"cannot write {flag} {path!r}: it is a directory, expected a file")
+        directory = os.path.dirname(full)
+        if not os.path.isdir(directory):
+            raise CliError(f"cannot write {flag} {path!r}: directory {directory!r} does not "
+                           "exist")
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)
 
 
 def format_traininfo(m: Any) -> str:
@@ -253,7 +332,6 @@ def cfg_optimizer(cfg: Any) -> str:
 def cmd_train(args: argparse.Namespace) -> int:
     import jax
 
-    from .io.atomic import atomic_write
     from .train import TrainConfig, fit
 
     t0 = time.perf_counter()
@@ -310,6 +388,21 @@ def cmd_train(args: argparse.Namespace) -> int:
         extra["precision"] = str(get_policy(config.precision))
     if config.loss_scale != "none":
         extra["loss_scale"] = f"{config.loss_scale} (on overflow: {config.on_overflow})"
+    x_files = [args.load_input_raw or args.load_input, args.load_expected_raw or args.load_expected]
+    inputs = [args.model, *x_files, args.checkpoint]
+    outputs = {"--export_circle": args.export_circle, "--export_tflite": args.export_tflite,
+               "--export_circleplus": args.export_circleplus,
+               "--export_checkpoint": args.export_checkpoint, "--export_wof": args.export_wof}
+    _check_outputs(outputs, inputs, {"--export_checkpoint": args.checkpoint})
+    if args.checkpoint_every_steps is not None and not args.export_checkpoint:
+        raise CliError("--checkpoint_every_steps needs --export_checkpoint FILE")
+    if args.checkpoint and not os.path.exists(args.checkpoint):
+        raise CliError(f"checkpoint file {args.checkpoint!r} does not exist")
+    if args.export_circleplus:
+        from .state_io import traininfo_of
+        from .train import Trainer
+
+        traininfo_of(Trainer(model, trainer_cfg))  # fails now rather than after training
     _print_params(trainer_cfg, n_trainable, extra)
 
     def report(epoch: int, h: Any) -> None:
@@ -326,16 +419,19 @@ def cmd_train(args: argparse.Namespace) -> int:
         print(line, flush=True)
 
     t1 = time.perf_counter()
-    result = fit(model, xs, y, trainer_cfg, on_epoch=report)
+    if args.export_checkpoint or args.checkpoint:
+        from .state_io import fit_checkpointed
+
+        result = fit_checkpointed(model, xs, y, trainer_cfg, resume=args.checkpoint,
+                                  save=args.export_checkpoint,
+                                  every_steps=args.checkpoint_every_steps,
+                                  order=args.checkpoint_order,
+                                  protect=[p for p in inputs[:3] if p], on_epoch=report)
+    else:
+        result = fit(model, xs, y, trainer_cfg, on_epoch=report)
     execute_ms = (time.perf_counter() - t1) * 1000
     h = result.history
-    exports = [(args.export_circle, "circle", None), (args.export_tflite, "tflite", None)]
-    if args.export_circleplus:
-        exports.append((args.export_circleplus, "circle", _circleplus(result.trainer, n_ops)))
-    for path, fmt, meta in exports:
-        if path:
-            data = model.export(result.params, fmt, metadata=meta)
-            atomic_write(path, data, protect=args.model)
+    _export_trained(args, model, result, [p for p in inputs if p])
     print("===================================")
     print(f"{'MODEL_LOAD':12} takes {load_ms:.4f} ms")
     print(f"{'PREPARE':12} takes {h.compile_ms:.4f} ms")
@@ -348,20 +444,21 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
-def _circleplus(trainer: Any, n_ops: int) -> dict[str, bytes]:
-    from .io.traininfo import TrainInfo, encode_traininfo
-    from .losses import loss_name
+def _export_trained(args: argparse.Namespace, model: Any, result: Any,
+                    inputs: list[str]) -> None:
+    from .io.atomic import atomic_write
+    from .state_io import circleplus_metadata, save_wof
 
-    cfg = trainer.config
-    readers = trainer.model.param_operators()
-    ops = sorted({i for name in trainer.trainable for i in readers.get(name, [])})
-    info = TrainInfo(
-        optimizer=cfg_optimizer(cfg) if cfg_optimizer(cfg) in ("sgd", "adam") else "adam",
-        learning_rate=cfg.learning_rate, loss=loss_name(cfg.loss),
-        from_logits=bool(cfg.from_logits), reduction=cfg_reduction(cfg),
-        epochs=cfg.epochs, batch_size=cfg.batch_size, trainable_ops=tuple(ops),
-    )
-    return {"CIRCLE_TRAINING": encode_traininfo(info)}
+    exports = [(args.export_circle, "circle", None), (args.export_tflite, "tflite", None)]
+    if args.export_circleplus:
+        exports.append((args.export_circleplus, "circle", circleplus_metadata(result.trainer)))
+    for path, fmt, meta in exports:
+        if path:
+            data = model.export(result.params, fmt, metadata=meta)
+            atomic_write(path, data, protect=inputs)
+    if args.export_wof:
+        save_wof(args.export_wof, model, result.params, result.trainer.trainable,
+                 protect=inputs)
 
 
 def _train_data(args: argparse.Namespace, model: Any) -> tuple[list[np.ndarray], np.ndarray]:

@@ -11,12 +11,18 @@ frozen, and integer constants such as Reshape shapes), Adam ``m``/``v`` per entr
 for tensors without optimizer state), the number of weight updates (``cur_step``) and an
 epoch counter.
 
-*Writing*: circle-jax puts the entries in ascending tensor index (:func:`constant_tensors`).
-``cur_step`` is the number of optimizer updates (Adam's ``t``), ``cur_epoch`` the number of
-completed epochs (onert always writes 0 there and ignores it on import).
+*Writing*: entries go in ascending tensor index (:func:`constant_tensors`) by default; such
+files carry :data:`ASCENDING_MARK` in the header's reserved byte, so readers know their
+order. onert reads entries by position, without checking, in its own order: write with
+``order="onert"`` (:func:`onert_order`, which asks the onert wheel) for a file that
+``onert_train --checkpoint`` / ``train_import_checkpoint`` reads right. ``cur_step`` is the
+number of optimizer updates (Adam's ``t``), ``cur_epoch`` the number of completed epochs
+(onert writes 0 there and ignores it on import).
 
-*Reading* (:func:`checkpoint_order`): onert writes the entries in its internal hash-map order,
-so each entry is matched to a tensor by content:
+*Reading* (:func:`read_checkpoint`): a marked file is in ascending order. Any other file
+(onert's) is in onert's internal hash-map order, which depends on the model's tensor indices
+and tensor count, so each entry is matched to a tensor by size and content
+(:func:`checkpoint_order`):
 
 1. an entry's candidates are the constant tensors with the same byte size (the count of
    entries of each size must equal the count of tensors of that size, or the file is
@@ -26,9 +32,10 @@ so each entry is matched to a tensor by content:
 3. the rest is decided by distance to the model's current weights (mean absolute
    difference; a checkpoint taken after some training is closest to the weights it started
    from), assigning the closest (entry, tensor) pair first (greedy);
-4. exact ties go to ascending order: the right answer for circle-jax's own files. Tensors
-   whose reference bytes are *identical* (e.g. two zero-initialised biases of one size)
-   cannot be told apart by content; in an onert checkpoint they may come out swapped.
+4. tensors whose reference bytes are *identical* (e.g. two zero-initialised biases of one
+   size) cannot be told apart by content: the entries that go to them are placed as
+   :func:`onert_order` says when the onert wheel is installed and its order agrees with
+   every other entry, else in ascending order (then such tensors may come out swapped).
 
 Resuming from a checkpoint restores weights, Adam ``m``/``v`` and the update count (and the
 count of every other ``count``-carrying optax state, e.g. learning-rate schedules), so the
@@ -46,9 +53,12 @@ fills the buffers of the trainable float weights and leaves the others empty.
 
 from __future__ import annotations
 
+import functools
 import os
+import shutil
+import tempfile
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -78,6 +88,12 @@ from .train import (
 
 Source = PathLike | bytes | bytearray | memoryview
 """A file path or the file's bytes."""
+
+Order = str | Sequence[int]
+"""A checkpoint entry order: "ascending", "onert", "auto" or the tensor index of each entry."""
+
+ASCENDING_MARK = 1
+"""Header byte 3 of circle-jax's ascending-order checkpoints (onert writes 0 and ignores it)."""
 
 _MOMENTS = (AdamTFState, optax.ScaleByAdamState)  # states whose mu/nu are Adam's m and v
 
@@ -132,20 +148,21 @@ def _accumulate_nodes(opt_state: Any) -> list[AccumulateState]:
     return [n for n in nodes if isinstance(n, AccumulateState)]
 
 
-def _unstorable(opt_state: Any) -> list[str]:
+def _unstorable(opt_state: Any, path: str = "opt_state") -> list[str]:
     """Array leaves of shape > () outside Adam's moments and accumulators (e.g. momentum)."""
-    def strip(n: Any) -> Any:
-        if isinstance(n, _MOMENTS):
-            return None
-        if isinstance(n, AccumulateState):
-            return n._replace(acc_grads=None)
-        return n
-
     kinds = (*_MOMENTS, AccumulateState)
-    rest = jax.tree.map(strip, opt_state, is_leaf=lambda n: isinstance(n, kinds))
-    rest = jax.tree.map(strip, rest, is_leaf=lambda n: isinstance(n, kinds))
-    return [jax.tree_util.keystr(p) for p, leaf in jax.tree_util.tree_leaves_with_path(rest)
-            if np.ndim(leaf) > 0]
+    found = []
+    nodes, _ = jax.tree_util.tree_flatten_with_path(
+        opt_state, is_leaf=lambda n: isinstance(n, kinds))
+    for keys, node in nodes:
+        where = path + jax.tree_util.keystr(keys)
+        if isinstance(node, _MOMENTS):
+            continue
+        if isinstance(node, AccumulateState):
+            found += _unstorable(node.inner_state, where + ".inner_state")
+        elif np.ndim(node) > 0:
+            found.append(where)
+    return found
 
 
 def _updates(trainer: Trainer, state: TrainState) -> int:
@@ -159,19 +176,45 @@ def _updates(trainer: Trainer, state: TrainState) -> int:
     return int(state.step) // _stream_k(trainer)
 
 
+def _ordered(model: Model, order: Order) -> tuple[int, ...]:
+    """An entry order given as "ascending", "onert", "auto" or tensor indices, checked."""
+    consts = constant_tensors(model)
+    if isinstance(order, str):
+        if order == "ascending":
+            return consts
+        if order == "onert":
+            return onert_order(model)
+        if order == "auto":
+            try:
+                return onert_order(model)
+            except DataError:
+                return consts
+        raise ValueError(f"unknown checkpoint order {order!r}: use 'ascending', 'onert', "
+                         "'auto' or a sequence of tensor indices")
+    got = tuple(int(i) for i in order)
+    if sorted(got) != list(consts):
+        raise ValueError(f"checkpoint order {list(got)} is not a permutation of the model's "
+                         f"constant tensors {list(consts)}")
+    return got
+
+
 def make_checkpoint(model: Model, trainer: Trainer, state: TrainState,
-                    frozen: Mapping[str, Any] | None = None, epoch: int = 0) -> Checkpoint:
+                    frozen: Mapping[str, Any] | None = None, epoch: int = 0,
+                    order: Order = "ascending") -> Checkpoint:
     """The :class:`~circle_jax.io.checkpoint.Checkpoint` of a training state.
 
-    Entries follow :func:`constant_tensors` (ascending tensor index): trained weights from
-    ``state``, frozen ones from ``frozen`` (default: the model's), other constants as stored.
-    ``epoch`` is written as ``cur_epoch`` (completed epochs).
+    One entry per constant tensor of subgraph 0 in ``order`` ("ascending" tensor index,
+    "onert" — see :func:`onert_order` —, "auto" — onert's when the onert wheel can tell,
+    else ascending — or explicit tensor indices): trained weights from
+    ``state``, frozen ones from ``frozen`` (default: the model's), other constants as
+    stored. ``step`` is the number of optimizer updates; ``epoch`` is written as
+    ``cur_epoch`` (completed epochs).
     """
     bad = _unstorable(state.opt_state)
     if bad:
         raise TrainingError(
-            f"the optimizer state has {', '.join(bad)}, which an onert checkpoint cannot "
-            "hold (it stores SGD or Adam); use --optimizer sgd or adam")
+            f"the optimizer state has {len(bad)} array(s) besides Adam's m and v (such as "
+            f"{bad[0]}), which an onert checkpoint cannot hold; use --optimizer sgd or adam")
     acc = _accumulate_nodes(state.opt_state)
     if acc and int(acc[0].mini_step):
         raise TrainingError(
@@ -185,7 +228,7 @@ def make_checkpoint(model: Model, trainer: Trainer, state: TrainState,
     names = _main_params(model)
     sg = model.ir.main
     tensors, ms, vs = [], [], []
-    for i in constant_tensors(model):
+    for i in _ordered(model, order):
         t = sg.tensors[i]
         dt = ir.as_numpy_dtype(t.dtype)
         name = names.get(i)
@@ -206,40 +249,201 @@ def make_checkpoint(model: Model, trainer: Trainer, state: TrainState,
                       step=_updates(trainer, state), epoch=epoch)
 
 
+def checkpoint_bytes(model: Model, trainer: Trainer, state: TrainState,
+                     frozen: Mapping[str, Any] | None = None, *, epoch: int = 0,
+                     order: Order = "ascending") -> bytes:
+    """The checkpoint file's bytes (see :func:`make_checkpoint`).
+
+    Files in ascending order carry ``ASCENDING_MARK`` in the header's reserved byte (offset 3;
+    onert writes 0 there and ignores it on import), so readers need not guess their order.
+    """
+    resolved = _ordered(model, order)
+    data = encode_checkpoint(make_checkpoint(model, trainer, state, frozen, epoch, resolved))
+    if resolved == constant_tensors(model):
+        data = data[:3] + bytes([ASCENDING_MARK]) + data[4:]
+    return data
+
+
 def save_checkpoint(path: PathLike, model: Model, trainer: Trainer, state: TrainState,
                     frozen: Mapping[str, Any] | None = None, *, epoch: int = 0,
+                    order: Order = "ascending",
                     protect: PathLike | Iterable[PathLike] | None = None) -> None:
-    """Write ``state`` as an onert checkpoint (atomically); onert_train imports it.
+    """Write ``state`` as an onert checkpoint, atomically (see :func:`checkpoint_bytes`).
 
-    Entry order, step and epoch as in :func:`make_checkpoint`. ``protect`` names input files
-    that must never be overwritten.
+    ``order="onert"`` writes the entries in the order onert uses for this model, so
+    ``onert_train --checkpoint`` / ``train_import_checkpoint`` read them right (onert reads
+    entries by position, unchecked). ``protect`` names inputs that must not be overwritten.
     """
-    data = encode_checkpoint(make_checkpoint(model, trainer, state, frozen, epoch))
+    data = checkpoint_bytes(model, trainer, state, frozen, epoch=epoch, order=order)
     atomic_write(path, data, protect=protect)
 
 
-def read_checkpoint(source: Source, model: Model) -> Checkpoint:
-    """Decode a checkpoint file (path or bytes) and check its entry count against ``model``."""
+def onert_order(model: Model) -> tuple[int, ...]:
+    """The tensor index of each entry of the checkpoints onert writes for ``model``.
+
+    onert's entry order comes from its internal hash maps (it depends on the tensor indices
+    and the tensor count, not on the weights, the optimizer or the trainable ops), so this
+    asks the installed ``onert`` wheel: it trains one step with no trainable operator on a
+    copy of the model whose float constants hold distinct marker values, exports a
+    checkpoint and matches entries by content. Cached per model; needs ``onert``.
+    """
+    found = _onert_order(model.ir.source)
+    if isinstance(found, str):
+        raise DataError(found)
+    return found
+
+
+@functools.lru_cache(maxsize=16)
+def _onert_order(source: bytes) -> tuple[int, ...] | str:
+    """onert's entry order, or why it cannot be had (cached either way)."""
+    try:
+        return _ask_onert(source)
+    except DataError as e:
+        return str(e)
+
+
+def _ask_onert(source: bytes) -> tuple[int, ...]:
+    try:
+        from onert.native import libnnfw_api_pybind as lib
+    except ImportError:
+        raise DataError("the onert checkpoint order needs the onert wheel (pip install onert); "
+                        "use order='ascending'") from None
+    from .io.reader import read_model
+    from .io.writer import export_model
+
+    m = read_model(source)
+    sg = m.main
+    consts = [t for t in sg.tensors if t.is_constant]
+    markers = {}
+    for j, t in enumerate(c for c in consts if c.is_float):
+        markers[t.index] = np.full(t.shape, j + 1, ir.as_numpy_dtype(t.dtype))
+    marked = export_model(m, {(0, i): a for i, a in markers.items()}, file_format="circle")
+    expected = {t.index: (markers[t.index] if t.index in markers else t.data).tobytes()
+                for t in consts}
+    cwd = os.getcwd()
+    tmp = tempfile.mkdtemp(prefix="cj-onert-")
+    try:
+        os.chdir(tmp)  # onert 0.1.0 garbles paths over 15 bytes: short relative names
+        with open("m.circle", "wb") as f:
+            f.write(marked)
+        s = lib.experimental.nnfw_session("m.circle", "train")
+        info = s.train_get_traininfo()
+        info.learning_rate = 0.001
+        info.batch_size = 1
+        info.loss_info.loss = lib.loss.MEAN_SQUARED_ERROR
+        info.loss_info.reduction_type = lib.loss_reduction.SUM_OVER_BATCH_SIZE
+        info.opt = lib.optimizer.SGD
+        info.num_of_trainable_ops = 0  # nothing changes: the markers come back as written
+        s.train_set_traininfo(info)
+        s.train_prepare()
+        keep = []  # onert keeps raw pointers to these arrays until train() returns
+        for k, i in enumerate(sg.inputs):
+            t = sg.tensors[i]
+            keep.append(np.zeros((1, *t.shape[1:]), ir.as_numpy_dtype(t.dtype)))
+            s.train_set_input(k, keep[-1])
+        for k, i in enumerate(sg.outputs):
+            t = sg.tensors[i]
+            keep.append(np.zeros((1, *t.shape[1:]), ir.as_numpy_dtype(t.dtype)))
+            s.train_set_expected(k, keep[-1])
+            keep.append(np.zeros((1, *t.shape[1:]), ir.as_numpy_dtype(t.dtype)))
+            s.train_set_output(k, keep[-1])
+        s.train(True)
+        s.train_export_checkpoint("c.ckpt")
+        with open("c.ckpt", "rb") as f:
+            ckpt = decode_checkpoint(f.read())
+    except Exception as e:
+        raise DataError(f"onert could not train this model to find its checkpoint order "
+                        f"({type(e).__name__}: {e}); use order='ascending'") from None
+    finally:
+        os.chdir(cwd)
+        shutil.rmtree(tmp, ignore_errors=True)
+    order = []
+    free = dict(expected)
+    for e, raw in enumerate(ckpt.tensors):
+        hit = [i for i, b in free.items() if b == raw.tobytes()]
+        if not hit:
+            raise DataError(f"onert's checkpoint entry {e} matches no constant tensor; "
+                            "use order='ascending'")
+        order.append(hit[0])
+        del free[hit[0]]
+    return tuple(order)
+
+
+def read_checkpoint(source: Source, model: Model, params: Mapping[str, Any] | None = None,
+                    order: Order | None = None) -> tuple[Checkpoint, tuple[int, ...]]:
+    """Decode a checkpoint (path or bytes) for ``model``: ``(checkpoint, tensor of each entry)``.
+
+    ``order`` None resolves the entries' tensors: files circle-jax wrote in ascending order
+    say so in their header; other files (onert's) are matched by :func:`checkpoint_order`
+    against ``params`` (default: the model's), with tensors of identical content placed as
+    onert places them when the onert wheel can tell (:func:`onert_order`). "ascending",
+    "onert" or explicit tensor indices force an order. Foreign, truncated or another model's
+    files raise :class:`CircleFormatError` (one line, naming what was expected).
+    """
     buf, where = _read(source, "checkpoint")
     try:
         ckpt = decode_checkpoint(buf)
+        n = len(constant_tensors(model))
+        if len(ckpt.tensors) != n:
+            raise CircleFormatError(
+                f"checkpoint has {len(ckpt.tensors)} tensors, expected {n} (one per constant "
+                "tensor of the model's subgraph 0): it belongs to another model")
+        if order is None and buf[3] == ASCENDING_MARK:
+            order = "ascending"
+        if order is None:
+            found = checkpoint_order(model, ckpt, params)
+            if any(len(c) > 1 for c in _tie_classes(model, params)):
+                try:
+                    found = checkpoint_order(model, ckpt, params, ties=onert_order(model))
+                except DataError:
+                    pass  # no onert: ties stay in ascending order
+        else:
+            found = _ordered(model, order)
+            _check_sizes(model, ckpt, found)
     except CircleFormatError as e:
         raise CircleFormatError(f"{where}: {e}") from None
-    n = len(constant_tensors(model))
-    if len(ckpt.tensors) != n:
-        raise CircleFormatError(
-            f"{where}: checkpoint has {len(ckpt.tensors)} tensors, expected {n} (one per "
-            "constant tensor of the model's subgraph 0): it belongs to another model")
-    return ckpt
+    return ckpt, found
 
 
-def checkpoint_order(model: Model, ckpt: Checkpoint,
-                     params: Mapping[str, Any] | None = None) -> tuple[int, ...]:
+def _check_sizes(model: Model, ckpt: Checkpoint, order: Sequence[int]) -> None:
+    sg = model.ir.main
+    for e, (raw, i) in enumerate(zip(ckpt.tensors, order)):
+        if raw.size != _nbytes(sg.tensors[i]):
+            raise CircleFormatError(f"checkpoint entry {e} has {raw.size} bytes, expected "
+                                    f"{_nbytes(sg.tensors[i])} for {_describe(sg.tensors[i])}")
+
+
+def _references(model: Model, params: Mapping[str, Any] | None) -> dict[int, np.ndarray]:
+    """Reference value of each constant tensor of subgraph 0, in the tensor's dtype."""
+    params = model.params if params is None else params
+    names = _main_params(model)
+    sg = model.ir.main
+    out = {}
+    for i in constant_tensors(model):
+        t = sg.tensors[i]
+        value = params[names[i]] if i in names and names[i] in params else t.data
+        out[i] = np.asarray(value).astype(ir.as_numpy_dtype(t.dtype))
+    return out
+
+
+def _tie_classes(model: Model, params: Mapping[str, Any] | None) -> list[list[int]]:
+    """Groups (ascending) of constant tensors with the same size and identical content."""
+    classes: dict[bytes, list[int]] = {}
+    for i, ref in _references(model, params).items():
+        classes.setdefault(ref.tobytes(), []).append(i)
+    return list(classes.values())
+
+
+def checkpoint_order(model: Model, ckpt: Checkpoint, params: Mapping[str, Any] | None = None,
+                     ties: Sequence[int] | None = None) -> tuple[int, ...]:
     """The tensor index of each checkpoint entry, resolved by size and content.
 
-    ``params`` are the reference weights (default: the model's own). The rule is in the module
-    docstring: same byte size, then dtype, then the closest reference weights, greedy, ties
-    in ascending order. Raises :class:`CircleFormatError` when the sizes do not fit the model.
+    The rule (see the module docstring): candidates have the entry's byte size; an entry
+    with Adam state is a float tensor and an integer tensor takes only its exact bytes; the
+    rest goes by the smallest mean absolute difference to ``params`` (default: the model's
+    weights), greedy. Entries that land on tensors of identical content take ``ties`` (an
+    entry order such as :func:`onert_order`'s) when it agrees with every other entry, else
+    ascending order. Raises :class:`CircleFormatError` when the sizes do not fit the model.
     """
     sg = model.ir.main
     consts = constant_tensors(model)
@@ -247,8 +451,7 @@ def checkpoint_order(model: Model, ckpt: Checkpoint,
         raise CircleFormatError(
             f"checkpoint has {len(ckpt.tensors)} tensors, expected {len(consts)} (one per "
             "constant tensor of the model's subgraph 0)")
-    params = model.params if params is None else params
-    names = _main_params(model)
+    refs = _references(model, params)
     by_size: dict[int, list[int]] = {}
     for i in consts:
         by_size.setdefault(_nbytes(sg.tensors[i]), []).append(i)
@@ -262,69 +465,94 @@ def checkpoint_order(model: Model, ckpt: Checkpoint,
                 f"checkpoint entry {es[0]} has {size} bytes, but the model has "
                 f"{len(by_size.get(size, []))} constant tensor(s) of that size for "
                 f"{len(es)} such entries; expected entry sizes {sizes} (another model?)")
-    order = [-1] * len(consts)
+    classes = _tie_classes(model, params)
+    class_of = {i: k for k, c in enumerate(classes) for i in c}
+    # greedy over (entry, class) pairs: a class of identical tensors takes as many entries
+    # as it has members
+    pairs = []
     for size, es in entries.items():
-        tensors = by_size[size]
-        if len(es) == 1:
-            order[es[0]] = tensors[0]
-            continue
-        pairs = []
+        ks = sorted({class_of[i] for i in by_size[size]})
         for e in es:
             stateful = ckpt.adam_m is not None and ckpt.adam_m[e].size > 0
-            for i in tensors:
-                t = sg.tensors[i]
-                ref = params[names[i]] if i in names and names[i] in params else t.data
-                pairs.append((_distance(ckpt.tensors[e], t, ref, stateful), e, i))
-        pairs.sort()
-        done_e: set[int] = set()
-        done_t: set[int] = set()
-        for _, e, i in pairs:
-            if e not in done_e and i not in done_t:
-                order[e] = i
-                done_e.add(e)
-                done_t.add(i)
+            for k in ks:
+                i = classes[k][0]
+                d = 0.0 if len(ks) == 1 else _distance(ckpt.tensors[e], sg.tensors[i], refs[i],
+                                                       stateful)
+                pairs.append((d, e, k))
+    pairs.sort()
+    taken: dict[int, list[int]] = {k: [] for k in range(len(classes))}
+    done: set[int] = set()
+    for _, e, k in pairs:
+        if e not in done and len(taken[k]) < len(classes[k]):
+            taken[k].append(e)
+            done.add(e)
+    order = [-1] * len(consts)
+    for k, group in enumerate(classes):
+        for e, i in zip(sorted(taken[k]), group):
+            order[e] = i
+    if ties is not None and len(ties) == len(order):
+        ties = tuple(int(i) for i in ties)
+        agree = all(class_of.get(t) == class_of[o] if len(classes[class_of[o]]) > 1 else t == o
+                    for t, o in zip(ties, order))
+        if agree:
+            order = list(ties)
     return tuple(order)
 
 
-def _distance(raw: np.ndarray, t: ir.Tensor, ref: Any, stateful: bool) -> float:
+def _distance(raw: np.ndarray, t: ir.Tensor, ref: np.ndarray, stateful: bool) -> float:
     """How far an entry's bytes are from tensor ``t``'s reference value (inf: impossible)."""
     if not t.is_float:
         if stateful:
             return float("inf")
-        return 0.0 if raw.tobytes() == np.ascontiguousarray(t.data).tobytes() else float("inf")
+        return 0.0 if raw.tobytes() == ref.tobytes() else float("inf")
     value = as_array(raw, ir.as_numpy_dtype(t.dtype), t.shape).astype(np.float64)
-    ref64 = np.asarray(ref).astype(np.float64)
     with np.errstate(all="ignore"):
-        d = float(np.mean(np.abs(value - ref64))) if value.size else 0.0
+        d = float(np.mean(np.abs(value - ref.astype(np.float64)))) if value.size else 0.0
     return d if np.isfinite(d) else float("inf")
 
 
-def checkpoint_params(source: Source | Checkpoint, model: Model,
-                      params: Mapping[str, Any] | None = None) -> dict[str, jax.Array]:
-    """All params of ``model`` (model dtypes) with the weights found in a checkpoint.
-
-    ``params`` are the reference weights for :func:`checkpoint_order` and the values of params
-    the checkpoint does not cover (other subgraphs); default: the model's own.
-    """
-    ckpt = source if isinstance(source, Checkpoint) else read_checkpoint(source, model)
-    params = dict(model.params if params is None else params)
-    order = checkpoint_order(model, ckpt, params)
+def _entry_params(ckpt: Checkpoint, model: Model, order: Sequence[int],
+                  params: Mapping[str, Any]) -> dict[str, jax.Array]:
+    out = dict(params)
     names = _main_params(model)
     sg = model.ir.main
     for e, i in enumerate(order):
         if i in names:
             t = sg.tensors[i]
-            params[names[i]] = jnp.asarray(as_array(ckpt.tensors[e], ir.as_numpy_dtype(t.dtype),
-                                                    t.shape))
-    return params
+            dt = ir.as_numpy_dtype(t.dtype)
+            out[names[i]] = jnp.asarray(as_array(ckpt.tensors[e], dt, t.shape))
+    return out
 
 
-def restore_checkpoint(ckpt: Checkpoint, model: Model, trainer: Trainer,
-                       params: Mapping[str, Any] | None = None) -> tuple[TrainState, dict]:
-    """``(state, frozen)`` for ``trainer`` from a decoded checkpoint (see `load_checkpoint`)."""
-    order = checkpoint_order(model, ckpt, params)
-    merged = checkpoint_params(ckpt, model, params)
-    state, frozen = trainer.init(merged)
+def checkpoint_params(source: Source, model: Model, params: Mapping[str, Any] | None = None,
+                      order: Order | None = None) -> dict[str, jax.Array]:
+    """All params of ``model`` (model dtypes) with the weights found in a checkpoint.
+
+    ``params``: reference weights for matching (see :func:`read_checkpoint`) and the values
+    of params the checkpoint does not cover; default: the model's own.
+    """
+    ckpt, found = read_checkpoint(source, model, params, order)
+    return _entry_params(ckpt, model, found, model.params if params is None else params)
+
+
+def load_checkpoint(source: Source, model: Model, trainer: Trainer,
+                    params: Mapping[str, Any] | None = None,
+                    order: Order | None = None) -> tuple[TrainState, dict]:
+    """Resume from an onert checkpoint (circle-jax's or onert's): ``(state, frozen)``.
+
+    Entries are matched to tensors as :func:`read_checkpoint` says; the state gets the
+    weights, Adam ``m``/``v`` (zeros for trainable tensors without state in the file; dropped
+    for a non-Adam trainer) and the update count. Continue with :func:`fit_checkpointed`, or
+    ``fit(..., state=state, params=trainer.merge(state, frozen))``.
+    """
+    ckpt, found = read_checkpoint(source, model, params, order)
+    return _restore(ckpt, found, model, trainer, params)
+
+
+def _restore(ckpt: Checkpoint, order: Sequence[int], model: Model, trainer: Trainer,
+             params: Mapping[str, Any] | None) -> tuple[TrainState, dict]:
+    params = model.params if params is None else params
+    state, frozen = trainer.init(_entry_params(ckpt, model, order, params))
     names = _main_params(model)
     sg = model.ir.main
     mu: dict[str, jax.Array] = {}
@@ -343,8 +571,9 @@ def restore_checkpoint(ckpt: Checkpoint, model: Model, trainer: Trainer,
     def set_moments(n: Any) -> Any:
         if not isinstance(n, _MOMENTS):
             return n
-        return n._replace(mu={k: mu.get(k, v) for k, v in n.mu.items()},
-                          nu={k: nu.get(k, v) for k, v in n.nu.items()})
+        # fresh zeros where the file has no state (never one buffer for two leaves: donated)
+        return n._replace(mu={k: mu[k] if k in mu else jnp.zeros_like(v) for k, v in n.mu.items()},
+                          nu={k: nu[k] if k in nu else jnp.zeros_like(v) for k, v in n.nu.items()})
 
     def set_count(n: Any) -> Any:
         if isinstance(n, AccumulateState):
@@ -362,18 +591,6 @@ def restore_checkpoint(ckpt: Checkpoint, model: Model, trainer: Trainer,
 
 def _has_count(n: Any) -> bool:
     return isinstance(n, tuple) and "count" in getattr(n, "_fields", ())
-
-
-def load_checkpoint(source: Source, model: Model, trainer: Trainer,
-                    params: Mapping[str, Any] | None = None) -> tuple[TrainState, dict]:
-    """Resume from an onert checkpoint (circle-jax's or onert's): ``(state, frozen)``.
-
-    Entries are matched to tensors by :func:`checkpoint_order`; the state gets the weights,
-    Adam ``m``/``v`` (zeros for trainable tensors the checkpoint has no state for; dropped for
-    an SGD trainer) and the update count. Pass the result to ``fit(..., state=state,
-    params=trainer.merge(state, frozen))`` or use :func:`fit_checkpointed`.
-    """
-    return restore_checkpoint(read_checkpoint(source, model), model, trainer, params)
 
 
 # --------------------------------------------------------------------------- .wof
@@ -446,7 +663,7 @@ def load_wof(source: Source, model: Model,
 # --------------------------------------------------------------------------- circle+
 
 
-def traininfo(trainer: Trainer) -> TrainInfo:
+def traininfo_of(trainer: Trainer) -> TrainInfo:
     """The circle+ :class:`~circle_jax.io.traininfo.TrainInfo` of a trainer's configuration.
 
     circle+ (and onert) express SGD or TF-style Adam with a constant learning rate, and
@@ -504,8 +721,8 @@ def _trainable_tail(trainer: Trainer) -> tuple[int, ...]:
 
 
 def circleplus_metadata(trainer: Trainer) -> dict[str, bytes]:
-    """``{"CIRCLE_TRAINING": bytes}`` for ``Model.export(..., metadata=...)`` (see `traininfo`)."""
-    return {METADATA_NAME: encode_traininfo(traininfo(trainer))}
+    """``{"CIRCLE_TRAINING": bytes}`` for ``Model.export(metadata=...)``; see `traininfo_of`."""
+    return {METADATA_NAME: encode_traininfo(traininfo_of(trainer))}
 
 
 # --------------------------------------------------------------------------- training driver
@@ -520,7 +737,10 @@ def fit_checkpointed(
     resume: Source | None = None,
     save: PathLike | None = None,
     every_steps: int | None = None,
+    order: Order = "ascending",
     params: Mapping[str, Any] | None = None,
+    trainer: Trainer | None = None,
+    epochs: int | None = None,
     protect: PathLike | Iterable[PathLike] | None = None,
     on_epoch: Callable[[int, History], None] | None = None,
     **overrides: Any,
@@ -528,13 +748,21 @@ def fit_checkpointed(
     """``train.fit`` with onert checkpoints: resume from ``resume``, write ``save`` as it goes.
 
     ``save`` is rewritten (atomically) after every epoch, or after every ``every_steps`` steps
-    when given: the epoch's scan then runs in compiled chunks of that many steps. A resumed
-    run trains ``config.epochs`` more whole epochs; with shuffling, epoch numbering continues
-    from the checkpoint's ``cur_epoch`` so the data order matches an uninterrupted run.
-    Results (history, params) are as ``fit`` returns them.
+    when given: the epoch's scan then runs in compiled chunks of that many steps, in ``order``
+    (see :func:`save_checkpoint`; ``resume`` is read as :func:`read_checkpoint` says). A resumed
+    run trains ``epochs`` (default: the config's) more whole epochs from the start of the
+    data; with shuffling, epoch numbering continues from the checkpoint's ``cur_epoch`` so the
+    data order matches an uninterrupted run. Pass a ``trainer`` (instead of ``config`` and
+    overrides) to reuse its compiled step across calls. Returns what ``fit`` returns.
     """
-    trainer = Trainer(model, config, **overrides)
+    if trainer is None:
+        if epochs is not None:
+            overrides["epochs"] = epochs
+        trainer = Trainer(model, config, **overrides)
+    elif config is not None or overrides:
+        raise ValueError("give either a trainer or a config (and overrides), not both")
     cfg = trainer.config
+    n_epochs = cfg.epochs if epochs is None else epochs
     if every_steps is not None and every_steps < 1:
         raise ValueError(f"every_steps must be >= 1, got {every_steps}")
     xs, ys = _as_inputs(model, x), jnp.asarray(y, jnp.float32)
@@ -542,18 +770,25 @@ def fit_checkpointed(
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
     x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
+    # copies: the compiled epoch donates the state's buffers, which must not be the model's
+    params = {k: jnp.array(v, copy=True)
+              for k, v in (model.params if params is None else params).items()}
     start = 0
     if resume is not None:
-        ckpt = read_checkpoint(resume, model)
-        state, frozen = restore_checkpoint(ckpt, model, trainer, params)
+        ckpt, found = read_checkpoint(resume, model, params)
+        state, frozen = _restore(ckpt, found, model, trainer, params)
         start = ckpt.epoch
     else:
         state, frozen = trainer.init(params)
-    if save is not None:  # fail before training, not after
-        make_checkpoint(model, trainer, state, frozen)
     b = cfg.batch_size
     steps = max(y_tr.shape[0] // b, 1)
     chunk = min(every_steps or steps, steps)
+    if save is not None:  # fail before training, not after
+        make_checkpoint(model, trainer, state, frozen, order=order)
+        k = _stream_k(trainer)
+        if chunk % k or (steps % chunk) % k:
+            raise ValueError(f"checkpoints every {chunk} steps would cut accumulation cycles "
+                             f"of {k} micro-batches; use a multiple of {k}")
     hist = History()
     t0 = time.perf_counter()
     xb, yb = _batched(x_tr, y_tr, b, steps)
@@ -562,9 +797,10 @@ def fit_checkpointed(
 
     def checkpoint(s: TrainState, epochs_done: int) -> None:
         if save is not None:
-            save_checkpoint(save, model, trainer, s, frozen, epoch=epochs_done, protect=protect)
+            save_checkpoint(save, model, trainer, s, frozen, epoch=epochs_done, order=order,
+                            protect=protect)
 
-    for epoch in range(cfg.epochs):
+    for epoch in range(n_epochs):
         t = time.perf_counter()
         if every_steps is None:
             state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, start + epoch)

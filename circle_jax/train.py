@@ -1,7 +1,8 @@
 """Training: a ``TrainState`` pytree, a pure jitted step, and epochs as one ``lax.scan``.
 
-Data flow per step: trainable params (float32 masters) → cast to the variable then compute
-dtype → ``model.apply`` → loss in float32 → scaled gradients (optionally accumulated over
+Data flow per step: trainable params (masters: float32, or float64 under a float64 policy)
+→ cast to the variable then compute dtype → ``model.apply`` → loss in float32 (float64
+under a float64 output dtype) → scaled gradients (optionally accumulated over
 micro-batches inside the step) → unscaled, finiteness-checked → optax update (optionally
 accumulated across steps) → new state, or the old state on a skipped overflow step.
 Frozen params are a separate argument that is never differentiated.
@@ -25,6 +26,7 @@ from .losses import get_loss, get_reduction, loss_name
 from .model import Model
 from .optim import (
     LossScale,
+    NoLossScale,
     Policy,
     accumulate,
     get_optimizer,
@@ -190,6 +192,15 @@ class Trainer:
         acc_reduction = "sum" if reduction.value == "sum" else "mean"
         self.tx = accumulate(inner, stream_k, acc_reduction) if stream_k > 1 else inner
         self.policy: Policy = get_policy(config.precision)
+        # Masters and the loss are float32 at least; a float64 policy trains in float64.
+        self.master_dtype = np.promote_types(self.policy.param_dtype, np.float32)
+        self.loss_dtype = np.promote_types(self.policy.output_dtype, np.float32)
+        wide = [str(d) for d in (self.policy.param_dtype, self.policy.compute_dtype,
+                                 self.policy.output_dtype) if np.dtype(d).itemsize > 4]
+        if wide and not jax.config.jax_enable_x64:
+            raise ValueError(f"precision {str(self.policy)!r} uses {wide[0]}, which needs 64-bit "
+                             "JAX: jax.config.update('jax_enable_x64', True) or "
+                             "`with jax.enable_x64(True):`")
         self.trainable = select_trainable(model, config.trainable)
         self._grads = scaled_value_and_grad(
             self._loss, config.on_overflow, has_aux=True, micro_batches=self.micro_batches,
@@ -202,8 +213,8 @@ class Trainer:
 
     # -- state -------------------------------------------------------------------------
     def split_params(self, params: Mapping[str, Any]) -> tuple[dict, dict]:
-        """(trainable float32 masters, frozen params as stored)."""
-        trainable = {k: jnp.asarray(v, jnp.float32) if self._master(v) else jnp.asarray(v)
+        """(trainable masters in ``master_dtype``, frozen params as stored)."""
+        trainable = {k: jnp.asarray(v, self.master_dtype) if self._master(v) else jnp.asarray(v)
                      for k, v in params.items() if k in self.trainable}
         frozen = {k: jnp.asarray(v) for k, v in params.items() if k not in self.trainable}
         return trainable, frozen
@@ -232,7 +243,7 @@ class Trainer:
         p = self.policy
         params = {**p.cast_to_param(_grad_cast(trainable, p.grad_dtype)), **frozen}
         out = self.model.apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[0]
-        return p.cast_to_output(out).astype(jnp.float32)
+        return p.cast_to_output(out).astype(self.loss_dtype)
 
     def _loss(self, trainable: dict, frozen: dict, batch: Batch) -> tuple[jax.Array, jax.Array]:
         x, y = batch
@@ -256,10 +267,11 @@ class Trainer:
     def _epoch_impl(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array):
         return lax.scan(lambda s, b: self.train_step(s, frozen, b), state, (xs, ys))
 
-    def _eval_impl(self, params: dict, xs: tuple, ys: jax.Array) -> tuple[jax.Array, jax.Array]:
+    def _eval_impl(self, trainable: dict, frozen: dict, xs: tuple, ys: jax.Array
+                   ) -> tuple[jax.Array, jax.Array]:
         def body(_: None, b: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
             x, y = b
-            out = self.model.apply(params, *x)[0].astype(jnp.float32)
+            out = self._forward(trainable, frozen, x)  # the training forward, same dtypes
             return None, (self.loss_fn(out, y), jnp.sum(_correct(out, y)))
 
         _, (losses, correct) = lax.scan(body, None, (xs, ys))
@@ -298,13 +310,19 @@ class Trainer:
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
                  batch_size: int | None = None) -> tuple[float, float]:
-        """(mean batch loss, categorical accuracy) over the data, in batches."""
+        """(mean batch loss, categorical accuracy) over the data, in batches.
+
+        ``params`` are all params (model dtypes, or ``{**state.params, **frozen}`` for the
+        full-precision masters); the forward runs as in training (precision policy).
+        """
         x, y = _as_inputs(self.model, x), jnp.asarray(y)
         n = y.shape[0]
+        if n == 0:
+            raise DataError("no samples to evaluate")
         b = min(batch_size or self.config.batch_size, n)
         steps = n // b
         xs, ys = _batched(x, y, b, steps)
-        losses, correct = self._eval(dict(params), xs, ys)
+        losses, correct = self._eval(*self.split_params(params), xs, ys)
         return float(jnp.mean(losses)), float(jnp.sum(correct)) / (steps * b)
 
 
@@ -401,7 +419,7 @@ def fit(
     """
     trainer = Trainer(model, config, **overrides)
     cfg = trainer.config
-    xs, ys = _as_inputs(model, x), jnp.asarray(y, jnp.float32)
+    xs, ys = _as_inputs(model, x), jnp.asarray(y, trainer.loss_dtype)
     if any(a.shape[0] != ys.shape[0] for a in xs):
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
@@ -411,27 +429,35 @@ def fit(
     else:
         _, frozen = trainer.init(params)
     hist = History()
+    n_train = int(y_tr.shape[0])
+    if n_train < cfg.batch_size and cfg.drop_remainder:
+        raise DataError(f"{n_train} training samples are fewer than one batch of "
+                        f"{cfg.batch_size}")
     t0 = time.perf_counter()
     trainer._compiled_epoch(state, frozen, *_batched(x_tr, y_tr, cfg.batch_size,
-                                                     y_tr.shape[0] // cfg.batch_size))
+                                                     n_train // cfg.batch_size))
     hist.compile_ms = (time.perf_counter() - t0) * 1000
     for epoch in range(cfg.epochs):
         t = time.perf_counter()
         state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch)
         loss = float(jnp.mean(m.loss))  # host sync: the epoch's logging point
         ms = (time.perf_counter() - t) * 1000 / max(int(m.loss.shape[0]), 1)
-        if not np.isfinite(loss) and not int(jnp.sum(m.skipped)):
+        steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
+        # Without loss scaling a non-finite loss is divergence (its steps were skipped, so
+        # the loss stays non-finite); with it, only when every step of the epoch was skipped.
+        if not np.isfinite(loss) and (isinstance(state.loss_scale, NoLossScale)
+                                      or skipped == steps):
             raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
                                 "the learning rate or check the data")
         hist.loss.append(loss)
-        seen = int(m.loss.shape[0]) * cfg.batch_size
+        seen = n_train if not cfg.drop_remainder else steps * cfg.batch_size
         hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
-        hist.skipped.append(int(jnp.sum(m.skipped)))
+        hist.skipped.append(skipped)
         hist.loss_scale.append(float(state.loss_scale.loss_scale))
         hist.ms_per_step.append(ms)
-        hist.steps.append(int(m.loss.shape[0]))
+        hist.steps.append(steps)
         if y_val.shape[0]:
-            vl, va = trainer.evaluate(trainer.merge(state, frozen), x_val, y_val)
+            vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
             hist.val_loss.append(vl)
             hist.val_accuracy.append(va)
         if on_epoch is not None:

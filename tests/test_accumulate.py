@@ -25,8 +25,11 @@ def _grad_sequence(n_steps, seed=0):
     ]
 
 
-@pytest.mark.parametrize("reduction", ["mean", "sum"])
-@pytest.mark.parametrize("make_inner", [lambda: optax.sgd(0.1, 0.9), lambda: optim.adam(0.01)])
+@pytest.mark.parametrize(
+    "make_inner, reduction",
+    [(lambda: optim.adam(0.01), "mean"), (lambda: optax.sgd(0.1, 0.9), "sum")],
+    ids=["adam-mean", "momentum-sum"],
+)
 def test_matches_optax_multisteps(make_inner, reduction):
     k, grads = 3, _grad_sequence(9)
     params = jax.tree.map(jnp.zeros_like, grads[0])
@@ -96,10 +99,10 @@ def _mlp_problem(dtype, n=16, seed=0):
         "b2": np.zeros(2),
     }
     params = jax.tree.map(lambda x: jnp.asarray(x, dtype), params)
-    batches = [
-        {"x": jnp.asarray(r.normal(size=(n, 3)), dtype), "y": jnp.asarray(r.normal(size=(n, 2)), dtype)}
-        for _ in range(3)
-    ]
+    batches = {  # 3 batches of n samples
+        "x": jnp.asarray(r.normal(size=(3, n, 3)), dtype),
+        "y": jnp.asarray(r.normal(size=(3, n, 2)), dtype),
+    }
     return params, batches
 
 
@@ -111,50 +114,52 @@ def _grad_fn(reduction):
     return jax.value_and_grad(loss_fn)
 
 
-def _train_big(params, opt, grad_fn, batches):
-    state = opt.init(params)
-    for b in batches:
-        _, g = grad_fn(params, b)
+def _train(params, opt, grad_fn, batches, k=1, reduction="mean", form="big"):
+    """Weights after a scan over ``batches`` (stacked on a leading axis); jit the caller."""
+    if form == "in_step":
+        grad_fn = optim.accumulate_in_step(grad_fn, k, reduction=reduction)
+    elif form == "multistep":
+        opt = optim.accumulate(opt, k, reduction=reduction)
+        # One optimizer call per micro-batch, in order.
+        batches = jax.tree.map(lambda x: x.reshape((-1, x.shape[1] // k) + x.shape[2:]), batches)
+
+    def body(carry, batch):
+        params, state = carry
+        _, g = grad_fn(params, batch)
         u, state = opt.update(g, state, params)
-        params = optax.apply_updates(params, u)
+        return (optax.apply_updates(params, u), state), None
+
+    (params, _), _ = jax.lax.scan(body, (params, opt.init(params)), batches)
     return params
 
 
-def _train_in_step(params, opt, grad_fn, batches, k, reduction):
-    fn = optim.accumulate_in_step(grad_fn, k, reduction=reduction)
-    return _train_big(params, opt, fn, batches)
-
-
-def _train_multistep(params, opt, grad_fn, batches, k, reduction):
-    opt = optim.accumulate(opt, k, reduction=reduction)
-    state = opt.init(params)
-    for b in batches:
-        micro = optim.split_batch(b, k)
-        for i in range(k):
-            _, g = grad_fn(params, jax.tree.map(lambda x, i=i: x[i], micro))
-            u, state = opt.update(g, state, params)
-            params = optax.apply_updates(params, u)
-    return params
-
-
-_CASES = [
-    ("sum_over_batch_size", "mean", lambda: optax.sgd(0.1)),
-    ("sum_over_batch_size", "mean", lambda: optim.adam(0.01)),
-    ("sum", "sum", lambda: optax.sgd(0.01)),
-    ("sum", "sum", lambda: optim.adam(0.01)),
-]
+_CASES = {  # name: (loss reduction, accumulation reduction, optimizer)
+    "mean-sgd": ("sum_over_batch_size", "mean", lambda: optax.sgd(0.1)),
+    "mean-adam": ("sum_over_batch_size", "mean", lambda: optim.adam(0.01)),
+    "sum-sgd": ("sum", "sum", lambda: optax.sgd(0.01)),
+    "sum-adam": ("sum", "sum", lambda: optim.adam(0.01)),
+}
 
 
 def _check_exact(dtype, tol):
-    for loss_red, acc_red, make_opt in _CASES:
-        grad_fn = jax.jit(_grad_fn(loss_red))
-        params, batches = _mlp_problem(dtype)
-        big = _train_big(params, make_opt(), grad_fn, batches)
-        in_step = _train_in_step(params, make_opt(), grad_fn, batches, 4, acc_red)
-        multi = _train_multistep(params, make_opt(), grad_fn, batches, 4, acc_red)
-        for got in (in_step, multi):
-            jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=tol, atol=tol), got, big)
-            assert jax.tree.leaves(got)[0].dtype == dtype
+    params, batches = _mlp_problem(dtype)
+
+    @jax.jit  # one compilation for every case and form
+    def run_all(params, batches):
+        out = {}
+        for name, (loss_red, acc_red, make_opt) in _CASES.items():
+            grad_fn = _grad_fn(loss_red)
+            out[name, "big"] = _train(params, make_opt(), grad_fn, batches)
+            for form in ("in_step", "multistep"):
+                out[name, form] = _train(params, make_opt(), grad_fn, batches, 4, acc_red, form)
+        return out
+
+    out = run_all(params, batches)
+    for name in _CASES:
+        for form in ("in_step", "multistep"):
+            for a, b in zip(jax.tree.leaves(out[name, form]), jax.tree.leaves(out[name, "big"])):
+                np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{name} {form}")
+                assert a.dtype == dtype
 
 
 def test_micro_batches_equal_big_batch_float32():
@@ -169,9 +174,17 @@ def test_wrong_reduction_is_not_equivalent():
     # With a ``sum`` loss, averaging micro-batch gradients would be k times too small.
     grad_fn = _grad_fn("sum")
     params, batches = _mlp_problem(jnp.float32)
-    _, big = grad_fn(params, batches[0])
-    _, summed = optim.accumulate_in_step(grad_fn, 4, reduction="sum")(params, batches[0])
-    _, mean = optim.accumulate_in_step(grad_fn, 4, reduction="mean")(params, batches[0])
+    batch = jax.tree.map(lambda x: x[0], batches)
+
+    @jax.jit
+    def grads(params, batch):
+        return [
+            grad_fn(params, batch)[1],
+            optim.accumulate_in_step(grad_fn, 4, reduction="sum")(params, batch)[1],
+            optim.accumulate_in_step(grad_fn, 4, reduction="mean")(params, batch)[1],
+        ]
+
+    big, summed, mean = grads(params, batch)
     np.testing.assert_allclose(summed["w1"], big["w1"], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(mean["w1"] * 4, big["w1"], rtol=1e-5, atol=1e-6)
 

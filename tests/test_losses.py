@@ -143,21 +143,25 @@ def test_sparse_equals_one_hot():
 
 @pytest.mark.parametrize("reduction", ["sum_over_batch_size", "sum"])
 def test_gradients_float64(x64, reduction):
+    # One jitted function of independent inputs checks every loss at once: the gradient
+    # w.r.t. each input is that loss's gradient. Probabilities lie well inside both clips.
     r = _rng(3)
-    p = jnp.asarray(r.normal(size=(4, 3)))
-    t = jnp.asarray(r.normal(size=(4, 3)))
-    assert p.dtype == jnp.float64
-    check_grads(lambda a: L.mean_squared_error(a, t, reduction), (p,), order=1)
+    p, t, z = (jnp.asarray(r.normal(size=(4, 3))) for _ in range(3))
     soft_t = jnp.asarray(_softmax(r.normal(size=(4, 3))))
-    probs = jnp.asarray(_softmax(r.normal(size=(4, 3))))  # well inside both clips
+    probs = [jnp.asarray(_softmax(r.normal(size=(4, 3)))) for _ in range(4)]
     labels = jnp.array([0, 2, 1, 1])
-    for clip in ("keras", "onert"):
-        fn = L.get_loss("cce", clip=clip, reduction=reduction)
-        check_grads(lambda a, fn=fn: fn(a, soft_t), (probs,), order=1, eps=1e-6)
-        fn = L.get_loss("sparse_cce", clip=clip, reduction=reduction)
-        check_grads(lambda a, fn=fn: fn(a, labels), (probs,), order=1, eps=1e-6)
-    fn = L.get_loss("cce", from_logits=True, reduction=reduction)
-    check_grads(lambda a: fn(a, soft_t), (p,), order=1)
+    assert p.dtype == jnp.float64
+
+    def total(p, z, q0, q1, q2, q3):
+        out = L.mean_squared_error(p, t, reduction)
+        out += L.categorical_crossentropy(z, soft_t, from_logits=True, reduction=reduction)
+        for q, clip in ((q0, "keras"), (q1, "onert")):
+            out += L.categorical_crossentropy(q, soft_t, clip=clip, reduction=reduction)
+        for q, clip in ((q2, "keras"), (q3, "onert")):
+            out += L.sparse_categorical_crossentropy(q, labels, clip=clip, reduction=reduction)
+        return out
+
+    check_grads(jax.jit(total), (p, z, *probs), order=1, eps=1e-6)
 
 
 def test_logits_gradient_is_softmax_minus_target(x64):

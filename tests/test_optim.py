@@ -188,9 +188,11 @@ def test_get_optimizer_codes_and_names():
         _run(optim.get_optimizer(2, 0.01), w0, grads)[-1],
         _run(optim.adam(0.01), w0, grads)[-1],
     )
-    for name in optim.OPTIMIZERS:
+    w = jnp.asarray(w0)
+    for name in optim.OPTIMIZERS:  # every name builds and updates (shapes only: no compile)
         opt = optim.get_optimizer(name, optim.schedule("constant", value=0.01))
-        assert np.all(np.isfinite(_run(opt, w0, grads)[-1]))
+        u, _ = jax.eval_shape(opt.update, w, opt.init(w), w)
+        assert u.shape == w.shape and u.dtype == w.dtype
 
 
 @pytest.mark.parametrize(

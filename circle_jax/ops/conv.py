@@ -183,12 +183,20 @@ def conv_nd(x: jax.Array, w: jax.Array, strides: Sequence[int], dilations: Seque
         raise ValueError(f"unknown convolution lowering {method!r}")
     if groups == 1:
         cols = taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=-1)
-        return jnp.matmul(cols, w.reshape(-1, c_out))
+        return _matmul_2d(cols, w.reshape(-1, c_out))
     cols = jnp.stack(taps, axis=-2)  # [N, *S', K, C_in]
     cols = cols.reshape(*cols.shape[:-1], groups, cg)
     wg = w.reshape(len(taps), cg, groups, c_out // groups)
     y = jnp.einsum("...kgc,kcgo->...go", cols, wg)
     return y.reshape(*y.shape[:-2], c_out)
+
+
+def _matmul_2d(x: jax.Array, w: jax.Array) -> jax.Array:
+    """[..., K] @ [K, O] as a 2-d matmul: XLA CPU reaches its fast GEMM (forward AND both
+    gradients) only for plain 2-d dots; a dot contracting several dims is emitted as a loop."""
+    lead = x.shape[:-1]
+    y = jnp.matmul(x.reshape(-1, x.shape[-1]), w)
+    return y.reshape(*lead, w.shape[-1])
 
 
 def _depthwise_shift(taps: list[jax.Array], w: jax.Array, c_in: int) -> jax.Array:

@@ -14,6 +14,10 @@ TF's rules where a function has a kink or a tie:
   rule, which avoids NaN for negative bases); w.r.t. the base it is ``y * x**(y-1)``, 0 where
   y == 0.
 - FLOOR, CEIL, ROUND, SIGN, FLOOR_DIV, comparisons and casts to integers have zero gradient.
+
+Fused activations of ADD/SUB/MUL/DIV follow LiteRT's kernels, which clamp for RELU, RELU6 and
+RELU_N1_TO_1 (float and int32) and leave the result unchanged for TANH and SIGN_BIT.
+int64 tensors are out of reach: JAX runs without 64-bit types here.
 """
 
 from __future__ import annotations
@@ -38,7 +42,8 @@ Array = Any  # a jax array, or a numpy array for static inputs
 _ACT_RANGES = {ir.ACT_RELU: (0, None), ir.ACT_RELU_N1_TO_1: (-1, 1), ir.ACT_RELU6: (0, 6)}
 
 
-def _is_int(x: Array) -> bool:
+def is_int(x: Array) -> bool:
+    """True for integer arrays (jax or numpy)."""
     return jnp.issubdtype(jnp.result_type(x), jnp.integer)
 
 
@@ -47,7 +52,7 @@ def _activate(y: Array, code: int | None) -> Array:
     activation's range (TF's gradient rule for floats); TANH and SIGN_BIT are no-ops there."""
     if code not in _ACT_RANGES:
         return y
-    if not _is_int(y):
+    if not is_int(y):
         return fused_activation(y, code)
     lo, hi = _ACT_RANGES[code]
     return jnp.clip(y, lo, hi)
@@ -57,20 +62,32 @@ def _broadcast(*xs: Array) -> list[jax.Array]:
     return jnp.broadcast_arrays(*(jnp.asarray(x) for x in xs))
 
 
+def exact_divide(x: Array, y: Array) -> jax.Array:
+    """x / y, correctly rounded.
+
+    XLA rewrites a division by a broadcast operand into a multiplication by its reciprocal,
+    which can be 1 ulp off; the barrier keeps the true division. It matters where the quotient
+    is then rounded to an integer (FLOOR_DIV, QUANTIZE): 1 ulp can change the result by 1.
+    """
+    x, y = _broadcast(x, y)
+    return jnp.divide(x, lax.optimization_barrier(y))
+
+
 # --------------------------------------------------------------------------------------------
 # Binary arithmetic
 
 
-def _fused_binary(name: str, float_fn: Callable, int_fn: Callable | None = None) -> None:
+def _fused_binary(name: str, doc: str, float_fn: Callable, int_fn: Callable | None = None) -> None:
     """Register an arithmetic operator with a fused activation (ADD, SUB, MUL, DIV)."""
     int_fn = int_fn or float_fn
 
-    @register(name)
     def op(ctx: OpContext, x: Array, y: Array) -> Array:
-        out = (int_fn if _is_int(x) else float_fn)(x, y)
+        out = (int_fn if is_int(x) else float_fn)(x, y)
         return _activate(out, ctx.options.fused_activation_function)
 
     op.__name__ = op.__qualname__ = name.lower()
+    op.__doc__ = doc
+    register(name)(op)
 
 
 def _int_div(x: Array, y: Array) -> jax.Array:
@@ -78,10 +95,11 @@ def _int_div(x: Array, y: Array) -> jax.Array:
     return lax.div(*_broadcast(x, y))
 
 
-_fused_binary("ADD", jnp.add)
-_fused_binary("SUB", jnp.subtract)
-_fused_binary("MUL", jnp.multiply)
-_fused_binary("DIV", jnp.divide, _int_div)
+_FUSED = "then the fused activation (float32 or int32, broadcasting)"
+_fused_binary("ADD", f"x + y, {_FUSED}.", jnp.add)
+_fused_binary("SUB", f"x - y, {_FUSED}.", jnp.subtract)
+_fused_binary("MUL", f"x * y, {_FUSED}.", jnp.multiply)
+_fused_binary("DIV", f"x / y (int32: truncated toward zero), {_FUSED}.", jnp.divide, _int_div)
 
 
 @jax.custom_jvp
@@ -103,7 +121,7 @@ def _float_pow_jvp(primals: tuple, tangents: tuple) -> tuple:
 @register("POW")
 def pow_(ctx: OpContext, x: Array, y: Array) -> Array:
     """x ** y; float gradients as TF (see the module docstring), int32 by repeated product."""
-    if _is_int(x):
+    if is_int(x):
         return jnp.power(*_broadcast(x, y))
     return _float_pow(*_broadcast(x, y))
 
@@ -129,9 +147,9 @@ def minimum(ctx: OpContext, x: Array, y: Array) -> Array:
 @register("FLOOR_DIV")
 def floor_div(ctx: OpContext, x: Array, y: Array) -> Array:
     """floor(x / y): float as ``floor`` of the float quotient, int32 rounding toward -inf."""
-    if _is_int(x):
+    if is_int(x):
         return jnp.floor_divide(x, y)
-    return jnp.floor(jnp.divide(x, y))
+    return jnp.floor(exact_divide(x, y))
 
 
 @register("FLOOR_MOD")
@@ -175,12 +193,8 @@ def _unary(name: str, fn: Callable[[Array], Array]) -> None:
     register(name)(op)
 
 
-def _abs_any(x: Array) -> Array:
-    return jnp.abs(x) if _is_int(x) else _abs(x)
-
-
 _UNARY: dict[str, Callable[[Array], Array]] = {
-    "ABS": _abs_any,
+    "ABS": _abs,  # gradient sign(x): 0 at 0
     "NEG": jnp.negative,
     "EXP": jnp.exp,
     "LOG": jnp.log,

@@ -37,6 +37,9 @@ from .registry import OpContext, register
 
 Pads = tuple[int, int]
 
+# Windows longer than this that do not overlap (k == stride) are reduced as reshaped blocks.
+_MAX_SLICES = 4
+
 
 def _lowest(dtype: np.dtype) -> float | int:
     if jnp.issubdtype(dtype, jnp.floating):
@@ -48,11 +51,6 @@ def _out_size(size: int, k: int, s: int, pads: Pads) -> int:
     return (size + pads[0] + pads[1] - k) // s + 1
 
 
-def _window_slices(xp: jax.Array, axis: int, k: int, s: int, out: int) -> list[jax.Array]:
-    """The ``k`` strided slices of a padded array whose j-th holds window element j."""
-    return [lax.slice_in_dim(xp, j, j + (out - 1) * s + 1, s, axis) for j in range(k)]
-
-
 def _pad_axis(x: jax.Array, axis: int, pads: Pads, value: float | int) -> jax.Array:
     if pads == (0, 0):
         return x
@@ -61,20 +59,33 @@ def _pad_axis(x: jax.Array, axis: int, pads: Pads, value: float | int) -> jax.Ar
     return lax.pad(x, jnp.asarray(value, x.dtype), cfg)
 
 
-def _slices_of(x: jax.Array, axis: int, k: int, s: int, pads: Pads, value: float | int):
+def _blocked(k: int, s: int) -> bool:
+    """Non-overlapping big windows are reshaped into blocks; the rest use k strided slices."""
+    return k == s and k > _MAX_SLICES
+
+
+def _windows(x: jax.Array, axis: int, k: int, s: int, pads: Pads, value: float | int):
+    """The windows along ``axis``: for blocks an array with a new window axis ``axis + 1``,
+    otherwise a list of ``k`` strided slices whose j-th holds window element j."""
     out = _out_size(x.shape[axis], k, s, pads)
-    return _window_slices(_pad_axis(x, axis, pads, value), axis, k, s, out)
+    xp = _pad_axis(x, axis, pads, value)
+    if _blocked(k, s):
+        xp = lax.slice_in_dim(xp, 0, out * k, axis=axis)
+        return xp.reshape(xp.shape[:axis] + (out, k) + xp.shape[axis + 1:])
+    return [lax.slice_in_dim(xp, j, j + (out - 1) * s + 1, s, axis) for j in range(k)]
 
 
 def _sum1d(x: jax.Array, axis: int, k: int, s: int, pads: Pads) -> jax.Array:
     """Sum over 1-D windows along ``axis`` (zero padding)."""
-    return functools.reduce(jnp.add, _slices_of(x, axis, k, s, pads, 0))
+    w = _windows(x, axis, k, s, pads, 0)
+    return jnp.sum(w, axis=axis + 1) if _blocked(k, s) else functools.reduce(jnp.add, w)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2, 3, 4))
 def _max1d(x: jax.Array, axis: int, k: int, s: int, pads: Pads) -> jax.Array:
     """Max over 1-D windows along ``axis``; the gradient goes to the first maximum."""
-    return functools.reduce(jnp.maximum, _slices_of(x, axis, k, s, pads, _lowest(x.dtype)))
+    w = _windows(x, axis, k, s, pads, _lowest(x.dtype))
+    return jnp.max(w, axis=axis + 1) if _blocked(k, s) else functools.reduce(jnp.maximum, w)
 
 
 def _max1d_fwd(x, axis, k, s, pads):
@@ -84,10 +95,14 @@ def _max1d_fwd(x, axis, k, s, pads):
 
 def _max1d_bwd(axis, k, s, pads, res, g):
     x, y = res
-    slices, vjp = jax.vjp(lambda v: _slices_of(v, axis, k, s, pads, _lowest(v.dtype)), x)
+    w, vjp = jax.vjp(lambda v: _windows(v, axis, k, s, pads, _lowest(v.dtype)), x)
+    if _blocked(k, s):
+        first = jnp.argmax(w, axis=axis + 1, keepdims=True)
+        hot = lax.broadcasted_iota(jnp.int32, w.shape, axis + 1) == first
+        return vjp(jnp.where(hot, jnp.expand_dims(g, axis + 1), jnp.zeros((), g.dtype)))
     taken = jnp.zeros(y.shape, bool)
     cotangents = []
-    for sl in slices:
+    for sl in w:
         first = (sl == y) & ~taken
         taken = taken | first
         cotangents.append(jnp.where(first, g, jnp.zeros_like(g)))

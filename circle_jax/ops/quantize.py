@@ -14,6 +14,7 @@ import numpy as np
 
 from .. import ir
 from .common import output_dtype
+from .elementwise import exact_divide, is_int
 from .registry import OpContext, register
 
 Array = Any  # a jax array, or a numpy array for static inputs
@@ -30,7 +31,7 @@ def _params(q: ir.Quantization, ndim: int) -> tuple[np.ndarray, np.ndarray]:
     """Scale and zero point as float32 arrays that broadcast against a rank-``ndim`` tensor
     (scalars per tensor, laid along ``quantized_dimension`` per axis)."""
     scale = np.asarray(q.scale, np.float32)
-    zero = np.asarray(q.zero_point, np.float32)
+    zero = np.broadcast_to(np.asarray(q.zero_point or (0,), np.float32), scale.shape)
     if scale.size == 1:
         return scale.reshape(()), zero.reshape(())
     shape = [1] * ndim
@@ -74,16 +75,12 @@ def quantize(ctx: OpContext, x: Array) -> Array:
     if not np.issubdtype(dtype, np.integer):
         raise ctx.error(f"QUANTIZE to {dtype} is not supported (int8, uint8, int16 are)")
     out_q = _quantization(ctx, ctx.outputs[0], "output")
-    if _is_int(x):
+    if is_int(x):
         return _requantize(ctx, x, out_q, dtype)
     scale, zero = _params(out_q, np.ndim(x))
-    q = _round_half_away(jnp.divide(x, scale)) + zero
+    q = _round_half_away(exact_divide(x, scale)) + zero
     info = np.iinfo(dtype)
     return jnp.clip(q, info.min, info.max).astype(dtype)
-
-
-def _is_int(x: Array) -> bool:
-    return jnp.issubdtype(jnp.result_type(x), jnp.integer)
 
 
 def _requantize(ctx: OpContext, x: Array, out_q: ir.Quantization, dtype: np.dtype) -> Array:
@@ -116,7 +113,7 @@ def _fixed_point_scale(v: np.ndarray, ratio: float) -> np.ndarray:
     m = int(math.floor(frac * 2**31 + 0.5))
     if m == 2**31:
         m, shift = m // 2, shift + 1
-    if ratio <= 0 or shift < -31:
+    if ratio <= 0 or shift < -31:  # TFLite's multiplier is 0 then
         return np.zeros_like(v)
     high = ((v << max(shift, 0)) * m + 2**30) >> 31
     right = max(-shift, 0)

@@ -218,7 +218,7 @@ def _bit(mask: int | None, i: int) -> bool:
 
 
 def _slice_bounds(size: int, begin: int, end: int, stride: int, begin_masked: bool,
-                  end_masked: bool, shrink: bool, offset: bool) -> tuple[int, int]:
+                  end_masked: bool, shrink: bool) -> tuple[int, int]:
     """TFLite's start/stop of one axis: wrap negatives, clamp, then apply the masks."""
     if size == 0:
         return 0, 0
@@ -230,8 +230,7 @@ def _slice_bounds(size: int, begin: int, end: int, stride: int, begin_masked: bo
         if not 0 <= start < size:
             raise ValueError(f"strided_slice index {begin} is out of range for an axis of {size}")
         return start, start + (1 if stride > 0 else -1)
-    stop = end + start if offset else end
-    stop = min(max(stop + size if stop < 0 else stop, lo), hi)
+    stop = min(max(end + size if end < 0 else end, lo), hi)
     if end_masked:
         stop = size if stride > 0 else -1
     return start, stop
@@ -299,7 +298,7 @@ def strided_slice(ctx: OpContext, x: Array, begin: Array, end: Array,
             size = x.shape[axis]
             shrink = _bit(o.shrink_axis_mask, i)
             start, stop = _slice_bounds(size, b[i], e[i], s[i], _bit(o.begin_mask, i),
-                                        _bit(o.end_mask, i), shrink, bool(o.offset))
+                                        _bit(o.end_mask, i), shrink)
             sl = _python_slice(start, stop, s[i])
             shape.append(size)
             index.append(sl)
@@ -425,12 +424,15 @@ def fill(ctx: OpContext, dims: Array, value: Array) -> Array:
 
 @register("ZEROS_LIKE")
 def zeros_like(ctx: OpContext, x: Array) -> np.ndarray:
+    """Zeros of the input's run-time shape and dtype, as a static array."""
     return np.zeros(x.shape, x.dtype)
 
 
-@register("ONES_LIKE")
-def ones_like(ctx: OpContext, x: Array) -> np.ndarray:
-    return np.ones(x.shape, x.dtype)
+@register("BROADCAST_ARGS")
+def broadcast_args(ctx: OpContext, s0: Array, s1: Array) -> np.ndarray:
+    """The broadcast of two static shapes (numpy rules), in their integer dtype."""
+    a, b = static(s0, "broadcast_args shape"), static(s1, "broadcast_args shape")
+    return np.asarray(np.broadcast_shapes(tuple(a.tolist()), tuple(b.tolist())), a.dtype)
 
 
 @register("RANGE")

@@ -1,0 +1,200 @@
+"""Train a .circle/.tflite file with onert's train backend, the way ``onert_train`` does.
+
+``onert_fit`` is the peer the agreement tests and the benchmark compare circle-jax with. It
+drives the pybind session of the ``onert`` wheel directly (``nnfw_session(path, "train")``,
+``train_set_traininfo``, ``train_prepare``, ``train_set_input``/``_expected``/``_output``,
+``train``, ``train_get_loss``) and follows onert_train's conventions:
+
+- batches are taken in order, no shuffling; a trailing partial batch is dropped;
+- the epoch loss is the mean over the epoch's steps of each step's loss, where a step's loss
+  is what ``train_get_loss`` returns after ``train(update_weights=True)``. That is the loss
+  of the forward pass that computed the gradients, i.e. the batch's PRE-update loss:
+  ``train(True)`` on a batch reports exactly the same float as ``train(False)`` on the same
+  batch in a fresh session (checked by ``tests/test_onert_agreement.py``).
+
+Codes are onert_train's: loss 1 = mean squared error, 2 = categorical crossentropy;
+reduction 1 = sum over batch size, 2 = sum; optimizer 1 = sgd, 2 = adam;
+``trainable_ops`` -1 = all, 0 = none, N = the last N operators.
+
+Two defects of the onert 0.1.0 binding are worked around here:
+
+- ``train_set_input``/``train_set_expected``/``train_set_output`` keep the raw pointer of
+  the numpy array they are given. Every array handed over is an exact-dtype, C-contiguous
+  array held in a local variable until ``train`` has returned (a temporary made by the
+  binding's own conversion would be freed at once, and the loss then silently reads 0).
+- ``train_export_circle`` garbles paths longer than 15 bytes: the export runs in a temporary
+  directory with a short relative file name.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+LOSS_CODES = {1: "MEAN_SQUARED_ERROR", 2: "CATEGORICAL_CROSSENTROPY"}
+REDUCTION_CODES = {1: "SUM_OVER_BATCH_SIZE", 2: "SUM"}
+OPTIMIZER_CODES = {1: "SGD", 2: "ADAM"}
+
+
+@dataclass
+class OnertRun:
+    """What ``onert_fit`` returns.
+
+    Attributes:
+      loss: per-epoch loss (mean of the epoch's per-step pre-update losses), as onert_train.
+      step_loss: per-epoch lists of the per-step losses.
+      step_ms: per-epoch mean wall time of ``session.train`` per step, in milliseconds
+        (the same span onert_train's ``ms/step`` covers: one training step, no data copy).
+      prepare_ms: time of ``train_prepare`` (onert's compilation).
+      model: the trained model's bytes (``export=True`` only), as ``train_export_circle``
+        writes them.
+    """
+
+    loss: list[float] = field(default_factory=list)
+    step_loss: list[list[float]] = field(default_factory=list)
+    step_ms: list[float] = field(default_factory=list)
+    prepare_ms: float = 0.0
+    model: bytes | None = None
+
+
+def _lib() -> Any:
+    from onert.native import libnnfw_api_pybind as lib
+
+    return lib
+
+
+def _as_list(x: Any) -> list[np.ndarray]:
+    return [np.asarray(a) for a in x] if isinstance(x, (list, tuple)) else [np.asarray(x)]
+
+
+def open_session(
+    model_path: str | os.PathLike,
+    *,
+    batch_size: int,
+    learning_rate: float,
+    loss: int = 2,
+    reduction: int = 1,
+    optimizer: int = 1,
+    trainable_ops: int = -1,
+) -> Any:
+    """A prepared onert training session (``train_prepare`` done) with these settings."""
+    lib = _lib()
+    for name, code, table in (("loss", loss, LOSS_CODES), ("reduction", reduction,
+                              REDUCTION_CODES), ("optimizer", optimizer, OPTIMIZER_CODES)):
+        if code not in table:
+            raise ValueError(f"unknown onert {name} code {code}: use one of {sorted(table)}")
+    session = lib.experimental.nnfw_session(os.fspath(model_path), "train")
+    info = session.train_get_traininfo()
+    info.learning_rate = float(learning_rate)
+    info.batch_size = int(batch_size)
+    info.loss_info.loss = getattr(lib.loss, LOSS_CODES[loss])
+    info.loss_info.reduction_type = getattr(lib.loss_reduction, REDUCTION_CODES[reduction])
+    info.opt = getattr(lib.optimizer, OPTIMIZER_CODES[optimizer])
+    info.num_of_trainable_ops = int(trainable_ops)
+    session.train_set_traininfo(info)
+    session.train_prepare()
+    return session
+
+
+def _dtypes(session: Any) -> tuple[list[np.dtype], list[np.dtype]]:
+    ins = [np.dtype(session.input_tensorinfo(i).dtype) for i in range(session.input_size())]
+    outs = [np.dtype(session.output_tensorinfo(i).dtype) for i in range(session.output_size())]
+    return ins, outs
+
+
+def train_batch(session: Any, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
+                update: bool = True) -> tuple[float, float]:
+    """One step on one batch: (loss that ``train_get_loss(0)`` reports, ms in ``train``).
+
+    ``xs``/``ys`` must already be C-contiguous arrays of the model's dtypes; they are held
+    here until the step returns (the binding keeps their raw pointers).
+    """
+    outputs = [np.zeros(y.shape, y.dtype) for y in ys]
+    for i, a in enumerate(xs):
+        session.train_set_input(i, a)
+    for i, (y, o) in enumerate(zip(ys, outputs)):
+        session.train_set_expected(i, y)
+        session.train_set_output(i, o)
+    t = time.perf_counter()
+    session.train(update)
+    ms = (time.perf_counter() - t) * 1000
+    loss = float(session.train_get_loss(0))
+    del xs, ys, outputs  # alive until here, after train() returned
+    return loss, ms
+
+
+def onert_fit(
+    model_path: str | os.PathLike,
+    x: Any,
+    y: Any,
+    *,
+    epochs: int,
+    batch_size: int,
+    learning_rate: float,
+    loss: int = 2,
+    reduction: int = 1,
+    optimizer: int = 1,
+    trainable_ops: int = -1,
+    max_steps: int | None = None,
+    export: bool = False,
+) -> OnertRun:
+    """Train with onert as onert_train does and return per-epoch (and per-step) losses.
+
+    ``x`` is an array or a sequence of arrays (one per model input), samples on axis 0;
+    ``y`` the expected outputs of output 0. ``max_steps`` cuts each epoch short (timing runs).
+    """
+    xs, ys = _as_list(x), _as_list(y)
+    n = ys[0].shape[0]
+    if any(a.shape[0] != n for a in xs):
+        raise ValueError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have {n}")
+    steps = n // batch_size  # onert_train drops a trailing partial batch
+    if steps == 0:
+        raise ValueError(f"{n} samples are fewer than one batch of {batch_size}")
+    if max_steps is not None:
+        steps = min(steps, max_steps)
+    t = time.perf_counter()
+    session = open_session(model_path, batch_size=batch_size, learning_rate=learning_rate,
+                           loss=loss, reduction=reduction, optimizer=optimizer,
+                           trainable_ops=trainable_ops)
+    run = OnertRun(prepare_ms=(time.perf_counter() - t) * 1000)
+    in_dt, out_dt = _dtypes(session)
+    xs = [np.ascontiguousarray(a, dt) for a, dt in zip(xs, in_dt)]
+    ys = [np.ascontiguousarray(a, dt) for a, dt in zip(ys, out_dt)]
+    for _ in range(epochs):
+        losses, times = [], []
+        for s in range(steps):
+            lo, hi = s * batch_size, (s + 1) * batch_size
+            bx = [np.ascontiguousarray(a[lo:hi]) for a in xs]
+            by = [np.ascontiguousarray(a[lo:hi]) for a in ys]
+            step_loss, ms = train_batch(session, bx, by)
+            losses.append(step_loss)
+            times.append(ms)
+        run.step_loss.append(losses)
+        run.loss.append(float(np.mean(losses)))
+        run.step_ms.append(float(np.mean(times)))
+    if export:
+        run.model = export_circle(session)
+    return run
+
+
+def export_circle(session: Any) -> bytes:
+    """The session's current model (trained weights) as .circle bytes.
+
+    onert 0.1.0 garbles export paths over 15 bytes: write a short relative name from
+    inside a temporary directory (this changes the working directory for a moment).
+    """
+    cwd = os.getcwd()
+    with tempfile.TemporaryDirectory() as tmp:
+        os.chdir(tmp)
+        try:
+            session.train_export_circle("m.circle")
+            with open("m.circle", "rb") as f:
+                return f.read()
+        finally:
+            os.chdir(cwd)
