@@ -32,8 +32,9 @@ from .ops.registry import OpContext, lookup
 _ENUMS = {
     "padding": schema.Padding.Padding,
     "fused_activation_function": schema.ActivationFunctionType.ActivationFunctionType,
-    "mode": schema.MirrorPadMode.MirrorPadMode,
 }
+# enum options whose name is shared by several tables: (operator, option) -> enum
+_OP_ENUMS = {("MIRROR_PAD", "mode"): schema.MirrorPadMode.MirrorPadMode}
 _DTYPE_OPTIONS = {"in_data_type", "out_data_type", "out_type", "output_type", "idx_out_type"}
 
 
@@ -78,7 +79,8 @@ class GraphBuilder:
     def constant(self, name: str, value: Any, dtype: str | None = None) -> int:
         """Add a constant tensor holding ``value`` (its numpy dtype is kept unless given)."""
         arr = np.asarray(value, dtype=dtype)
-        return self._add(name, arr.shape, _dtype_name(arr.dtype), np.ascontiguousarray(arr))
+        data = np.ascontiguousarray(arr).reshape(arr.shape)  # keeps 0-d constants 0-d
+        return self._add(name, arr.shape, _dtype_name(arr.dtype), data)
 
     def tensor(self, name: str, shape: Sequence[int], dtype: str = "float32") -> int:
         """Add a plain (non-constant) tensor, e.g. for an output computed by a later op."""
@@ -287,8 +289,9 @@ def _options_object(op_type: str, tag: int, options: Mapping[str, Any]) -> Any:
             raise ValueError(
                 f"{op_type} has no option {key!r}; valid: {sorted(snake_case(v) for v in valid)}"
             )
-        if isinstance(value, str) and key in _ENUMS:
-            value = getattr(_ENUMS[key], value.upper())
+        enum = _OP_ENUMS.get((op_type, key), _ENUMS.get(key))
+        if isinstance(value, str) and enum is not None:
+            value = getattr(enum, value.upper())
         elif key in _DTYPE_OPTIONS and not isinstance(value, int):
             value = tensor_type(value)
         elif isinstance(value, (tuple, np.ndarray)):

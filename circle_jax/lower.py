@@ -29,7 +29,7 @@ def param_table(model: ir.Model) -> dict[str, ParamKey]:
     for sg in model.subgraphs:
         read = {i for op in sg.operators for i in op.inputs if i >= 0}
         for t in sg.tensors:
-            if t.is_constant and t.is_float and t.index in read:
+            if t.is_constant and t.is_float and not t.is_variable and t.index in read:
                 name, n = t.name, 1
                 while name in table:
                     name, n = f"{t.name}_{n}", n + 1
@@ -96,6 +96,8 @@ class Lowered:
                 return params[name]
             if t.data is not None:
                 return t.data
+            if t.is_variable:  # a state tensor (e.g. LSTM) with no buffer starts at zero
+                return np.zeros(t.shape, ir.as_numpy_dtype(t.dtype))
             raise ValueError(f"subgraph {k}: tensor {t.name!r} is read before it is computed")
 
         def run_subgraph(j: int, args: Sequence[Any]) -> tuple[Any, ...]:

@@ -73,7 +73,7 @@ from .io.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_check
 from .io.traininfo import METADATA_NAME, TrainInfo, encode_traininfo
 from .io.wof import decode_wof, encode_wof
 from .model import Model
-from .optim import AccumulateState, AdamTFState
+from .optim import AccumulateState, AdamTFState, NoLossScale
 from .train import (
     FitResult,
     History,
@@ -765,14 +765,12 @@ def fit_checkpointed(
     n_epochs = cfg.epochs if epochs is None else epochs
     if every_steps is not None and every_steps < 1:
         raise ValueError(f"every_steps must be >= 1, got {every_steps}")
-    xs, ys = _as_inputs(model, x), jnp.asarray(y, jnp.float32)
+    xs, ys = _as_inputs(model, x), jnp.asarray(y, trainer.loss_dtype)
     if any(a.shape[0] != ys.shape[0] for a in xs):
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
     x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
-    # copies: the compiled epoch donates the state's buffers, which must not be the model's
-    params = {k: jnp.array(v, copy=True)
-              for k, v in (model.params if params is None else params).items()}
+    params = model.params if params is None else params
     start = 0
     if resume is not None:
         ckpt, found = read_checkpoint(resume, model, params)
@@ -781,7 +779,10 @@ def fit_checkpointed(
     else:
         state, frozen = trainer.init(params)
     b = cfg.batch_size
-    steps = max(y_tr.shape[0] // b, 1)
+    n_train = int(y_tr.shape[0])
+    if n_train < b and cfg.drop_remainder:
+        raise DataError(f"{n_train} training samples are fewer than one batch of {b}")
+    steps = n_train // b
     chunk = min(every_steps or steps, steps)
     if save is not None:  # fail before training, not after
         make_checkpoint(model, trainer, state, frozen, order=order)
@@ -791,8 +792,9 @@ def fit_checkpointed(
                              f"of {k} micro-batches; use a multiple of {k}")
     hist = History()
     t0 = time.perf_counter()
-    xb, yb = _batched(x_tr, y_tr, b, steps)
-    trainer._epoch.lower(state, frozen, tuple(a[:chunk] for a in xb), yb[:chunk]).compile()
+    if chunk:
+        xb, yb = _batched(x_tr, y_tr, b, chunk)
+        trainer._compiled_epoch(state, frozen, xb, yb)
     hist.compile_ms = (time.perf_counter() - t0) * 1000
 
     def checkpoint(s: TrainState, epochs_done: int) -> None:
@@ -809,19 +811,21 @@ def fit_checkpointed(
                                       every_steps, lambda s, e=start + epoch: checkpoint(s, e))
         loss = float(jnp.mean(m.loss))
         ms = (time.perf_counter() - t) * 1000 / max(int(m.loss.shape[0]), 1)
-        if not np.isfinite(loss) and not int(jnp.sum(m.skipped)):
+        n_steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
+        if not np.isfinite(loss) and (isinstance(state.loss_scale, NoLossScale)
+                                      or skipped == n_steps):
             raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
                                 "the learning rate or check the data")
         hist.loss.append(loss)
-        seen = int(m.loss.shape[0]) * b
+        seen = n_train if not cfg.drop_remainder else n_steps * b
         hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
-        hist.skipped.append(int(jnp.sum(m.skipped)))
+        hist.skipped.append(skipped)
         hist.loss_scale.append(float(state.loss_scale.loss_scale))
         hist.ms_per_step.append(ms)
-        hist.steps.append(int(m.loss.shape[0]))
+        hist.steps.append(n_steps)
         checkpoint(state, start + epoch + 1)
         if y_val.shape[0]:
-            vl, va = trainer.evaluate(trainer.merge(state, frozen), x_val, y_val)
+            vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
             hist.val_loss.append(vl)
             hist.val_accuracy.append(va)
         if on_epoch is not None:
@@ -844,8 +848,8 @@ def _chunked_epoch(trainer: Trainer, state: TrainState, frozen: dict, x: tuple, 
     xs, ys = _batched(x, y, b, steps)
     parts = []
     for i in range(0, steps, every):
-        state, m = trainer._epoch(state, frozen, tuple(a[i:i + every] for a in xs),
-                                  ys[i:i + every])
+        part = (state, frozen, tuple(a[i:i + every] for a in xs), ys[i:i + every])
+        state, m = trainer._compiled_epoch(*part)(*part)
         parts.append(m)
         after_chunk(state)
     if not cfg.drop_remainder and n % b:

@@ -141,13 +141,14 @@ _CASES = {  # name: (loss reduction, accumulation reduction, optimizer)
 }
 
 
-def _check_exact(dtype, tol):
+def _check_exact(dtype, tol, cases):
     params, batches = _mlp_problem(dtype)
 
     @jax.jit  # one compilation for every case and form
     def run_all(params, batches):
         out = {}
-        for name, (loss_red, acc_red, make_opt) in _CASES.items():
+        for name in cases:
+            loss_red, acc_red, make_opt = _CASES[name]
             grad_fn = _grad_fn(loss_red)
             out[name, "big"] = _train(params, make_opt(), grad_fn, batches)
             for form in ("in_step", "multistep"):
@@ -155,7 +156,7 @@ def _check_exact(dtype, tol):
         return out
 
     out = run_all(params, batches)
-    for name in _CASES:
+    for name in cases:
         for form in ("in_step", "multistep"):
             for a, b in zip(jax.tree.leaves(out[name, form]), jax.tree.leaves(out[name, "big"])):
                 np.testing.assert_allclose(a, b, rtol=tol, atol=tol, err_msg=f"{name} {form}")
@@ -163,11 +164,11 @@ def _check_exact(dtype, tol):
 
 
 def test_micro_batches_equal_big_batch_float32():
-    _check_exact(jnp.float32, 1e-6)
+    _check_exact(jnp.float32, 1e-6, list(_CASES))
 
 
 def test_micro_batches_equal_big_batch_float64(x64):
-    _check_exact(jnp.float64, 1e-12)
+    _check_exact(jnp.float64, 1e-12, ["mean-sgd", "mean-adam", "sum-adam"])  # compile time
 
 
 def test_wrong_reduction_is_not_equivalent():

@@ -31,7 +31,7 @@ from tests.onert_peer import onert_fit, open_session, train_batch
 EPOCHS = 3
 N = 16
 # (loss, optimizer) -> learning rate: large enough that 3 epochs move every loss by > 1%
-LEARNING_RATE = {(1, 1): 1.0, (2, 1): 0.1, (1, 2): 0.01, (2, 2): 0.01}
+LEARNING_RATE = {(1, 1): 2.0, (2, 1): 0.1, (1, 2): 0.01, (2, 2): 0.01}
 ONERT_TOL = 1e-3  # onert's own tolerance for its training tests
 X64_TOL = 1e-4
 
@@ -176,16 +176,24 @@ def test_last_n_operators_and_sum_reduction_agree_with_onert() -> None:
     assert not np.allclose(got, circle_jax_losses(*config), atol=1e-3)
 
 
-def test_trained_weights_agree_with_onert() -> None:
-    """After 3 epochs (Adam, CCE, batch 8) onert's exported weights match circle-jax's."""
-    name, loss, opt, batch = "branching", 2, 2, 8
+@pytest.mark.parametrize("opt, atol", [(1, 1e-5), (2, 2e-4)], ids=["sgd", "adam"])
+def test_trained_weights_agree_with_onert(opt: int, atol: float) -> None:
+    """After 3 epochs (CCE, batch 8) onert's exported weights match circle-jax's.
+
+    SGD moves weights in proportion to the gradients, so they agree to float32 noise. Adam
+    steps about ``lr`` = 0.01 whatever the gradient's size, so where a gradient is ~0 (a bias)
+    float32 noise in it moves the weight by a visible fraction of a step: measured 5e-5,
+    bounded here by 2% of one step.
+    """
+    name, loss, batch = "branching", 2, 8
     x, y = data(name)
     run = onert_fit(model_path(name), x, y, epochs=EPOCHS, batch_size=batch,
-                    learning_rate=LEARNING_RATE[loss, opt], loss=loss, optimizer=opt, export=True)
+                    learning_rate=LEARNING_RATE[loss, opt], loss=loss, optimizer=opt,
+                    export=True)
     theirs = cj.load(run.model).params
-    model = cj.load(model_path(name))
+    initial = cj.load(model_path(name)).params
     ours = circle_jax_run(name, loss, opt, batch)[1]
     assert set(theirs) == set(ours)
     for k in ours:
-        assert not np.array_equal(ours[k], model.params[k]), f"{k} was not trained"
-        np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-4, atol=1e-5, err_msg=k)
+        assert not np.array_equal(ours[k], initial[k]), f"{k} was not trained"
+        np.testing.assert_allclose(ours[k], theirs[k], rtol=1e-4, atol=atol, err_msg=k)

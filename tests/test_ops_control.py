@@ -17,8 +17,8 @@ from circle_jax.build import Builder, GraphBuilder
 from circle_jax.io.schema import schema
 from circle_jax.io.writer import pack
 from tests.oracle import ATOL, RTOL, assert_close, run_circle_jax, run_litert
+from tests.paths import SHARED_MODELS as MODELS
 
-MODELS = "/work/shared/models"
 SHAPE = (2, 3)
 
 

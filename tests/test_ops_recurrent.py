@@ -6,8 +6,7 @@ numpy transcriptions of ONE's kernels instead.
 
 from __future__ import annotations
 
-import dataclasses
-import time
+from pathlib import Path
 from typing import Any
 
 import jax
@@ -18,32 +17,20 @@ import circle_jax as cj
 from circle_jax.build import Builder
 from circle_jax.io.schema import schema
 from circle_jax.io.writer import pack
-from tests.oracle import ATOL, RTOL, assert_close, check_op_grads, run_litert
+from tests.oracle import (
+    ATOL,
+    RTOL,
+    Const,
+    assert_close,
+    check_op_grads,
+    one_op_model,
+    run_circle_jax,
+    run_litert,
+)
+from tests.paths import SHARED_MODELS as MODELS
 from tests.test_ops_control import _check_grads_x64
 
-MODELS = "/work/shared/models"
-
-
 # ---------------------------------------------------------------- helpers
-
-def _load(data: bytes) -> cj.Model:
-    """Load a model whose variable tensors (LSTM states) have no buffer.
-
-    The lowering reads every operator input from a buffer or a computed value, and variable
-    tensors have neither; until it hands them over (as zeros or None), give them their initial
-    value, zeros, here. They then appear as params (harmless for these checks).
-    """
-    ir = cj.read_model(data)
-    subgraphs = []
-    for sg in ir.subgraphs:
-        tensors = tuple(
-            dataclasses.replace(t, data=np.zeros(t.shape, t.dtype))
-            if t.is_variable and t.data is None else t
-            for t in sg.tensors
-        )
-        subgraphs.append(dataclasses.replace(sg, tensors=tensors))
-    return cj.Model(dataclasses.replace(ir, subgraphs=tuple(subgraphs)))
-
 
 def _compare(data: bytes, feeds: list[np.ndarray], rtol: float = RTOL, atol: float = ATOL,
              circle: bytes | None = None) -> None:
@@ -51,7 +38,7 @@ def _compare(data: bytes, feeds: list[np.ndarray], rtol: float = RTOL, atol: flo
     want = run_litert(data, feeds)
     runs = [(data, True), (data, False)] + ([(circle, True)] if circle else [])
     for blob, jit in runs:
-        model = _load(blob)
+        model = cj.load(blob)
         fn = jax.jit(model.apply) if jit else model.apply
         got = [np.asarray(g) for g in fn(model.params, *feeds)]
         assert len(got) == len(want)
@@ -152,7 +139,7 @@ def test_lstm_vs_numpy(act: str) -> None:
     is garbage; the intended meaning is the identity."""
     _, cir, feeds = _lstm_bytes(np.random.default_rng(16),
                                 options={"fused_activation_function": act})
-    model = _load(cir)
+    model = cj.load(cir)
     want = _lstm_numpy(model, feeds[0].astype(np.float64), np.tanh if act == "TANH" else
                        (lambda v: v))
     for fn in (jax.jit(model.apply), model.apply):
@@ -173,14 +160,14 @@ def test_lstm_gradients(case: str) -> None:
         kwargs = {"layer_norm": True, "cifg": True, "peephole": True, "projection": 2,
                   "options": {"cell_clip": 5.0, "proj_clip": 5.0}}
     _, cir, feeds = _lstm_bytes(np.random.default_rng(12), steps=2, **kwargs)
-    _check_grads_x64(_load(cir), feeds, eager=case == "basic")
+    _check_grads_x64(cj.load(cir), feeds, eager=case == "basic")
 
 
 def test_lstm_cell_clip_gradient_rule() -> None:
     """At and beyond cell_clip the cell state passes no gradient (TF's clip rule)."""
     _, cir, feeds = _lstm_bytes(np.random.default_rng(13), steps=1,
                                 options={"cell_clip": 1e-3})
-    model = _load(cir)
+    model = cj.load(cir)
     x = feeds[0] * 50  # saturate every cell
     g = jax.jit(jax.grad(lambda p: model.apply(p, x)[0].sum()))(model.params)
     assert float(np.abs(np.asarray(g["w_xc"])).max()) == 0.0
@@ -189,21 +176,16 @@ def test_lstm_cell_clip_gradient_rule() -> None:
 
 def test_mnist_lstm_model_vs_litert() -> None:
     """TFLM's MNIST LSTM (LSTM -> RESHAPE -> FULLY_CONNECTED -> SOFTMAX), whole model."""
-    path = f"{MODELS}/tflm_mnist_lstm_float.tflite"
-    with open(path, "rb") as f:
-        data = f.read()
+    data = Path(f"{MODELS}/tflm_mnist_lstm_float.tflite").read_bytes()
     x = np.random.default_rng(14).uniform(0, 1, (1, 28, 28)).astype(np.float32)
-    start = time.perf_counter()
     _compare(data, [x])
-    assert time.perf_counter() - start < 30
 
 
-@pytest.mark.xfail(strict=True, reason="lower.py does not yet feed variable tensors (LSTM "
-                   "states without a buffer) to operators; remove this mark once it does")
 def test_mnist_lstm_model_loads_unmodified() -> None:
-    model = cj.load(f"{MODELS}/tflm_mnist_lstm_float.tflite")
+    data = Path(f"{MODELS}/tflm_mnist_lstm_float.tflite").read_bytes()
+    model = cj.load(data)
     x = np.random.default_rng(15).uniform(0, 1, (1, 28, 28)).astype(np.float32)
-    (want,) = run_litert(open(f"{MODELS}/tflm_mnist_lstm_float.tflite", "rb").read(), [x])
+    (want,) = run_litert(data, [x])
     assert_close(np.asarray(jax.jit(model.apply)(model.params, x)[0]), want, RTOL, ATOL, "mnist")
 
 
@@ -229,8 +211,6 @@ def _gru_numpy(x, w_x, b_x, w_h, b_h, h, return_sequences):
 
 def _gru_inputs(rng: np.random.Generator, steps: int, batch: int, n_in: int, hidden: int,
                 biases: bool, state_input: bool) -> list[Any]:
-    from tests.oracle import Const
-
     def w(*dims: int) -> Any:
         return Const((rng.normal(size=dims) * 0.5).astype(np.float32))
 
@@ -256,8 +236,6 @@ GRU_CASES = {
 @pytest.mark.parametrize("case", list(GRU_CASES))
 def test_gru_vs_numpy(case: str) -> None:
     """LiteRT cannot run Circle's GRU (code -5): compare with a numpy transcription."""
-    from tests.oracle import Const, one_op_model, run_circle_jax
-
     kw = dict(GRU_CASES[case])
     rs = kw.pop("return_sequences")
     inputs = _gru_inputs(np.random.default_rng(20), **kw)
@@ -280,8 +258,6 @@ def test_gru_gradients() -> None:
 
 def test_gru_gradients_sequences_jit() -> None:
     """The batch-2, return_sequences case, jitted only (eager runs are covered above)."""
-    from tests.oracle import one_op_model
-
     kw = dict(GRU_CASES["sequences_batch2"])
     rs = kw.pop("return_sequences")
     b, feeds = one_op_model("GRU", _gru_inputs(np.random.default_rng(23), **kw),
@@ -292,8 +268,6 @@ def test_gru_gradients_sequences_jit() -> None:
 def test_gru_rejects_other_activations() -> None:
     inputs = _gru_inputs(np.random.default_rng(22), 2, 1, 2, 2, True, False)
     with pytest.raises(NotImplementedError, match="tanh"):
-        from tests.oracle import one_op_model
-
         one_op_model("GRU", inputs, {"fused_activation_function": "RELU"})
 
 
@@ -316,8 +290,6 @@ def _rope_numpy(x: np.ndarray, sin: np.ndarray, cos: np.ndarray, mode: str) -> n
 
 def _rope_inputs(rng: np.random.Generator, shape: tuple[int, ...],
                  table_shape: tuple[int, ...]) -> list[Any]:
-    from tests.oracle import Const
-
     d = shape[-1]
     pos = np.arange(int(np.prod(table_shape[:-1]))).reshape(table_shape[:-1] + (1,)) + 1
     theta = pos * (10000.0 ** (-np.arange(d // 2) * 2 / d))
@@ -339,8 +311,6 @@ ROPE_CASES = [
 @pytest.mark.parametrize("mode,shape,table", ROPE_CASES)
 def test_rope_vs_numpy(mode: str, shape: tuple[int, ...], table: tuple[int, ...]) -> None:
     """LiteRT cannot run Circle's ROPE (code -7): compare with a numpy transcription."""
-    from tests.oracle import Const, one_op_model, run_circle_jax
-
     inputs = _rope_inputs(np.random.default_rng(30), shape, table)
     b, feeds = one_op_model("ROPE", inputs, {"mode": ROPE_MODES[mode]})
     x, sin, cos = (v.value if isinstance(v, Const) else v for v in inputs)
@@ -353,8 +323,6 @@ def test_rope_vs_numpy(mode: str, shape: tuple[int, ...], table: tuple[int, ...]
 
 def test_rope_matches_one_kernel_test_vector() -> None:
     """The expected values of ONE's own RoPE kernel test (luci-interpreter, cker)."""
-    from tests.oracle import Const, one_op_model, run_circle_jax
-
     b, feeds = one_op_model("ROPE", [np.array([0, 1, 2, 3], np.float32).reshape(1, 1, 1, 4),
                                      Const(np.array([[[[0.5, 1.0, 1.0, 0.5]]]], np.float32)),
                                      Const(np.array([[[[1.0, 0.5, 0.5, 1.0]]]], np.float32))],

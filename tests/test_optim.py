@@ -20,8 +20,8 @@ def _problem(n=32, steps=10, seed=0):
     return w0, grads
 
 
-def _run(opt, w0, grads, jit=True):
-    """Apply ``opt`` to a fixed gradient sequence; return the weights after every step."""
+def _run(opt, w0, grads, jit=False):
+    """Weights after each step of ``opt`` on a gradient sequence (op by op unless ``jit``)."""
 
     def step(w, state, g):
         u, state = opt.update(g, state, w)
@@ -61,7 +61,7 @@ def test_adam_tf_eager_is_bit_exact_float32_formula():
     # Op by op (no fusion) every float32 operation rounds as the formula says.
     w0, grads = _problem()
     with jax.disable_jit():
-        got = _run(optim.adam(0.01), w0, grads, jit=False)
+        got = _run(optim.adam(0.01), w0, grads)
     want = _adam_tf_numpy(w0, grads, 0.01, dtype=np.float32)
     for g, w in zip(got, want):
         np.testing.assert_array_equal(g, w)
@@ -72,7 +72,7 @@ def test_adam_tf_jitted_within_ulps_and_float64():
     # float32 formula after 10 steps (1 ulp measured); 1e-6 absolute (~8 ulp at |w| ~ 1)
     # from the float64 transcription.
     w0, grads = _problem()
-    got = _run(optim.adam(0.01), w0, grads)
+    got = _run(optim.adam(0.01), w0, grads, jit=True)
     want32 = _adam_tf_numpy(w0, grads, 0.01, dtype=np.float32)
     want64 = _adam_tf_numpy(w0, grads, 0.01, dtype=np.float64)
     for g, w32, w64 in zip(got, want32, want64):
@@ -129,8 +129,8 @@ def test_adam_schedule_sees_update_count():
 def test_sgd_is_onert_formula_bitwise():
     w0, grads = _problem(steps=3)
     with jax.disable_jit():
-        got = _run(optim.sgd(0.05), w0, grads, jit=False)
-    jitted = _run(optim.sgd(0.05), w0, grads)
+        got = _run(optim.sgd(0.05), w0, grads)
+    jitted = _run(optim.sgd(0.05), w0, grads, jit=True)
     w = w0.copy()
     for g in grads:
         w = w - F32(0.05) * g

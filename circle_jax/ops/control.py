@@ -3,13 +3,14 @@
 Branch and loop bodies are subgraphs lowered by ``ctx.run_subgraph``. Values known at lowering
 time (numpy) stay static wherever the semantics allow it, so shape arithmetic inside bodies keeps
 folding: static IF conditions pick their branch in Python, static operands are closed over
-instead of being passed through ``lax.cond``, and loop variables that a WHILE body passes through
-unchanged are never carried.
+instead of being passed through ``lax.cond``, and static loop variables that a WHILE body passes
+through unchanged are never carried.
 
-WHILE loops whose trip count follows from static values alone (the usual ``i = 0; i < N; i += 1``
-counter of converted RNNs) run as ``lax.scan`` over that count, which is reverse-differentiable.
-Loops whose condition depends on run-time values become ``lax.while_loop``: they run forward
-(jit and eager) but JAX cannot differentiate them in reverse mode.
+Eagerly (concrete values) conditions are plain Python booleans, so IF runs one branch and WHILE
+iterates in Python. Traced WHILE loops whose trip count follows from static values alone (the
+usual ``i = 0; i < N; i += 1`` counter of converted RNNs) run as ``lax.scan`` over that count,
+which is reverse-differentiable; loops whose condition depends on run-time values become
+``lax.while_loop``, which JAX differentiates in forward mode only.
 """
 
 from __future__ import annotations

@@ -15,11 +15,13 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..io.schema import numpy_dtype
 from .common import fused_activation, is_static, static
 from .registry import OpContext, register
 
 Array = Any  # a jax array, or a numpy array for static values
+
+# TensorType codes of the index dtypes (the ops layer does not import the schema bindings).
+_INDEX_TYPES = {2: "int32", 4: "int64"}
 
 
 # ---------------------------------------------------------------- helpers shared by the family
@@ -56,7 +58,7 @@ def index_dtype(ctx: OpContext, code: int | None, default: str = "int64",
 
     A TensorType option left at its schema default (0, FLOAT32) counts as unset.
     """
-    candidates = [numpy_dtype(code) if code is not None else None]
+    candidates = [_INDEX_TYPES.get(code)]
     if len(ctx.outputs) > output:
         candidates.append(ctx.outputs[output].dtype)
     for name in candidates:
