@@ -47,6 +47,8 @@ CASES = [
     Case("3x3 C=32", (16, 16, 16, 32), (3, 3), 32),
     Case("3x3 C=64", (16, 16, 16, 64), (3, 3), 64),
     Case("3x3 C=64", (1, 32, 32, 64), (3, 3), 64),
+    Case("3x3 C=32", (16, 32, 32, 32), (3, 3), 32),
+    Case("3x3 C=16", (16, 64, 64, 16), (3, 3), 16),
     Case("3x3 C=128", (16, 8, 8, 128), (3, 3), 128),
     Case("3x3 C=256", (16, 8, 8, 256), (3, 3), 256),
     Case("3x3 C=3 stem s2", (16, 64, 64, 3), (3, 3), 16, stride=2),
@@ -116,8 +118,8 @@ def weights_shape(case: Case) -> tuple[int, ...]:
     return (*case.kernel, c_in // case.groups, case.c_out)
 
 
-def time_us(fn: Callable, args: tuple, repeats: int) -> float:
-    """Median wall time of one call in microseconds (inner loops keep samples >= 2 ms)."""
+def time_us(fn: Callable, args: tuple, repeats: int) -> tuple[float, float]:
+    """(median, min) wall time of one call in microseconds (inner loops: samples >= 2 ms)."""
     jax.block_until_ready(fn(*args))  # compile
     t0 = time.perf_counter()
     jax.block_until_ready(fn(*args))
@@ -130,7 +132,7 @@ def time_us(fn: Callable, args: tuple, repeats: int) -> float:
             out = fn(*args)
         jax.block_until_ready(out)
         samples.append((time.perf_counter() - t0) / inner)
-    return statistics.median(samples) * 1e6
+    return statistics.median(samples) * 1e6, min(samples) * 1e6
 
 
 def main() -> None:
@@ -139,11 +141,11 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="only the cases named in design.md")
     args = ap.parse_args()
     rng = np.random.default_rng(0)
-    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; forward+backward, "
-          f"median of {args.repeats}, microseconds")
-    header = f"{'case':<20} {'input NHWC':<18} {'k':<5} {'Cout':>4} {'s':>2} "
+    print(f"jax {jax.__version__} on {jax.devices()[0].platform}; forward+backward; "
+          f"median / min of {args.repeats} samples, microseconds")
     all_methods = ("xla", "im2col", "shift", "col2im")
-    print(header + "".join(f"{m:>9}" for m in all_methods) + "   chosen (speedup vs xla)")
+    print(f"{'case':<18} {'input NHWC':<17} {'k':<3} {'Cout':>4} {'s':>1} "
+          + "".join(f"{m:>16}" for m in all_methods) + "  chosen (median speedup vs xla)")
     for case in CASES:
         if args.quick and not case.quick:
             continue
@@ -151,10 +153,11 @@ def main() -> None:
         w = jnp.asarray(rng.normal(size=weights_shape(case)) * 0.1, jnp.float32)
         times = {m: time_us(step_fn(case, m), (x, w), args.repeats) for m in methods(case)}
         pick = chosen(case)
-        cells = "".join(f"{times[m]:9.0f}" if m in times else f"{'-':>9}" for m in all_methods)
+        cells = "".join(f"{times[m][0]:9.0f}/{times[m][1]:<6.0f}" if m in times else f"{'-':>16}"
+                        for m in all_methods)
         k = f"{case.kernel[0]}x{case.kernel[1]}"
-        print(f"{case.name:<20} {str(case.x):<18} {k:<5} {case.c_out:>4} {case.stride:>2} "
-              f"{cells}   {pick} ({times['xla'] / times[pick]:.1f}x)", flush=True)
+        print(f"{case.name:<18} {str(case.x):<17} {k:<3} {case.c_out:>4} {case.stride:>1} "
+              f"{cells}  {pick} ({times['xla'][0] / times[pick][0]:.1f}x)", flush=True)
 
 
 if __name__ == "__main__":

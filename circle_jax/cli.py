@@ -38,9 +38,9 @@ def _choice(table: dict[int, str], readable: dict[str, str] | Sequence[str], wha
     """An argparse type accepting onert's numeric codes or readable names."""
     names = dict(readable) if isinstance(readable, dict) else {n: n for n in readable}
 
-    def parse(value: str) -> str:
+    def parse(value: str) -> str | int:
         if value.lstrip("-").isdigit() and int(value) in table:
-            return table[int(value)]
+            return int(value)  # onert's code: selects onert's numerics (e.g. CCE's clip)
         if value in names:
             return names[value]
         if value in names.values():
@@ -74,9 +74,11 @@ def _add_train(sub: Any) -> None:
     p.add_argument("--load_expected:raw", dest="load_expected_raw", metavar="FILE")
     p.add_argument("--load_input", metavar="FILE", help=".npy/.npz/raw input data")
     p.add_argument("--load_expected", metavar="FILE", help=".npy/.npz/raw expected data")
-    p.add_argument("--export_circle", metavar="FILE")
-    p.add_argument("--export_tflite", metavar="FILE")
-    p.add_argument("--export_circleplus", metavar="FILE")
+    p.add_argument("--export_circle", metavar="FILE", help="write the trained model (.circle)")
+    p.add_argument("--export_tflite", metavar="FILE",
+                   help="write the trained model as .tflite (LiteRT runs it)")
+    p.add_argument("--export_circleplus", metavar="FILE",
+                   help="write the trained model with its training parameters (circle+)")
     p.add_argument("--export_checkpoint", metavar="FILE",
                    help="write an onert checkpoint after every epoch (or --checkpoint_every_steps)")
     p.add_argument("--checkpoint_every_steps", type=int, metavar="N",
@@ -242,15 +244,22 @@ def cmd_export(args: argparse.Namespace) -> int:
         params = load_wof(args.load_wof, model)
     elif args.checkpoint:
         params = checkpoint_params(args.checkpoint, model)
-    changed = {k: v for k, v in params.items() if k in model.params}
     for flag, fmt in (("--circle", "circle"), ("--tflite", "tflite")):
         if outputs[flag]:
-            atomic_write(outputs[flag], model.export(changed, fmt), protect=inputs)
+            atomic_write(outputs[flag], model.export(_changed(model, params), fmt),
+                         protect=inputs)
             print(f"wrote {outputs[flag]}")
     if args.wof:
         save_wof(args.wof, model, params, protect=inputs)
         print(f"wrote {args.wof}")
     return 0
+
+
+def _changed(model: Any, params: dict[str, Any]) -> dict[str, Any]:
+    """The params whose values differ from the model's: only those are written, so an
+    unchanged weight keeps its (possibly shared) buffer and the file does not grow."""
+    return {k: v for k, v in params.items()
+            if np.asarray(v).tobytes() != np.asarray(model.params[k]).tobytes()}
 
 
 def _check_outputs(outputs: dict[str, str | None], inputs: Sequence[str | None],
@@ -454,7 +463,7 @@ def _export_trained(args: argparse.Namespace, model: Any, result: Any,
         exports.append((args.export_circleplus, "circle", circleplus_metadata(result.trainer)))
     for path, fmt, meta in exports:
         if path:
-            data = model.export(result.params, fmt, metadata=meta)
+            data = model.export(_changed(model, result.params), fmt, metadata=meta)
             atomic_write(path, data, protect=inputs)
     if args.export_wof:
         save_wof(args.export_wof, model, result.params, result.trainer.trainable,

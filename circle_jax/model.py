@@ -84,7 +84,13 @@ class Model:
         unknown = sorted(set(params) - set(self.param_keys))
         if unknown:
             raise ValueError(f"unknown param name(s) {unknown}")
-        weights = {self.param_keys[k]: np.asarray(v) for k, v in params.items()}
+        weights = {}
+        for name, value in params.items():
+            k, i = self.param_keys[name]
+            old, new = self.ir.subgraphs[k].tensors[i].data, np.asarray(value).astype(
+                self.ir.subgraphs[k].tensors[i].data.dtype)
+            if old.tobytes() != new.tobytes():  # unchanged weights keep shared buffers shared
+                weights[(k, i)] = new
         return export_model(self.ir, weights, file_format=file_format, metadata=metadata)
 
     def summary(self) -> str:

@@ -747,12 +747,13 @@ def fit_checkpointed(
 ) -> FitResult:
     """``train.fit`` with onert checkpoints: resume from ``resume``, write ``save`` as it goes.
 
-    ``save`` is rewritten (atomically) after every epoch, or after every ``every_steps`` steps
-    when given: the epoch's scan then runs in compiled chunks of that many steps, in ``order``
-    (see :func:`save_checkpoint`; ``resume`` is read as :func:`read_checkpoint` says). A resumed
-    run trains ``epochs`` (default: the config's) more whole epochs from the start of the
-    data; with shuffling, epoch numbering continues from the checkpoint's ``cur_epoch`` so the
-    data order matches an uninterrupted run. Pass a ``trainer`` (instead of ``config`` and
+    ``save`` is rewritten atomically, entries in ``order`` (see :func:`save_checkpoint`), after
+    every epoch, or after every ``every_steps`` steps when given: the epoch's scan then runs
+    as compiled chunks of that many steps (no per-step Python). ``resume`` is read as
+    :func:`read_checkpoint` says (weights, Adam m/v, update count). A resumed run trains
+    ``epochs`` (default: the config's) more whole epochs from the start of the data; with
+    shuffling, epoch numbering continues from the checkpoint's ``cur_epoch`` so the data
+    order matches an uninterrupted run. Pass a ``trainer`` (instead of ``config`` and
     overrides) to reuse its compiled step across calls. Returns what ``fit`` returns.
     """
     if trainer is None:

@@ -49,8 +49,9 @@ class OnertRun:
     Attributes:
       loss: per-epoch loss (mean of the epoch's per-step pre-update losses), as onert_train.
       step_loss: per-epoch lists of the per-step losses.
-      step_ms: per-epoch mean wall time of ``session.train`` per step, in milliseconds
-        (the same span onert_train's ``ms/step`` covers: one training step, no data copy).
+      step_ms: per-epoch mean wall time of ``session.train`` per step, in milliseconds.
+      epoch_ms: per-epoch wall time of the whole step loop (batch copies, set input /
+        expected / output, ``train``, ``train_get_loss``), in milliseconds.
       prepare_ms: time of ``train_prepare`` (onert's compilation).
       model: the trained model's bytes (``export=True`` only), as ``train_export_circle``
         writes them.
@@ -59,6 +60,7 @@ class OnertRun:
     loss: list[float] = field(default_factory=list)
     step_loss: list[list[float]] = field(default_factory=list)
     step_ms: list[float] = field(default_factory=list)
+    epoch_ms: list[float] = field(default_factory=list)
     prepare_ms: float = 0.0
     model: bytes | None = None
 
@@ -168,6 +170,7 @@ def onert_fit(
     ys = [np.ascontiguousarray(a, dt) for a, dt in zip(ys, out_dt)]
     for _ in range(epochs):
         losses, times = [], []
+        t = time.perf_counter()
         for s in range(steps):
             lo, hi = s * batch_size, (s + 1) * batch_size
             bx = [np.ascontiguousarray(a[lo:hi]) for a in xs]
@@ -175,6 +178,7 @@ def onert_fit(
             step_loss, ms = train_batch(session, bx, by)
             losses.append(step_loss)
             times.append(ms)
+        run.epoch_ms.append((time.perf_counter() - t) * 1000)
         run.step_loss.append(losses)
         run.loss.append(float(np.mean(losses)))
         run.step_ms.append(float(np.mean(times)))

@@ -168,7 +168,7 @@ def test_micro_batches_equal_big_batch_float32():
 
 
 def test_micro_batches_equal_big_batch_float64(x64):
-    _check_exact(jnp.float64, 1e-12, ["mean-sgd", "mean-adam", "sum-adam"])  # compile time
+    _check_exact(jnp.float64, 1e-12, ["mean-adam", "sum-sgd"])  # both kinds, less compiling
 
 
 def test_wrong_reduction_is_not_equivalent():

@@ -213,3 +213,15 @@ def test_truncated_and_foreign_models_are_refused(tmp_path: Path,
         assert main(["export", name, "--circle", "out.circle"]) == 1
         assert message in _err(capsys), name
     assert not Path("out.circle").exists()
+
+
+def test_cli_export_keeps_shared_buffers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``export`` writes only changed weights: buffers shared by two signatures stay shared."""
+    monkeypatch.chdir(tmp_path)
+    name = "aeq_toy_transformer_kv_cache_2sig.tflite"
+    assert main(["export", shared_model(name), "--tflite", "o.tflite", "--circle", "o.circle"]) == 0
+    original = read_model(shared_model(name))
+    for f in ("o.tflite", "o.circle"):
+        data = Path(f).read_bytes()
+        assert len(data) < len(original.source) + 1024  # not one copy per sharing tensor
+        assert_same_model(original, read_model(data), same_format=f.endswith(".tflite"))

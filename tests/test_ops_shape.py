@@ -91,13 +91,12 @@ def test_reshape_needs_static_shape() -> None:
 
 @pytest.mark.parametrize("x, dims", [
     (f32(1, 3, 1, 2), [0, 2]), (f32(1, 3, 1, 2), [-2]), (f32(1, 3, 1, 2), []),
-    (f32(2, 1), [1]),
 ])
 def test_squeeze(x: np.ndarray, dims: list) -> None:
     check_op("SQUEEZE", [x], {"squeeze_dims": dims})
 
 
-@pytest.mark.parametrize("axis", [0, 2, 3, -1, -4, [1]])
+@pytest.mark.parametrize("axis", [0, 3, -4, [1]])
 def test_expand_dims(axis: Any) -> None:
     check_op("EXPAND_DIMS", [X234, i32(axis)])
 
@@ -307,8 +306,9 @@ def test_pad_int_folded() -> None:
     check_folded("PADV2", [ints, i32([[1, 0], [0, 2]]), Const(np.int64(7))])
 
 
-@pytest.mark.parametrize("mode", ["REFLECT", "SYMMETRIC"])
-@pytest.mark.parametrize("pads", [[[0, 1], [2, 0], [1, 2]], [[1, 1], [0, 2], [3, 3]]])
+@pytest.mark.parametrize("mode, pads", [
+    ("REFLECT", [[0, 1], [2, 0], [1, 3]]), ("SYMMETRIC", [[1, 1], [0, 3], [4, 2]]),
+])
 def test_mirror_pad(mode: str, pads: list) -> None:
     check_op("MIRROR_PAD", [X234, i32(pads)], {"mode": mode})
 

@@ -88,7 +88,7 @@ def test_adam_tf_state_and_placements_differ():
     _, state = opt.update(jnp.asarray(grads[0]), state)
     assert int(state.count) == 1
     # Tiny gradients make eps matter: the three placements give three different steps.
-    tiny = [g * F32(1e-6) for g in grads]
+    tiny = [g * F32(1e-6) for g in grads[:2]]
     ends = {p: _run(optim.adam(0.01, eps_placement=p), w0, tiny)[-1] for p in optim.EPS_PLACEMENTS}
     assert not np.allclose(ends["tf"], ends["optax"], rtol=0, atol=1e-7)
     assert not np.allclose(ends["tf"], ends["onert_micro"], rtol=0, atol=1e-7)

@@ -20,6 +20,7 @@ Tests force each lowering with :func:`force_lowering`.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import math
 import struct
@@ -30,6 +31,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.custom_derivatives import SymbolicZero
 
 from .common import fused_activation, padding_pairs, static
 from .registry import OpContext, register
@@ -176,9 +178,13 @@ def conv_nd(x: jax.Array, w: jax.Array, strides: Sequence[int], dilations: Seque
             x, w, tuple(strides), [tuple(p) for p in pads], rhs_dilation=tuple(dilations),
             dimension_numbers=_dimension_numbers(nd), feature_group_count=groups,
         )
-    taps = list(_taps(_pad_spatial(x, pads), kernel, strides, dilations, out))
     if method == "shift":
-        return _depthwise_shift(taps, w, c_in)
+        m = c_out // c_in
+        if m > 1:  # output channel c*M + k reads input channel c
+            x = jnp.repeat(x, m, axis=-1)
+        geom = (kernel, tuple(strides), tuple(dilations), tuple(tuple(p) for p in pads))
+        return _channelwise(x, w.reshape(-1, c_out), geom)
+    taps = list(_taps(_pad_spatial(x, pads), kernel, strides, dilations, out))
     if method != "im2col":
         raise ValueError(f"unknown convolution lowering {method!r}")
     if groups == 1:
@@ -199,18 +205,62 @@ def _matmul_2d(x: jax.Array, w: jax.Array) -> jax.Array:
     return y.reshape(*lead, w.shape[-1])
 
 
-def _depthwise_shift(taps: list[jax.Array], w: jax.Array, c_in: int) -> jax.Array:
-    """Sum over taps of slice * per-channel weight; output channel c*M + m reads channel c."""
-    c_out = w.shape[-1]
-    m = c_out // c_in
-    weights = w.reshape(len(taps), c_out)
+Geometry = tuple  # (kernel, strides, dilations, pads): hashable, static
+
+#: Bytes of shifted slices one chunk of the weight-gradient scan may hold (see _channelwise).
+CHUNK_BYTES = 8 << 20
+
+
+def _shift_sum(x: jax.Array, wk: jax.Array, geom: Geometry) -> jax.Array:
+    """sum_k slice_k(padded x) * wk[k]: one elementwise fusion, no shifted copy materialized."""
+    kernel, strides, dilations, pads = geom
+    out = _out_sizes(x.shape[1:-1], kernel, strides, dilations, pads)
     acc = None
-    for k, t in enumerate(taps):
-        if m > 1:
-            t = jnp.repeat(t, m, axis=-1)
-        term = t * weights[k]
+    for k, t in enumerate(_taps(_pad_spatial(x, pads), kernel, strides, dilations, out)):
+        term = t * wk[k]
         acc = term if acc is None else acc + term
     return acc
+
+
+def _shift_sum_chunked(x: jax.Array, wk: jax.Array, geom: Geometry) -> jax.Array:
+    """_shift_sum over batch chunks, rematerialized: transposed w.r.t. ``wk`` (the weight
+    gradient) it becomes a scan whose steps reduce the slices of ``CHUNK_BYTES`` of input."""
+    n = x.shape[0]
+    kernel, strides, dilations, pads = geom
+    out = _out_sizes(x.shape[1:-1], kernel, strides, dilations, pads)
+    per_image = math.prod(out) * x.shape[-1] * x.dtype.itemsize * math.prod(kernel)
+    b = max([d for d in range(1, n + 1) if n % d == 0 and d * per_image <= CHUNK_BYTES] or [1])
+    body = jax.checkpoint(lambda xc: _shift_sum(xc, wk, geom))
+    if b == n:
+        return body(x)
+    y = lax.map(body, x.reshape(n // b, b, *x.shape[1:]))
+    return y.reshape(n, *y.shape[2:])
+
+
+@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
+def _channelwise(x: jax.Array, wk: jax.Array, geom: Geometry) -> jax.Array:
+    """Depthwise convolution with one weight per (tap, channel): x [N, *S, C], wk [K, C].
+
+    The value is :func:`_shift_sum`. Its derivative is written out so the weight gradient is
+    computed in batch chunks: differentiated as is, XLA CPU materializes every shifted slice
+    of the whole batch for the per-channel reductions (9 x the input for 3x3), and above
+    ~32 MB of temporaries every step pays fresh-page faults: 5-10x slower at batch 16,
+    64x64x32 (``benchmarks/bench_conv_lowering.py``). All AD modes still work.
+    """
+    return _shift_sum(x, wk, geom)
+
+
+@functools.partial(_channelwise.defjvp, symbolic_zeros=True)
+def _channelwise_jvp(geom: Geometry, primals: tuple, tangents: tuple) -> tuple:
+    x, wk = primals
+    tx, twk = tangents
+    y = _shift_sum(x, wk, geom)
+    terms = []
+    if not isinstance(tx, SymbolicZero):
+        terms.append(_shift_sum(tx, wk, geom))
+    if not isinstance(twk, SymbolicZero):
+        terms.append(_shift_sum_chunked(x, twk, geom))
+    return y, sum(terms[1:], terms[0]) if terms else jnp.zeros_like(y)
 
 
 def _bias_act(y: jax.Array, b: Any, act: int | None) -> jax.Array:

@@ -3,7 +3,9 @@
 TFLite semantics: the window at output (i, j) covers input rows ``i*stride_h - pad_top ...``
 (SAME pads put the extra pixel at the end); padded positions never take part, so AVERAGE and
 L2 divide by the number of VALID (non-padded) elements of each window and MAX ignores padding.
-The fused activation is applied to the pooled value.
+The fused activation is applied to the pooled value as TFLite's pooling kernels do: as a clamp
+range (RELU, RELU6, RELU_N1_TO_1, with TF's gradients at the bounds); TANH and SIGN_BIT give
+no clamp there, so LiteRT leaves the value unchanged and so does circle-jax.
 
 Gradients: MAX_POOL_2D sends each window's whole gradient to the FIRST maximum of the window
 in row-major (h, then w) order, like TF's MaxPoolGrad (no split among ties). L2_POOL_2D has
@@ -32,6 +34,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import ir
 from .common import fused_activation, padding_pairs
 from .registry import OpContext, register
 
@@ -149,6 +152,11 @@ def _geometry(ctx: OpContext, x: jax.Array) -> tuple[tuple[int, int], tuple[int,
     return kernel, strides, pads
 
 
+def _activation(y: jax.Array, code: int | None) -> jax.Array:
+    """TFLite's CalculateActivationRange semantics: clamps only; TANH/SIGN_BIT are no-ops."""
+    return y if code in (ir.ACT_TANH, ir.ACT_SIGN_BIT) else fused_activation(y, code)
+
+
 def _separable(pool1d: Callable[..., jax.Array], x: jax.Array, kernel, strides, pads):
     y = pool1d(x, 2, kernel[1], strides[1], tuple(pads[1]))
     return pool1d(y, 1, kernel[0], strides[0], tuple(pads[0]))
@@ -160,7 +168,7 @@ def max_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
     x = jnp.asarray(x)
     kernel, strides, pads = _geometry(ctx, x)
     y = _separable(_max1d, x, kernel, strides, pads)
-    return fused_activation(y, ctx.options.fused_activation_function)
+    return _activation(y, ctx.options.fused_activation_function)
 
 
 @register("AVERAGE_POOL_2D")
@@ -172,7 +180,7 @@ def average_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
     kernel, strides, pads = _geometry(ctx, x)
     total = _separable(_sum1d, x, kernel, strides, pads)
     y = total / _valid_counts(x.shape[1:3], kernel, strides, pads).astype(x.dtype)
-    return fused_activation(y, ctx.options.fused_activation_function)
+    return _activation(y, ctx.options.fused_activation_function)
 
 
 @register("L2_POOL_2D")
@@ -184,4 +192,4 @@ def l2_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
     kernel, strides, pads = _geometry(ctx, x)
     total = _separable(_sum1d, x * x, kernel, strides, pads)
     mean = total / _valid_counts(x.shape[1:3], kernel, strides, pads).astype(x.dtype)
-    return fused_activation(_safe_sqrt(mean), ctx.options.fused_activation_function)
+    return _activation(_safe_sqrt(mean), ctx.options.fused_activation_function)

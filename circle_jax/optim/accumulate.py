@@ -172,9 +172,7 @@ def accumulate_in_step(
 
         first = jax.tree.map(lambda x: x[0], micro)
         out_shape = jax.eval_shape(grad_fn, params, first, *args)
-        (loss_shape, _), grad_shape = (
-            out_shape if has_aux else ((out_shape[0], None), out_shape[1])
-        )
+        (loss_shape, _), grad_shape = out_shape if has_aux else ((out_shape[0], None), out_shape[1])
         init = (optax.tree.zeros_like(loss_shape), optax.tree.zeros_like(grad_shape))
         (loss, grads), aux = lax.scan(body, init, micro)
         if reduction == "mean":

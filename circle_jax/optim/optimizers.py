@@ -14,11 +14,14 @@ import jax
 import jax.numpy as jnp
 import optax
 
-from circle_jax.losses.reduction import _normalize_name
-
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 
 EPS_PLACEMENTS = ("tf", "optax", "onert_micro")
+
+
+def _normalize_name(name: str) -> str:
+    """``"Adam-ONERT micro"`` -> ``"adam_onert_micro"``."""
+    return "_".join(name.strip().lower().replace("-", " ").replace("_", " ").split())
 
 
 def _lr_at(learning_rate: ScalarOrSchedule, count: jax.Array) -> jax.Array:
@@ -267,9 +270,7 @@ OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "nesterov": lambda lr, momentum=0.9: sgd(lr, momentum, nesterov=True),
     "adam": adam,
     "adam_optax": lambda lr, b1=0.9, b2=0.999, eps=1e-7: adam(lr, b1, b2, eps, "optax"),
-    "adam_onert_micro": lambda lr, b1=0.9, b2=0.999, eps=1e-7: adam(
-        lr, b1, b2, eps, "onert_micro"
-    ),
+    "adam_onert_micro": lambda lr, b1=0.9, b2=0.999, eps=1e-7: adam(lr, b1, b2, eps, "onert_micro"),
     "adamw": adamw,
     "rmsprop": rmsprop,
 }

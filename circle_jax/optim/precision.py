@@ -67,8 +67,9 @@ def to_dtype(spec: Any) -> np.dtype:
         key = spec.strip().lower()
         if key in _DTYPES:
             return _DTYPES[key]
-        raise ValueError(f"unknown float dtype {spec!r}: use float32/f32/fp32, float16/f16/fp16 "
-                         "or bfloat16/bf16")
+        raise ValueError(
+            f"unknown float dtype {spec!r}: use float32/f32/fp32, float16/f16/fp16 or bfloat16/bf16"
+        )
     try:
         dt = np.dtype(spec)
     except TypeError:

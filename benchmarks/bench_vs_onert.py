@@ -1,0 +1,205 @@
+"""Per-step training time and peak memory of circle-jax vs onert on the same model and data.
+
+    python benchmarks/bench_vs_onert.py [--models example,mnist,resnet8] [--batches 1,16]
+                                        [--epochs 3] [--json FILE]
+
+Each (model, batch size, runtime) runs in its own fresh subprocess, so each peak-memory
+figure belongs to one runtime alone. Both runtimes get the same model file (the bundled
+example is written to a temporary .circle first) and the same float32 data, and train with
+the same settings: categorical crossentropy, SGD (learning rate 0.01), all operators
+trainable, sequential batches, trailing partial batch dropped.
+
+- time: wall time of one epoch divided by its steps, the median over ``--epochs`` (5) epochs of
+  one run (ms/step). circle-jax: ``fit``'s ``History.ms_per_step`` (one compiled
+  ``lax.scan`` per epoch, timed to the host sync on its losses; compilation happens before
+  and is reported apart). onert: the epoch's Python loop of ``train_set_input`` /
+  ``train_set_expected`` / ``train`` / ``train_get_loss`` per batch (tests/onert_peer.py);
+  onert_train's own ms/step covers the same loop in C++.
+- memory: ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` of the worker process: the peak
+  resident set (high-water mark) of the whole process, so it includes the runtime's own
+  libraries; "after import" is the same figure read right after importing the runtime and
+  numpy, before the model is loaded, and "delta" the difference (what the model, data,
+  compilation and training added). tracemalloc is not used: it sees only Python-heap
+  allocations, not XLA's or onert's native buffers.
+
+Not a test: numbers depend on the machine and its load. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(HERE)
+SHARED_MODELS = os.path.normpath(os.path.join(ROOT, "..", "shared", "models"))
+
+# name -> (model file or "example", samples used, description)
+MODELS = {
+    "example": ("example", 1792, "bundled branching CNN (8 ch) on 8x8 digits"),
+    "mnist": ("onert_micro_simple_mnist_model.circle", 1024,
+              "onert-micro simple MNIST (conv 2x2, maxpool, 2 FC), 11x11x1"),
+    "resnet8": ("mlperftiny_resnet8_cifar10_float.tflite", 256,
+                "MLPerf Tiny ResNet-8 (3 residual blocks, 16-64 ch), 32x32x3"),
+    "mobilenet": ("mobilenet_v1_0.25_128_float.tflite", 64,
+                  "MobileNet v1 0.25/128 (depthwise), 128x128x3, 1001 classes"),
+}
+LEARNING_RATE = 0.01
+
+
+def _rss_mib() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+
+
+def prepare(name: str, tmp: str) -> tuple[str, str, str]:
+    """(model path, x .npy, y .npy) for a model, written by the parent process so that the
+    workers import nothing but their runtime and numpy."""
+    import numpy as np
+
+    import circle_jax as cj
+
+    source, n, _ = MODELS[name]
+    if source == "example":
+        from circle_jax.examples import branching_cnn, digits
+
+        path = os.path.join(tmp, "example.circle")
+        branching_cnn().save(path)
+        x, y = digits()
+        x, y = x[:n], y[:n]
+    else:
+        path = os.path.join(SHARED_MODELS, source)
+        model = cj.load(path)
+        in_shape, out_shape = model.inputs[0].shape, model.outputs[0].shape
+        rng = np.random.default_rng(0)
+        x = rng.uniform(0, 1, (n, *in_shape[1:])).astype(np.float32)
+        y = np.eye(out_shape[-1], dtype=np.float32)[rng.integers(0, out_shape[-1], n)]
+        y = y.reshape((n, *out_shape[1:]))
+    xf, yf = os.path.join(tmp, f"{name}_x.npy"), os.path.join(tmp, f"{name}_y.npy")
+    np.save(xf, x)
+    np.save(yf, y)
+    return path, xf, yf
+
+
+def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str]) -> dict:
+    """Runs in a fresh process: train one model with one runtime; returns the figures."""
+    import numpy as np
+
+    if runtime == "circle-jax":
+        import jax
+
+        import circle_jax as cj
+        from circle_jax.train import fit
+        jax.numpy.zeros(1).block_until_ready()  # backend up: part of the baseline
+    else:
+        sys.path.insert(0, ROOT)
+        from onert.native import libnnfw_api_pybind  # noqa: F401  (part of the baseline)
+
+        from tests.onert_peer import onert_fit  # numpy and onert only
+    base = _rss_mib()
+    path, xf, yf = files
+    x, y = np.load(xf), np.load(yf)
+    if runtime == "circle-jax":
+        model = cj.load(path)
+        t = time.perf_counter()
+        r = fit(model, x, y, epochs=epochs, batch_size=batch, learning_rate=LEARNING_RATE,
+                loss=2, optimizer=1)
+        total = time.perf_counter() - t
+        h = r.history
+        ms, prepare, losses, steps = h.ms_per_step, h.compile_ms, h.loss, h.steps[0]
+    else:
+        t = time.perf_counter()
+        run = onert_fit(path, x, y, epochs=epochs, batch_size=batch,
+                        learning_rate=LEARNING_RATE, loss=2, optimizer=1)
+        total = time.perf_counter() - t
+        steps = len(run.step_loss[0])
+        ms, prepare, losses = [e / steps for e in run.epoch_ms], run.prepare_ms, run.loss
+    return {"runtime": runtime, "model": name, "batch": batch, "steps": steps,
+            "ms_per_step": statistics.median(ms), "epoch_ms_per_step": ms,
+            "prepare_ms": prepare, "total_s": total, "loss": losses,
+            "rss_after_import_mib": base, "rss_peak_mib": _rss_mib(),
+            "finite": bool(np.all(np.isfinite(losses)))}
+
+
+def _run_worker(runtime: str, name: str, batch: int, epochs: int, files: tuple) -> dict:
+    cmd = [sys.executable, os.path.abspath(__file__), "--worker", runtime, name, str(batch),
+           str(epochs), *files]
+    p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
+    lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
+    if p.returncode or not lines:
+        err = (p.stderr.strip().splitlines() or ["?"])[-1]
+        return {"runtime": runtime, "model": name, "batch": batch, "error": err}
+    return json.loads(lines[-1])
+
+
+def _table(results: list[dict]) -> str:
+    rows = ["| model | batch | steps/epoch | onert ms/step | circle-jax ms/step | speed-up | "
+            "onert peak RSS MiB (delta) | circle-jax peak RSS MiB (delta) | circle-jax "
+            "compile s | epoch-1 loss onert / circle-jax |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
+    by = {(r["model"], r["batch"], r["runtime"]): r for r in results}
+    for name in dict.fromkeys(r["model"] for r in results):
+        for batch in sorted({r["batch"] for r in results if r["model"] == name}):
+            o, c = by.get((name, batch, "onert")), by.get((name, batch, "circle-jax"))
+            if not o or not c or "error" in o or "error" in c:
+                errs = "; ".join(f"{r['runtime']}: {r['error']}" for r in (o, c)
+                                 if r and "error" in r)
+                rows.append(f"| {name} | {batch} | | | | | | | | {errs} |")
+                continue
+            rows.append(
+                f"| {name} | {batch} | {c['steps']} | {o['ms_per_step']:.3f} | "
+                f"{c['ms_per_step']:.3f} | {o['ms_per_step'] / c['ms_per_step']:.1f}x | "
+                f"{o['rss_peak_mib']:.0f} ({o['rss_peak_mib'] - o['rss_after_import_mib']:+.0f})"
+                f" | {c['rss_peak_mib']:.0f} "
+                f"({c['rss_peak_mib'] - c['rss_after_import_mib']:+.0f}) | "
+                f"{c['prepare_ms'] / 1000:.1f} | {o['loss'][0]:.4f} / {c['loss'][0]:.4f} |")
+    return "\n".join(rows)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = sys.argv[1:] if argv is None else argv
+    if argv and argv[0] == "--worker":
+        runtime, name, batch, epochs = argv[1:5]
+        print(json.dumps(worker(runtime, name, int(batch), int(epochs), argv[5:8])), flush=True)
+        return 0
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="example,mnist,resnet8",
+                    help=f"comma-separated, from {', '.join(MODELS)}")
+    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--epochs", type=int, default=5)
+    ap.add_argument("--json", metavar="FILE", help="also write the raw results here")
+    args = ap.parse_args(argv)
+    names = [n for n in args.models.split(",") if n]
+    unknown = [n for n in names if n not in MODELS]
+    if unknown:
+        ap.error(f"unknown model(s) {unknown}; choose from {list(MODELS)}")
+    results = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            files = prepare(name, tmp)
+            for batch in (int(b) for b in args.batches.split(",")):
+                for runtime in ("onert", "circle-jax"):
+                    r = _run_worker(runtime, name, batch, args.epochs, files)
+                    results.append(r)
+                    print(f"# {name} b{batch} {runtime}: "
+                          + (r["error"] if "error" in r else
+                             f"{r['ms_per_step']:.3f} ms/step, peak {r['rss_peak_mib']:.0f} MiB"),
+                          file=sys.stderr, flush=True)
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(results, f, indent=1)
+    for name in names:
+        print(f"- {name}: {MODELS[name][2]}, {MODELS[name][1]} samples")
+    print()
+    print(_table(results))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
