@@ -146,6 +146,8 @@ def _tensor(k: int, t: Any, buffers: list, sg: int, where: str) -> ir.Tensor:
                     f"{count * np_dtype.itemsize} bytes but its buffer {bidx} has {len(raw)}"
                 )
             data = np.frombuffer(raw, dtype=np_dtype).reshape(shape)
+    if data is None and 0 in shape and not dtype.startswith(("unknown", "ggml", "string")):
+        data = np.zeros(shape, as_numpy_dtype(dtype))  # an empty constant (e.g. shape [])
     q = t.quantization
     quant = None
     if q is not None and q.scale is not None and len(q.scale):
