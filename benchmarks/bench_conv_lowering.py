@@ -13,6 +13,7 @@ this machine. Not a test: numbers depend on the machine and its load.
 from __future__ import annotations
 
 import argparse
+import math
 import statistics
 import time
 from collections.abc import Callable
@@ -89,7 +90,8 @@ def chosen(case: Case) -> str:
     c_in = case.x[-1]
     if case.transpose:
         return conv.choose_transpose_conv_lowering(case.kernel, c_in, case.c_out)
-    return conv.choose_conv_lowering(case.kernel, c_in, case.groups)
+    out_pixels = case.x[0] * math.prod(-(-d // case.stride) for d in case.x[1:3])
+    return conv.choose_conv_lowering(case.kernel, c_in, case.groups, out_pixels)
 
 
 def step_fn(case: Case, method: str) -> Callable:

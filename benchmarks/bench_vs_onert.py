@@ -15,12 +15,16 @@ trainable, sequential batches, trailing partial batch dropped.
   and is reported apart). onert: the epoch's Python loop of ``train_set_input`` /
   ``train_set_expected`` / ``train`` / ``train_get_loss`` per batch (tests/onert_peer.py);
   onert_train's own ms/step covers the same loop in C++.
-- memory: ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` of the worker process: the peak
-  resident set (high-water mark) of the whole process, so it includes the runtime's own
-  libraries; "after import" is the same figure read right after importing the runtime and
-  numpy, before the model is loaded, and "delta" the difference (what the model, data,
-  compilation and training added). tracemalloc is not used: it sees only Python-heap
-  allocations, not XLA's or onert's native buffers.
+- memory: the peak resident set (RSS high-water mark) of the worker process, ``VmHWM`` of
+  ``/proc/self/status``. It covers the whole process, the runtime's own libraries included;
+  "delta" subtracts the same figure read right after importing the runtime and numpy,
+  before model and data are loaded (what the model, data, compilation and training added).
+  Not ``resource.getrusage(RUSAGE_SELF).ru_maxrss``: on Linux a child's ru_maxrss starts at
+  its parent's RSS at fork time (kept across exec), so every worker would report at least
+  the benchmark driver's own size (measured: a 400 MiB parent gives a fresh child a
+  426 MiB ru_maxrss, VmHWM 11 MiB). It is the fallback where /proc does not exist.
+  tracemalloc is not used: it sees only Python-heap allocations, not XLA's or onert's
+  native buffers.
 
 Not a test: numbers depend on the machine and its load. Prints a Markdown table.
 """
@@ -55,7 +59,16 @@ LEARNING_RATE = 0.01
 
 
 def _rss_mib() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB
+    """Peak RSS of this process in MiB (VmHWM; see the module docstring)."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) / 1024  # kB
+    except OSError:
+        pass
+    peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    return peak / (2**20 if sys.platform == "darwin" else 1024)  # bytes on macOS, else KiB
 
 
 def prepare(name: str, tmp: str) -> tuple[str, str, str]:

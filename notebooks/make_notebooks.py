@@ -6,6 +6,7 @@ generated .ipynb files.
 
 from __future__ import annotations
 
+import hashlib
 import os
 
 import nbformat
@@ -54,11 +55,155 @@ len(data)"""),
 ]
 
 
+PRECISION = [
+    new_markdown_cell(
+        "# Precision and gradient accumulation\n"
+        "Train the bundled example in float32, float16 (with dynamic loss scaling) and "
+        "bfloat16; watch the dynamic loss scale recover from a forced overflow; check that "
+        "gradient accumulation gives the weights of the big batch. Small data slices and few "
+        "epochs keep this quick: most of the time is XLA compiling each configuration."),
+    new_code_cell("""import io
+import jax, jax.numpy as jnp, numpy as np
+import matplotlib
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+from IPython.display import Image, display
+import circle_jax as cj
+from circle_jax.examples import branching_cnn, digits
+from circle_jax.optim import DynamicLossScale
+from circle_jax.train import fit
+
+model = cj.load(branching_cnn().to_bytes("circle"))
+x, y = digits()
+x_tr, y_tr = x[:768], y[:768]  # 24 batches of 32
+
+
+def show(fig):
+    \"\"\"Display a figure as a PNG (the Agg backend draws but never displays by itself).\"\"\"
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=90)
+    plt.close(fig)
+    display(Image(buf.getvalue()))"""),
+    new_markdown_cell(
+        "## Three precisions\n"
+        "A precision policy names four dtypes: params (stored weights), compute (forward and "
+        "backward), grads and output (what the loss sees). Both half policies below keep the "
+        "weights, gradients, optimizer state and loss in float32; only the forward and "
+        "backward passes run in half precision.\n\n"
+        "- `\"p=f32,c=f16,o=f32\"`: float16 compute. Float16's range is narrow (largest "
+        "65504, smallest normal 6e-5), so small gradients underflow: the loss is multiplied "
+        "by a loss scale before differentiating and the gradients divided by it after; "
+        "`\"dynamic\"` halves the scale on overflow (skipping that step) and doubles it "
+        "after 2000 finite steps.\n"
+        "- `\"mixed_bfloat16\"`: bfloat16 compute. Bfloat16 has float32's exponent range, "
+        "so no loss scaling is needed (only fewer mantissa bits)."),
+    new_code_cell("""COMMON = dict(epochs=6, batch_size=32, loss="cce", optimizer="adam", learning_rate=0.01)
+RUNS = {
+    "float32": {},
+    "float16 + dynamic loss scale": dict(precision="p=f32,c=f16,o=f32", loss_scale="dynamic"),
+    "bfloat16 (mixed_bfloat16)": dict(precision="mixed_bfloat16"),
+}
+results = {name: fit(model, x_tr, y_tr, **COMMON, **kw) for name, kw in RUNS.items()}
+for name, r in results.items():
+    h = r.history
+    print(f"{name:29s} policy {str(r.trainer.policy):22s} loss {h.loss[0]:.3f} -> "
+          f"{h.loss[-1]:.4f}  train accuracy {h.accuracy[-1]:.3f}  skipped steps "
+          f"{sum(h.skipped)}  final loss scale {h.loss_scale[-1]:g}")
+    assert all(np.isfinite(h.loss)) and h.loss[-1] < 0.5 * h.loss[0]"""),
+    new_code_cell("""fig, ax = plt.subplots(figsize=(5.5, 3.2))
+for name, r in results.items():
+    ax.plot(range(1, COMMON["epochs"] + 1), r.history.loss, marker="o", label=name)
+ax.set_xlabel("epoch"); ax.set_ylabel("training loss (mean over the epoch)")
+ax.set_yscale("log"); ax.legend()
+fig.tight_layout()
+show(fig)"""),
+    new_markdown_cell(
+        "## The loss scale under a forced overflow\n"
+        "Start the float16 run at a loss scale of 2**40: the scaled gradients overflow "
+        "float16 to inf, so each step is skipped (weights and optimizer state kept) and the "
+        "scale halves, until the gradients fit. `Trainer.run_epoch` returns per-step "
+        "`StepMetrics`; `scale` is the loss scale each step used and `skipped` marks the "
+        "skipped ones.\n\n"
+        "The loss scale is training state (an array leaf of `TrainState`), not a compile-time "
+        "constant: the float16 trainer above runs this with its already-compiled epoch.\n\n"
+        "Where the scale settles depends on the model: here the loss is cross-entropy on "
+        "softmax probabilities, whose gradient -y/p is large where the true class gets a "
+        "small probability, so even the default 2**15 overflowed for the first steps of the "
+        "float16 run above."),
+    new_code_cell("""trainer = results["float16 + dynamic loss scale"].trainer
+state, frozen = trainer.init()
+state = state._replace(loss_scale=DynamicLossScale(2.0**40))
+X, Y = (jnp.asarray(x_tr),), jnp.asarray(y_tr)
+scales, skipped = [], []
+for epoch in range(2):
+    state, m = trainer.run_epoch(state, frozen, X, Y, epoch)
+    scales.append(np.asarray(m.scale)); skipped.append(np.asarray(m.skipped))
+scales, skipped = np.concatenate(scales), np.concatenate(skipped)
+n_skip = int(skipped.sum())
+print(f"{len(scales)} steps, {n_skip} skipped; scale 2**{np.log2(scales[0]):.0f} -> "
+      f"2**{np.log2(scales[-1]):.0f}")
+assert skipped[:n_skip].all() and not skipped[n_skip:].any()  # all skips come first
+np.testing.assert_array_equal(scales[1:n_skip + 1], scales[:n_skip] / 2)  # halved per skip
+assert np.all(scales[n_skip:] == scales[n_skip])  # then steady (growth after 2000 steps)"""),
+    new_code_cell("""fig, ax = plt.subplots(figsize=(5.5, 3.2))
+steps = np.arange(1, len(scales) + 1)
+ax.step(steps, scales, where="post", label="loss scale used")
+ax.plot(steps[skipped == 1], scales[skipped == 1], "rx", label="skipped (overflow)")
+ax.set_yscale("log", base=2); ax.set_xlabel("step"); ax.set_ylabel("loss scale")
+ax.legend(); fig.tight_layout()
+show(fig)"""),
+    new_markdown_cell(
+        "## Gradient accumulation\n"
+        "`accumulate=k` makes one optimizer update from k micro-batches. "
+        "`accumulate_mode=\"stream\"`: each step is one micro-batch of `batch_size`; the "
+        "optimizer updates on every k-th step. `\"in_step\"`: each step's batch of "
+        "`batch_size` is split into k micro-batches inside the compiled step (a `lax.scan`). "
+        "Either way 4 micro-batches of 8 must give the weights of batches of 32 (the loss is "
+        "a mean over the batch, so the gradients are averaged), up to float32 rounding: the "
+        "sums run in a different order, and Adam's first steps, which divide by the "
+        "gradient's magnitude, amplify that difference a little."),
+    new_code_cell("""ACC = dict(epochs=2, loss="cce", optimizer="adam", learning_rate=0.01)
+x_acc, y_acc = x[:256], y[:256]
+big = fit(model, x_acc, y_acc, batch_size=32, **ACC).params
+accumulated = {
+    "stream, 4 x 8": fit(model, x_acc, y_acc, batch_size=8, accumulate=4,
+                         accumulate_mode="stream", **ACC).params,
+    "in_step, 32 = 4 x 8": fit(model, x_acc, y_acc, batch_size=32, accumulate=4,
+                               accumulate_mode="in_step", **ACC).params,
+}
+moved = max(float(np.max(np.abs(np.asarray(big[k]) - np.asarray(model.params[k])))) for k in big)
+print(f"largest weight change from training: {moved:.3g}")
+for name, p in accumulated.items():
+    diff = max(float(np.max(np.abs(np.asarray(p[k]) - np.asarray(big[k])))) for k in big)
+    print(f"{name:20s} max |w - w_batch32| = {diff:.3g}")
+    assert diff < 1e-6"""),
+]
+
+
+NOTEBOOKS = {"quickstart.ipynb": QUICKSTART, "precision_and_accumulation.ipynb": PRECISION}
+
+
+def _stable_ids(name: str, cells: list) -> list:
+    """Cell ids from the notebook name and cell source (nbformat's are random), so that
+    regenerating an unchanged notebook gives an identical file."""
+    seen: set[str] = set()
+    for cell in cells:
+        digest = hashlib.sha1(f"{name}\0{cell.source}".encode()).hexdigest()
+        cid, n = digest[:8], 0
+        while cid in seen:
+            n += 1
+            cid = f"{digest[:8]}-{n}"
+        seen.add(cid)
+        cell.id = cid
+    return cells
+
+
 def main() -> None:
-    nb = new_notebook(cells=QUICKSTART)
-    nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
-                                 "language": "python"}
-    nbformat.write(nb, os.path.join(HERE, "quickstart.ipynb"))
+    for name, cells in NOTEBOOKS.items():
+        nb = new_notebook(cells=_stable_ids(name, cells))
+        nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
+                                     "language": "python"}
+        nbformat.write(nb, os.path.join(HERE, name))
 
 
 if __name__ == "__main__":

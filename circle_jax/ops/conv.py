@@ -33,6 +33,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
+from .. import ir
 from .common import fused_activation, padding_pairs, static
 from .registry import OpContext, register
 
@@ -41,8 +42,9 @@ Pads = Sequence[tuple[int, int]]
 CONV_LOWERINGS = ("xla", "im2col", "shift")
 TRANSPOSE_CONV_LOWERINGS = ("xla", "col2im")
 
-#: Largest im2col depth (kernel taps x input channels per group) lowered as im2col + matmul.
-IM2COL_MAX_DEPTH = 576
+#: Largest im2col depth (taps x input channels) and im2col matrix size lowered as im2col.
+IM2COL_MAX_DEPTH = 144
+IM2COL_MAX_BYTES = 768 << 10
 
 #: Largest ``taps x input channels x output channels`` lowered as col2im for TRANSPOSE_CONV.
 COL2IM_MAX_WORK = 1 << 20
@@ -68,24 +70,20 @@ def force_lowering(method: str | None) -> Iterator[None]:
         _forced = previous
 
 
-def choose_conv_lowering(kernel: Sequence[int], c_in: int, groups: int) -> str:
-    """The lowering of a (grouped) convolution with this kernel, input channels and groups.
+def choose_conv_lowering(kernel: Sequence[int], c_in: int, groups: int, out_pixels: int,
+                         itemsize: int = 4) -> str:
+    """The lowering of a convolution: ``out_pixels`` = batch x output spatial size.
 
-    Measured on XLA CPU (2 cores, JAX 0.10, forward + backward, jitted; see
-    ``benchmarks/bench_conv_lowering.py``):
-
-    - depthwise (one input channel per group): ``feature_group_count=C`` convolution and its
-      gradient are 10-30x slower than ``"shift"`` (3x3 at 64x64x32: shift is ~20x faster), so
-      depthwise is always ``"shift"``;
-    - regular and grouped convolutions with few channels are dispatch/layout bound in XLA's
-      convolution; im2col + one matmul is 2-5x faster while the im2col depth
-      ``taps * C_in / groups`` is at most ``IM2COL_MAX_DEPTH`` (1x1 convolutions are plain
-      matmuls); beyond it the copies of im2col cost more than they save, use ``"xla"``.
+    TODO(measured numbers)
     """
     cg = c_in // groups
-    if cg == 1 and groups > 1:
-        return "shift"
-    if math.prod(kernel) * cg <= IM2COL_MAX_DEPTH:
+    if groups > 1:
+        return "shift" if cg == 1 else "im2col"
+    taps = math.prod(kernel)
+    if taps == 1:
+        return "im2col"
+    depth = taps * cg
+    if depth <= IM2COL_MAX_DEPTH and out_pixels * depth * itemsize <= IM2COL_MAX_BYTES:
         return "im2col"
     return "xla"
 
@@ -171,7 +169,9 @@ def conv_nd(x: jax.Array, w: jax.Array, strides: Sequence[int], dilations: Seque
     out = _out_sizes(x.shape[1:-1], kernel, strides, dilations, pads)
     if method is None:
         allowed = ("xla", "im2col") + (("shift",) if cg == 1 else ())
-        method = _pick(choose_conv_lowering(kernel, c_in, groups), allowed,
+        chosen = choose_conv_lowering(kernel, c_in, groups, x.shape[0] * math.prod(out),
+                                      x.dtype.itemsize)
+        method = _pick(chosen, allowed,
                        f"a convolution with {cg} input channels per group")
     if method == "xla":
         return lax.conv_general_dilated(
@@ -264,8 +264,13 @@ def _channelwise_jvp(geom: Geometry, primals: tuple, tangents: tuple) -> tuple:
 
 
 def _bias_act(y: jax.Array, b: Any, act: int | None) -> jax.Array:
+    """Add the bias, then the fused activation as TFLite's (and onert's) kernels apply it:
+    they only clamp to the activation's range, and the range of TANH and SIGN_BIT is
+    unbounded, so those two leave the output unchanged (checked against LiteRT)."""
     if b is not None:
         y = y + b
+    if act in (ir.ACT_TANH, ir.ACT_SIGN_BIT):
+        return y
     return fused_activation(y, act)
 
 
@@ -478,6 +483,11 @@ def fully_connected(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
         raise NotImplementedError(
             f"FULLY_CONNECTED weights_format {o.weights_format} (shuffled int8) is not "
             "supported, only DEFAULT"
+        )
+    if o.fused_activation_function in (ir.ACT_TANH, ir.ACT_SIGN_BIT):
+        raise NotImplementedError(
+            "FULLY_CONNECTED supports fused activations NONE, RELU, RELU_N1_TO_1 and RELU6 "
+            "(LiteRT rejects TANH and SIGN_BIT too)"
         )
     if jnp.ndim(w) != 2:
         raise ValueError(f"weights must be [out, in], got shape {tuple(jnp.shape(w))}")

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import ir
 from .common import fused_activation
 from .registry import OpContext, register
 
@@ -37,15 +38,17 @@ def _channel_vector(name: str, v: jax.Array | None, channels: int, what: str) ->
 
 @register("L2_NORMALIZATION")
 def l2_normalization(ctx: OpContext, x: jax.Array) -> jax.Array:
-    """x / max(||x||_2, 1e-6) along the last axis.
+    """x / max(||x||_2, 1e-6) along the last axis (any rank; no fused activation, which
+    LiteRT refuses too).
 
     Written as ``x / sqrt(max(sum(x^2), 1e-12))`` (the same value) so that an all-zero row has
     a finite gradient.
     """
     x = _float_input("L2_NORMALIZATION", x)
+    if ctx.options.fused_activation_function:
+        raise ValueError("L2_NORMALIZATION takes no fused activation (TFLite refuses one)")
     squares = jnp.sum(x * x, axis=-1, keepdims=True)
-    y = x / jnp.sqrt(jnp.maximum(squares, jnp.asarray(L2_EPSILON**2, x.dtype)))
-    return fused_activation(y, ctx.options.fused_activation_function)
+    return x / jnp.sqrt(jnp.maximum(squares, jnp.asarray(L2_EPSILON**2, x.dtype)))
 
 
 @register("LOCAL_RESPONSE_NORMALIZATION")
@@ -85,9 +88,13 @@ def instance_norm(
     Rank 4 is NHWC (statistics over H, W; gamma/beta index C = axis 3); rank 3 follows
     luci-interpreter's N x C x D reading (statistics over D; gamma/beta index axis 1).
     gamma/beta have shape [C] or [1]; an omitted beta is 0. Biased variance, then the
-    fused activation.
+    fused activation (RELU, RELU6 or RELU_N1_TO_1 clamps, as in ONE's kernels, which reject
+    TANH and SIGN_BIT).
     """
     x = _float_input("INSTANCE_NORM", x)
+    act = ctx.options.fused_activation_function
+    if act in (ir.ACT_TANH, ir.ACT_SIGN_BIT):
+        raise NotImplementedError("INSTANCE_NORM with a TANH or SIGN_BIT fused activation")
     if x.ndim == 4:
         axes, channel_axis = (1, 2), 3
     elif x.ndim == 3:
@@ -103,7 +110,7 @@ def instance_norm(
     y = y * gamma.reshape(shape)
     if beta is not None:
         y = y + beta.reshape(shape)
-    return fused_activation(y, ctx.options.fused_activation_function)
+    return fused_activation(y, act)
 
 
 @register("RMS_NORM")

@@ -11,17 +11,25 @@ Gradients: MAX_POOL_2D sends each window's whole gradient to the FIRST maximum o
 in row-major (h, then w) order, like TF's MaxPoolGrad (no split among ties). L2_POOL_2D has
 no TF gradient; here an all-zero window gets gradient 0 (instead of NaN).
 
-Lowering (measured on the 2-core CPU machine, JAX 0.10, jitted forward+backward of
-``sum(pool(x) * c)``, µs per call; see ``benchmark()``): the window reduction is separable,
-so it is done as two 1-D passes (W then H), each the max/sum of ``k`` strided slices of the
-padded input, with a custom VJP for the max rule. Against ``lax.reduce_window`` (whose
-gradient for max is a select-and-scatter):
+Lowering. Both window reductions are separable, so MAX runs as two 1-D passes (W, then H),
+each the max of ``k`` strided slices of the padded input, with a custom VJP implementing the
+first-max rule (non-overlapping windows longer than 4 are reshaped into blocks and use an
+argmax instead). Sums over overlapping windows use the same slice passes; non-overlapping
+ones (stride == filter) use ``lax.reduce_window``. Measured against ``lax.reduce_window``
+(whose max gradient is XLA's select-and-scatter) on the 2-core CPU machine, JAX 0.10,
+jitted forward+backward of ``sum(pool(x) * c)``, best of 15, µs per call:
 
-=========================  =====  ===========  =================
-shape, window/stride/pad   op     slices (µs)  reduce_window (µs)
-=========================  =====  ===========  =================
-see ``_MEASURED`` below
-=========================  =====  ===========  =================
+=================  ===========  ======================  ======================
+input              window       max: ours / reduce_win  sum: slices / reduce_win
+=================  ===========  ======================  ======================
+[16, 16, 16, 8]    2x2/2 VALID  139 / 427               71 / 62
+[16, 16, 16, 8]    3x3/2 SAME   263 / 699               111 / 459
+[16, 16, 16, 8]    3x3/1 SAME   298 / 1722              128 / 469
+[1, 64, 64, 32]    2x2/2 VALID  122 / 1414              182 / 90
+[1, 64, 64, 32]    3x3/2 SAME   403 / 2625              424 / 1556
+[1, 64, 64, 32]    3x3/1 SAME   825 / 11224             780 / 1493
+[1, 33, 33, 160]   33x33/33     576 (blocks) / 723      98 / 65
+=================  ===========  ======================  ======================
 """
 
 from __future__ import annotations
@@ -162,10 +170,26 @@ def _separable(pool1d: Callable[..., jax.Array], x: jax.Array, kernel, strides, 
     return pool1d(y, 1, kernel[0], strides[0], tuple(pads[0]))
 
 
+def _window_mean(x: jax.Array, kernel, strides, pads) -> jax.Array:
+    """Mean over the non-padded elements of every window."""
+    if tuple(kernel) == tuple(strides):
+        total = lax.reduce_window(x, np.zeros((), x.dtype), lax.add, (1, *kernel, 1),
+                                  (1, *strides, 1), [(0, 0), *pads, (0, 0)])
+    else:
+        total = _separable(_sum1d, x, kernel, strides, pads)
+    return total / _valid_counts(x.shape[1:3], kernel, strides, pads).astype(x.dtype)
+
+
 @register("MAX_POOL_2D")
 def max_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
     """Max over each window (padding ignored); gradient to the first max, like TF."""
     x = jnp.asarray(x)
+    if not jnp.issubdtype(x.dtype, jnp.floating):
+        q_in, q_out = ctx.inputs[0].quantization, ctx.outputs[0].quantization
+        if q_in != q_out or ctx.options.fused_activation_function:
+            raise NotImplementedError(
+                f"MAX_POOL_2D of {x.dtype} needs equal input/output quantization and no "
+                "fused activation")
     kernel, strides, pads = _geometry(ctx, x)
     y = _separable(_max1d, x, kernel, strides, pads)
     return _activation(y, ctx.options.fused_activation_function)
@@ -177,9 +201,7 @@ def average_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise NotImplementedError(f"AVERAGE_POOL_2D of {x.dtype} (quantized) is not supported")
-    kernel, strides, pads = _geometry(ctx, x)
-    total = _separable(_sum1d, x, kernel, strides, pads)
-    y = total / _valid_counts(x.shape[1:3], kernel, strides, pads).astype(x.dtype)
+    y = _window_mean(x, *_geometry(ctx, x))
     return _activation(y, ctx.options.fused_activation_function)
 
 
@@ -189,7 +211,5 @@ def l2_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
     x = jnp.asarray(x)
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise NotImplementedError(f"L2_POOL_2D of {x.dtype} is not supported")
-    kernel, strides, pads = _geometry(ctx, x)
-    total = _separable(_sum1d, x * x, kernel, strides, pads)
-    mean = total / _valid_counts(x.shape[1:3], kernel, strides, pads).astype(x.dtype)
-    return _activation(_safe_sqrt(mean), ctx.options.fused_activation_function)
+    y = _safe_sqrt(_window_mean(x * x, *_geometry(ctx, x)))
+    return _activation(y, ctx.options.fused_activation_function)

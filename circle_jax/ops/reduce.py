@@ -3,7 +3,8 @@
 TFLite semantics shared by all of them: the axis input is a static int32/int64 scalar or
 vector; negative axes count from the end; repeated axes count once; an empty axis list
 returns the input unchanged; ``keep_dims`` keeps reduced axes as size 1; the output has the
-input's dtype (integer sums wrap around).
+input's dtype (integer sums wrap around). Quantized tensors are supported only by
+REDUCE_MAX / REDUCE_MIN with the same input and output quantization (no rescaling).
 
 Gradients follow TF: REDUCE_MAX / REDUCE_MIN split the incoming gradient equally among tied
 extrema (TF's ``_MinOrMaxGrad``: ``indicators / num_selected``), which is also what
@@ -33,17 +34,23 @@ def reduction_axes(axis: object, rank: int) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
-def _quantized(ctx: OpContext) -> bool:
+def _needs_requantize(ctx: OpContext, allow_same_scale: bool) -> bool:
+    """True for a quantized input whose result would need rescaling (unsupported)."""
     q = ctx.inputs[0].quantization if ctx.inputs and ctx.inputs[0] is not None else None
-    return q is not None and bool(q.scale)
+    if q is None or not q.scale:
+        return False
+    return not (allow_same_scale and ctx.outputs and ctx.outputs[0].quantization == q)
 
 
 def _reducer(
     name: str, fn: Callable[..., jax.Array], allow_quantized: bool = False
 ) -> Callable[..., jax.Array]:
     def op(ctx: OpContext, x: jax.Array, axis: object) -> jax.Array:
-        if _quantized(ctx) and not allow_quantized:
-            raise NotImplementedError(f"{name} of a quantized tensor is not supported")
+        if _needs_requantize(ctx, allow_quantized):
+            raise NotImplementedError(
+                f"{name} of a quantized tensor is not supported"
+                + (" unless input and output share scale and zero point" if allow_quantized
+                   else ""))
         axes = reduction_axes(axis, np.ndim(x))
         keep = bool(ctx.options.keep_dims)
         if not axes:

@@ -1,0 +1,507 @@
+"""Convolutions and matmuls against LiteRT (every lowering forced in turn), float64 gradient
+checks, the custom ops against numpy references, and the dispatch rule."""
+
+from __future__ import annotations
+
+import struct
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flatbuffers import flexbuffers
+
+import circle_jax as cj
+from circle_jax.build import Builder
+from circle_jax.ops import conv
+from tests.oracle import Const, check_op, check_op_grads, one_op_model, run_litert
+
+MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+ACTS = ["NONE", "RELU", "RELU6", "RELU_N1_TO_1"]
+
+
+def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
+    return (rng.normal(size=shape) * scale).astype(np.float32)
+
+
+def _run(op_type: str, inputs: list, options: dict | None = None, jit: bool = True,
+         **kwargs) -> np.ndarray:
+    """circle-jax's output of a one-op model (for ops or options LiteRT cannot run)."""
+    b, feeds = one_op_model(op_type, inputs, options, **kwargs)
+    model = cj.load(b.to_bytes("circle"))
+    fn = jax.jit(model.apply) if jit else model.apply
+    return np.asarray(fn(model.params, *feeds)[0])
+
+
+def _check_without_bias(op_type: str, x: np.ndarray, w: np.ndarray, options: dict) -> None:
+    """LiteRT's conv kernels refuse an omitted bias ("Tensor at index 2 was optional but was
+    expected"): compare circle-jax without bias to LiteRT with a zero bias."""
+    zeros = np.zeros(w.shape[-1] if op_type == "CONV_3D" else w.shape[0 if op_type == "CONV_2D"
+                                                                       else -1], np.float32)
+    want = check_op(op_type, [x, Const(w), Const(zeros)], options)[0]
+    for jit in (True, False):
+        np.testing.assert_allclose(_run(op_type, [x, Const(w), None], options, jit=jit), want,
+                                   rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- FULLY_CONNECTED
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_fully_connected_activations(act):
+    r = np.random.default_rng(1)
+    x, w, b = _normal(r, 3, 5), _normal(r, 4, 5), _normal(r, 4)
+    check_op("FULLY_CONNECTED", [x, Const(w), Const(b)], {"fused_activation_function": act})
+
+
+@pytest.mark.parametrize(
+    "x_shape, keep",
+    [((2, 3, 5), False), ((2, 3, 5), True), ((2, 2, 3, 5), True), ((4, 6), False),
+     ((1, 2, 2, 5), False)],
+    ids=["rank3-flatten", "rank3-keep", "rank4-keep", "rows-split", "rank4-flatten"],
+)
+def test_fully_connected_shapes(x_shape, keep):
+    r = np.random.default_rng(2)
+    n_in = 5 if x_shape[-1] == 5 else 3  # [4, 6] is read as 8 rows of 3
+    check_op("FULLY_CONNECTED", [_normal(r, *x_shape), Const(_normal(r, 4, n_in)), None],
+             {"keep_num_dims": keep})
+
+
+def test_fully_connected_runtime_weights_and_grads():
+    r = np.random.default_rng(3)
+    x, w, b = _normal(r, 3, 5), _normal(r, 4, 5), _normal(r, 4)
+    check_op("FULLY_CONNECTED", [x, w, b])  # weights and bias as graph inputs
+    check_op_grads("FULLY_CONNECTED", [x, Const(w), Const(b)])
+    check_op_grads("FULLY_CONNECTED", [_normal(r, 2, 3, 5), Const(w), None],
+                   {"keep_num_dims": True})
+
+
+@pytest.mark.parametrize("options, match", [
+    ({"weights_format": 1}, "weights_format"),
+    ({"fused_activation_function": "TANH"}, "TANH"),
+])
+def test_fully_connected_unsupported(options, match):
+    b = Builder()
+    x = b.input("x", (2, 5))
+    w = b.constant("w", np.ones((3, 5), np.float32))
+    b.output(b.op("FULLY_CONNECTED", [x, w, -1], options, shapes=[(2, 3)]))
+    model = cj.load(b.to_bytes("circle"))
+    with pytest.raises(NotImplementedError, match=match):
+        model(np.ones((2, 5), np.float32))
+
+
+def test_fused_relu_gradient_is_zero_at_the_kink():
+    """TF's rule: ReLU passes no gradient AT 0, ReLU6 none at 6 (the pre-activation is exact)."""
+    w = np.array([[1.0, 0.0], [0.0, 1.0]], np.float32)
+    for act, value in (("RELU", 0.0), ("RELU6", 6.0)):
+        b = Builder()
+        x = b.input("x", (1, 2))
+        bias = b.constant("bias", np.zeros(2, np.float32))
+        b.output(b.op("FULLY_CONNECTED", [x, b.constant("w", w), bias],
+                      {"fused_activation_function": act}))
+        model = cj.load(b.to_bytes("circle"))
+        xv = np.array([[value, 1.0]], np.float32)
+        g = jax.grad(lambda p, xv=xv, m=model: jnp.sum(m.apply(p, xv)[0]))(model.params)
+        np.testing.assert_array_equal(np.asarray(g["bias"]), [0.0, 1.0])
+
+
+# ----------------------------------------------------------------------------- CONV_2D
+
+CONV_OPTIONS = [
+    ({"padding": "SAME", "stride_h": 1, "stride_w": 1}, (3, 3)),
+    ({"padding": "VALID", "stride_h": 2, "stride_w": 1, "fused_activation_function": "RELU"},
+     (3, 3)),
+    ({"padding": "SAME", "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU6"},
+     (2, 3)),
+    ({"padding": "SAME", "stride_h": 1, "stride_w": 1, "dilation_h_factor": 2,
+      "dilation_w_factor": 1, "fused_activation_function": "RELU_N1_TO_1"}, (3, 3)),
+    ({"padding": "VALID", "stride_h": 1, "stride_w": 2, "dilation_h_factor": 1,
+      "dilation_w_factor": 2}, (3, 2)),
+    ({"padding": "SAME", "stride_h": 2, "stride_w": 2}, (1, 1)),
+    # LiteRT's conv kernels clamp to the activation's range: TANH/SIGN_BIT change nothing.
+    ({"padding": "SAME", "stride_h": 1, "stride_w": 1, "fused_activation_function": "TANH"},
+     (3, 3)),
+    ({"padding": "VALID", "stride_h": 1, "stride_w": 1,
+      "fused_activation_function": "SIGN_BIT"}, (1, 1)),
+]
+
+
+@pytest.mark.parametrize("method", ["xla", "im2col"])
+@pytest.mark.parametrize("options, kernel", CONV_OPTIONS)
+def test_conv_2d(method, options, kernel):
+    r = np.random.default_rng(4)
+    x = _normal(r, 2, 7, 6, 3)
+    w, b = _normal(r, 5, *kernel, 3), _normal(r, 5)
+    with conv.force_lowering(method):
+        check_op("CONV_2D", [x, Const(w), Const(b)], options)
+
+
+@pytest.mark.parametrize("method", [None, "xla", "im2col"])
+def test_conv_2d_without_bias(method):
+    r = np.random.default_rng(5)
+    with conv.force_lowering(method):
+        _check_without_bias("CONV_2D", _normal(r, 1, 5, 5, 2), _normal(r, 4, 3, 3, 2),
+                            {"padding": "SAME", "stride_h": 1, "stride_w": 1})
+
+
+@pytest.mark.parametrize("method", ["xla", "im2col", "shift"])
+@pytest.mark.parametrize("filter_in, c_out", [(3, 4), (2, 9), (1, 12)],
+                         ids=["groups2", "groups3", "groups6-depthwise"])
+def test_conv_2d_grouped(method, filter_in, c_out):
+    if method == "shift" and filter_in != 1:
+        with pytest.raises(ValueError, match="cannot compute"), conv.force_lowering(method):
+            _run("CONV_2D", [np.zeros((1, 4, 4, 6), np.float32),
+                             Const(np.zeros((c_out, 3, 3, filter_in), np.float32))],
+                 {"padding": "SAME", "stride_h": 1, "stride_w": 1})
+        return
+    r = np.random.default_rng(6)
+    x, w, b = _normal(r, 2, 6, 5, 6), _normal(r, c_out, 3, 3, filter_in), _normal(r, c_out)
+    with conv.force_lowering(method):  # LiteRT needs a bias for grouped convolutions
+        check_op("CONV_2D", [x, Const(w), Const(b)],
+                 {"padding": "SAME", "stride_h": 2, "stride_w": 1, "dilation_w_factor": 2})
+
+
+@pytest.mark.parametrize("method", ["xla", "im2col"])
+def test_conv_2d_grads(method):
+    r = np.random.default_rng(7)
+    x, w, b = _normal(r, 2, 6, 5, 3), _normal(r, 4, 3, 2, 3), _normal(r, 4)
+    with conv.force_lowering(method):
+        check_op_grads("CONV_2D", [x, Const(w), Const(b)],
+                       {"padding": "SAME", "stride_h": 2, "stride_w": 1,
+                        "dilation_w_factor": 2})
+        check_op_grads("CONV_2D", [x, Const(_normal(r, 6, 3, 3, 1)), Const(_normal(r, 6))],
+                       {"padding": "VALID", "stride_h": 1, "stride_w": 1})  # 3 groups
+
+
+def test_conv_2d_kernel_larger_than_input_is_an_error():
+    with pytest.raises(ValueError, match="larger than the padded input"):
+        _run("CONV_2D", [np.zeros((1, 2, 2, 1), np.float32),
+                         Const(np.zeros((1, 3, 3, 1), np.float32))],
+             {"padding": "VALID", "stride_h": 1, "stride_w": 1}, shapes=[(1, 1, 1, 1)])
+
+
+# ----------------------------------------------------------------------------- DEPTHWISE
+
+DW_OPTIONS = [
+    ({"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1}, 1),
+    ({"padding": "SAME", "stride_h": 2, "stride_w": 2, "depth_multiplier": 2,
+      "fused_activation_function": "RELU6"}, 2),
+    ({"padding": "VALID", "stride_h": 1, "stride_w": 2, "depth_multiplier": 1,
+      "fused_activation_function": "RELU"}, 1),
+    ({"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 3,
+      "dilation_h_factor": 2, "dilation_w_factor": 3,
+      "fused_activation_function": "RELU_N1_TO_1"}, 3),
+    ({"padding": "VALID", "stride_h": 2, "stride_w": 1, "depth_multiplier": 0,
+      "fused_activation_function": "TANH"}, 1),  # 0: multiplier from the shapes
+]
+
+
+@pytest.mark.parametrize("method", ["xla", "im2col", "shift"])
+@pytest.mark.parametrize("options, m", DW_OPTIONS)
+def test_depthwise_conv_2d(method, options, m):
+    r = np.random.default_rng(8)
+    x = _normal(r, 2, 8, 7, 4)
+    w, b = _normal(r, 1, 3, 3, 4 * m), _normal(r, 4 * m)
+    with conv.force_lowering(method):
+        check_op("DEPTHWISE_CONV_2D", [x, Const(w), Const(b)], options)
+
+
+def test_depthwise_conv_2d_default_lowering_no_bias():
+    r = np.random.default_rng(9)
+    _check_without_bias("DEPTHWISE_CONV_2D", _normal(r, 1, 9, 9, 8), _normal(r, 1, 5, 5, 8),
+                        {"padding": "SAME", "stride_h": 2, "stride_w": 2, "depth_multiplier": 1})
+
+
+@pytest.mark.parametrize("method", ["xla", "im2col", "shift"])
+def test_depthwise_conv_2d_grads(method):
+    r = np.random.default_rng(10)
+    x, w, b = _normal(r, 2, 6, 5, 3), _normal(r, 1, 3, 3, 6), _normal(r, 6)
+    with conv.force_lowering(method):
+        check_op_grads("DEPTHWISE_CONV_2D", [x, Const(w), Const(b)],
+                       {"padding": "SAME", "stride_h": 2, "stride_w": 1, "depth_multiplier": 2,
+                        "dilation_w_factor": 2})
+
+
+def test_depthwise_shift_chunked_weight_gradient(monkeypatch):
+    """The batch-chunked weight gradient (a scan) equals the plain one, in every AD mode."""
+    monkeypatch.setattr(conv, "CHUNK_BYTES", 1)  # one image per chunk
+    r = np.random.default_rng(11)
+    x, w, b = _normal(r, 3, 6, 5, 2), _normal(r, 1, 3, 3, 4), _normal(r, 4)
+    with conv.force_lowering("shift"):
+        check_op_grads("DEPTHWISE_CONV_2D", [x, Const(w), Const(b)],
+                       {"padding": "SAME", "stride_h": 1, "stride_w": 2, "depth_multiplier": 2})
+    geom = ((3, 3), (1, 2), (1, 1), ((1, 1), (1, 1)))
+    xj, wk = jnp.asarray(x), jnp.asarray(_normal(r, 9, 2))
+    tx, twk = jnp.asarray(_normal(r, *x.shape)), jnp.asarray(_normal(r, 9, 2))
+    y, ty = jax.jvp(lambda a, k: conv._channelwise(a, k, geom), (xj, wk), (tx, twk))
+    ref = conv._shift_sum(tx, wk, geom) + conv._shift_sum(xj, twk, geom)  # bilinear
+    np.testing.assert_allclose(ty, ref, rtol=1e-5, atol=1e-5)
+    loss = lambda k: jnp.sum(conv._channelwise(xj, k, geom) ** 2)  # noqa: E731
+    hvp = jax.jvp(jax.grad(loss), (wk,), (twk,))[1]  # forward over reverse
+    hvp_plain = jax.jvp(jax.grad(lambda k: jnp.sum(conv._shift_sum(xj, k, geom) ** 2)),
+                        (wk,), (twk,))[1]
+    np.testing.assert_allclose(hvp, hvp_plain, rtol=1e-4, atol=1e-3)
+
+
+def test_depthwise_multiplier_mismatch_is_an_error():
+    with pytest.raises(ValueError, match="depth_multiplier"):
+        _run("DEPTHWISE_CONV_2D", [np.zeros((1, 4, 4, 2), np.float32),
+                                   Const(np.zeros((1, 3, 3, 4), np.float32))],
+             {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 3},
+             shapes=[(1, 4, 4, 4)])
+
+
+# ----------------------------------------------------------------------------- CONV_3D
+
+
+@pytest.mark.parametrize("method", ["xla", "im2col"])
+@pytest.mark.parametrize("options, bias", [
+    ({"padding": "SAME", "stride_d": 1, "stride_h": 1, "stride_w": 1}, True),
+    ({"padding": "VALID", "stride_d": 2, "stride_h": 1, "stride_w": 2,
+      "fused_activation_function": "RELU"}, False),
+    ({"padding": "SAME", "stride_d": 1, "stride_h": 2, "stride_w": 1, "dilation_d_factor": 2,
+      "dilation_h_factor": 1, "dilation_w_factor": 2, "fused_activation_function": "RELU6"},
+     True),
+])
+def test_conv_3d(method, options, bias):
+    r = np.random.default_rng(12)
+    x, w = _normal(r, 2, 5, 6, 5, 3), _normal(r, 2, 3, 2, 3, 4)
+    with conv.force_lowering(method):
+        if bias:
+            check_op("CONV_3D", [x, Const(w), Const(_normal(r, 4))], options)
+        else:
+            _check_without_bias("CONV_3D", x, w, options)
+
+
+@pytest.mark.parametrize("method", ["xla", "im2col"])
+def test_conv_3d_grads(method):
+    r = np.random.default_rng(13)
+    with conv.force_lowering(method):
+        check_op_grads("CONV_3D", [_normal(r, 1, 4, 5, 4, 2), Const(_normal(r, 2, 2, 3, 2, 3)),
+                                   Const(_normal(r, 3))],
+                       {"padding": "SAME", "stride_d": 1, "stride_h": 2, "stride_w": 1})
+
+
+# ----------------------------------------------------------------------------- TRANSPOSE_CONV
+
+TC_CASES = [  # (input HW, kernel, strides, padding, output HW, activation)
+    ((5, 4), (3, 3), (2, 2), "SAME", (10, 8), "NONE"),
+    ((5, 4), (3, 3), (2, 2), "VALID", (11, 9), "RELU"),
+    ((4, 4), (4, 4), (2, 2), "SAME", (8, 8), "RELU6"),
+    ((4, 5), (2, 2), (2, 2), "VALID", (8, 10), "RELU_N1_TO_1"),
+    ((5, 5), (3, 2), (1, 2), "SAME", (5, 10), "NONE"),
+    ((5, 4), (3, 3), (2, 2), "SAME", (9, 7), "NONE"),  # odd output: SAME from the output size
+    ((5, 4), (3, 3), (2, 1), "VALID", (12, 6), "NONE"),  # a row more than needed: bias only
+    ((3, 3), (1, 1), (1, 1), "VALID", (3, 3), "TANH"),  # TANH: no-op in LiteRT
+]
+
+
+@pytest.mark.parametrize("method", ["xla", "col2im"])
+@pytest.mark.parametrize("in_hw, kernel, strides, padding, out_hw, act", TC_CASES)
+def test_transpose_conv(method, in_hw, kernel, strides, padding, out_hw, act):
+    r = np.random.default_rng(14)
+    x, w, b = _normal(r, 2, *in_hw, 3), _normal(r, 4, *kernel, 3), _normal(r, 4)
+    shape = Const(np.array([2, *out_hw, 4], np.int32))
+    options = {"padding": padding, "stride_h": strides[0], "stride_w": strides[1],
+               "fused_activation_function": act}
+    with conv.force_lowering(method):
+        check_op("TRANSPOSE_CONV", [shape, Const(w), x, Const(b)], options)
+        if act == "NONE":
+            check_op("TRANSPOSE_CONV", [shape, Const(w), x, None], options)
+
+
+@pytest.mark.parametrize("method", ["xla", "col2im"])
+def test_transpose_conv_grads(method):
+    r = np.random.default_rng(15)
+    shape = Const(np.array([1, 9, 8, 3], np.int32))
+    with conv.force_lowering(method):
+        check_op_grads("TRANSPOSE_CONV", [shape, Const(_normal(r, 3, 3, 4, 2)),
+                                          _normal(r, 1, 5, 4, 2), Const(_normal(r, 3))],
+                       {"padding": "SAME", "stride_h": 2, "stride_w": 2})
+
+
+def test_transpose_conv_batch_comes_from_the_input():
+    """output_shape says batch 1; a batch of 3 gives each sample's batch-1 result."""
+    r = np.random.default_rng(16)
+    x, w = _normal(r, 3, 4, 4, 2), _normal(r, 3, 3, 3, 2)
+    b = Builder()
+    xi = b.input("x", (1, 4, 4, 2))
+    shape = b.constant("shape", np.array([1, 8, 8, 3], np.int32))
+    b.output(b.op("TRANSPOSE_CONV", [shape, b.constant("w", w), xi, -1],
+                  {"padding": "SAME", "stride_h": 2, "stride_w": 2}))
+    model = cj.load(b.to_bytes("circle"))
+    batched = np.asarray(model(x)[0])
+    assert batched.shape == (3, 8, 8, 3)
+    for i in range(3):
+        np.testing.assert_allclose(batched[i:i + 1], model(x[i:i + 1])[0], rtol=1e-6)
+
+
+def test_real_model_transpose_conv_with_bias():
+    data = (MODELS / "aeq_single_conv2d_transpose_bias.tflite").read_bytes()
+    x = _normal(np.random.default_rng(17), 1, 16, 16, 1)
+    want = run_litert(data, [x])[0]
+    model = cj.load(data)
+    for fn in (model.apply, jax.jit(model.apply)):
+        np.testing.assert_allclose(fn(model.params, x)[0], want, rtol=1e-5, atol=1e-5)
+    grads = jax.grad(lambda p: jnp.sum(model.apply(p, x)[0] ** 2))(model.params)
+    assert all(np.isfinite(np.asarray(g)).all() for g in grads.values())
+
+
+def test_real_model_batch_matmul():
+    data = (MODELS / "aeq_bmm.tflite").read_bytes()
+    r = np.random.default_rng(18)
+    feeds = [_normal(r, 2, 4, 16), _normal(r, 2, 16, 8)]
+    want = run_litert(data, feeds)[0]
+    model = cj.load(data)
+    np.testing.assert_allclose(jax.jit(model.apply)(model.params, *feeds)[0], want,
+                               rtol=1e-5, atol=1e-5)
+
+
+# ----------------------------------------------------------------------------- MediaPipe op
+
+
+def _transpose_conv_reference(x, w, b, strides, padding_same):
+    """numpy scatter form of MediaPipe's Convolution2DTransposeBias."""
+    n, h, wd, _ = x.shape
+    c_out, kh, kw, _ = w.shape
+    trims = [max(0, k - (i - 1) % s - 1) if padding_same else 0
+             for i, k, s in zip((h, wd), (kh, kw), strides, strict=True)]
+    out_h, out_w = (s * (i - 1) + k - t for i, k, s, t in
+                    zip((h, wd), (kh, kw), strides, trims, strict=True))
+    out = np.tile(b.astype(np.float64), (n, out_h, out_w, 1))
+    for iy in range(h):
+        for ix in range(wd):
+            for fy in range(kh):
+                for fx in range(kw):
+                    oy = iy * strides[0] - trims[0] // 2 + fy
+                    ox = ix * strides[1] - trims[1] // 2 + fx
+                    if 0 <= oy < out_h and 0 <= ox < out_w:
+                        out[:, oy, ox] += x[:, iy, ix].astype(np.float64) @ w[:, fy, fx].T
+    return out.astype(np.float32)
+
+
+def _tcb_options(padding: int, stride_w: int, stride_h: int) -> bytes:
+    return struct.pack("<3i", padding, stride_w, stride_h)
+
+
+@pytest.mark.parametrize("method", ["xla", "col2im"])
+@pytest.mark.parametrize("in_hw, kernel, strides, same", [
+    ((4, 5), (4, 4), (2, 2), True),
+    ((4, 5), (3, 3), (2, 2), True),
+    ((5, 4), (2, 2), (2, 2), False),
+    ((5, 4), (3, 2), (1, 2), True),
+    ((3, 4), (3, 3), (3, 1), False),
+])
+def test_convolution_2d_transpose_bias(method, in_hw, kernel, strides, same):
+    """LiteRT has no kernel for this MediaPipe op: numpy reference, and LiteRT's
+    TRANSPOSE_CONV + bias with the same output size (TFLite's SAME padding agrees)."""
+    r = np.random.default_rng(19)
+    x, w, b = _normal(r, 2, *in_hw, 3), _normal(r, 5, *kernel, 3), _normal(r, 5)
+    opts = _tcb_options(1 if same else 2, strides[1], strides[0])
+    want = _transpose_conv_reference(x, w, b, strides, same)
+    inputs = [x, Const(w), Const(b)]
+    with conv.force_lowering(method):
+        for jit in (True, False):
+            got = _run("CUSTOM", inputs, jit=jit, custom_code="Convolution2DTransposeBias",
+                       custom_options=opts)
+            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+        check_op_grads("CUSTOM", inputs, custom_code="Convolution2DTransposeBias",
+                       custom_options=opts)
+    builtin = check_op("TRANSPOSE_CONV", [Const(np.array(want.shape, np.int32)), Const(w), x,
+                                          Const(b)],
+                       {"padding": "SAME" if same else "VALID", "stride_h": strides[0],
+                        "stride_w": strides[1]})[0]
+    np.testing.assert_allclose(want, builtin, rtol=1e-5, atol=1e-5)
+
+
+@pytest.mark.parametrize("options, match", [
+    (b"\x01\x00\x00\x00", "12 bytes"),
+    (None, "12 bytes"),
+    (_tcb_options(0, 2, 2), "padding 0"),
+    (_tcb_options(1, 0, 2), "strides"),
+])
+def test_convolution_2d_transpose_bias_bad_options(options, match):
+    with pytest.raises(ValueError, match=match):
+        _run("CUSTOM", [np.zeros((1, 2, 2, 1), np.float32),
+                        Const(np.zeros((1, 2, 2, 1), np.float32)),
+                        Const(np.zeros(1, np.float32))],
+             custom_code="Convolution2DTransposeBias", custom_options=options,
+             shapes=[(1, 4, 4, 1)])
+
+
+def test_transpose_conv_bias_options_layout_as_in_mediapipe_models():
+    # The bytes converted MediaPipe models carry: SAME (TfLitePadding 1), stride 2 x 2.
+    assert conv.parse_transpose_conv_bias_options(bytes.fromhex("010000000200000002000000")) \
+        == (1, 2, 2)
+
+
+# ----------------------------------------------------------------------------- BATCH_MATMUL
+
+
+@pytest.mark.parametrize("adj_x", [False, True])
+@pytest.mark.parametrize("adj_y", [False, True])
+@pytest.mark.parametrize("x_batch, y_batch", [((2,), (2,)), ((2, 1), (3,)), ((), ()),
+                                              ((1,), (2, 3))])
+def test_batch_matmul(adj_x, adj_y, x_batch, y_batch):
+    r = np.random.default_rng(20)
+    x = _normal(r, *x_batch, *((4, 3) if adj_x else (3, 4)))
+    y = _normal(r, *y_batch, *((5, 4) if adj_y else (4, 5)))
+    check_op("BATCH_MATMUL", [x, y], {"adjoint_lhs": adj_x, "adjoint_rhs": adj_y})
+
+
+def test_batch_matmul_grads_and_constant_rhs():
+    r = np.random.default_rng(21)
+    x, y = _normal(r, 2, 1, 3, 4), _normal(r, 3, 5, 4)
+    check_op("BATCH_MATMUL", [x, Const(y)], {"adjoint_rhs": True})
+    check_op_grads("BATCH_MATMUL", [x, Const(y)], {"adjoint_rhs": True})
+
+
+@pytest.mark.parametrize("opts", [None, {"adj_x": True}, {"adj_y": True},
+                                  {"adj_x": True, "adj_y": True, "T": 1}])
+def test_custom_batch_matmul_v2(opts):
+    """TF's BatchMatMulV2 (LiteRT has no kernel): numpy reference, FlexBuffer options."""
+    r = np.random.default_rng(22)
+    adj_x, adj_y = bool((opts or {}).get("adj_x")), bool((opts or {}).get("adj_y"))
+    x = _normal(r, 2, 1, *((4, 3) if adj_x else (3, 4)))
+    y = _normal(r, 3, *((5, 4) if adj_y else (4, 5)))
+    raw = bytes(flexbuffers.Dumps(opts)) if opts is not None else None
+    kwargs = {"custom_code": "BatchMatMulV2", "custom_options": raw}
+    xr = np.swapaxes(x, -1, -2) if adj_x else x
+    yr = np.swapaxes(y, -1, -2) if adj_y else y
+    want = np.matmul(xr.astype(np.float64), yr.astype(np.float64))
+    for jit in (True, False):
+        np.testing.assert_allclose(_run("CUSTOM", [x, y], jit=jit, **kwargs), want,
+                                   rtol=1e-5, atol=1e-5)
+    check_op_grads("CUSTOM", [x, Const(y)], **kwargs)
+
+
+def test_custom_batch_matmul_v2_bad_options():
+    with pytest.raises(ValueError, match="FlexBuffer"):
+        _run("CUSTOM", [np.zeros((2, 2), np.float32), np.zeros((2, 2), np.float32)],
+             custom_code="BatchMatMulV2", custom_options=bytes(flexbuffers.Dumps([1, 2])),
+             shapes=[(2, 2)])
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+
+def test_dispatch_rule():
+    choose = conv.choose_conv_lowering
+    assert choose((3, 3), 32, 32, 16 * 64 * 64) == "shift"  # depthwise, any size
+    assert choose((3, 3), 32, 4, 16 * 16 * 16) == "im2col"  # grouped
+    assert choose((1, 1), 256, 1, 16 * 32 * 32) == "im2col"  # 1x1: a plain matmul
+    assert choose((3, 3), 8, 1, 16 * 8 * 8) == "im2col"  # the small branching CNN
+    assert choose((3, 3), 64, 1, 16 * 16 * 16) == "xla"
+    assert choose((3, 3), 16, 1, 16 * 64 * 64) == "xla"  # im2col matrix too large
+    assert conv.choose_transpose_conv_lowering((2, 2), 32, 16) in conv.TRANSPOSE_CONV_LOWERINGS
+
+
+def test_force_lowering_validates():
+    with pytest.raises(ValueError, match="unknown lowering"), conv.force_lowering("fft"):
+        pass
+    with conv.force_lowering("col2im"), pytest.raises(ValueError, match="cannot compute"):
+        _run("CONV_2D", [np.zeros((1, 4, 4, 2), np.float32),
+                         Const(np.zeros((2, 3, 3, 2), np.float32))],
+             {"padding": "SAME", "stride_h": 1, "stride_w": 1}, shapes=[(1, 4, 4, 2)])
+    assert conv._forced is None
