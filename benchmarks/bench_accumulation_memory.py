@@ -1,6 +1,7 @@
 """Peak memory of in-step gradient accumulation vs the full batch (a benchmark, not a test).
 
-    python benchmarks/bench_accumulation_memory.py [--quick] [--steps N] [--json PATH]
+    python benchmarks/bench_accumulation_memory.py [--quick] [--steps N] [--budget-s S]
+                                                   [--json PATH]
 
 Every configuration runs in its own subprocess (so one run's memory cannot leak into the
 next) and compiles ONE training step, ``jax.jit(Trainer.train_step)``, for its batch. Two
@@ -8,28 +9,36 @@ kinds of memory are reported, and they are different things:
 
 - XLA's own analysis of the compiled step (``compiled.memory_analysis()``): ``temp`` is the
   scratch XLA's buffer assignment reserves for intermediates (activations kept for the
-  backward pass, im2col patches, gradients, ...), ``args``/``out`` the parameter and result
-  buffers. This is exact for the compiled program and independent of machine load. (On the
-  CPU backend ``peak_memory_in_bytes`` is only arguments + outputs, without temp, so it is
-  not shown.)
+  backward pass, gradients, ...), ``args``/``out`` the parameter and result buffers. It is
+  exact for the compiled program and independent of machine load, but it does not see memory
+  a library call allocates for itself (Eigen's convolution packing buffers on CPU). On the
+  CPU backend ``peak_memory_in_bytes`` is only arguments + outputs, so it is not shown.
 - The process resident set, from ``resource.getrusage(RUSAGE_SELF).ru_maxrss`` in the
-  subprocess: ``step RSS`` is how far the peak rose above the resident set while the compiled
-  step ran (the peak is reset with ``/proc/self/clear_refs`` after compiling, so import and
-  compile memory are excluded); ``process peak`` is the whole subprocess's peak (imports,
-  XLA compilation and the steps; on CPU usually the compiler's).
+  subprocess. ``step RSS``: before each step the peak is reset (``/proc/self/clear_refs``),
+  and the step's peak minus the resident set just before it is how much memory that step
+  touched; the largest over the timed steps is shown (the first, warm-up step is excluded).
+  The subprocess runs with ``MALLOC_MMAP_THRESHOLD_=65536`` so that freed large blocks go
+  back to the system and the resident set follows live memory. ``process peak``: the whole
+  subprocess's ``ru_maxrss`` (Python, JAX, the model, XLA compilation and the steps; on CPU
+  usually set by imports and the compiler rather than the step).
 
 In-step accumulation (``accumulate=k, accumulate_mode="in_step"``) splits the step's batch
 into k micro-batches inside a ``lax.scan``; the compiled HLO must keep that loop (the
-``while`` column counts while loops in the optimized HLO) so that only one micro-batch's
-activations are live. ``stream`` rows compile a step on one micro-batch (the update every
-k-th step): the memory floor, at the price of k dispatches per update.
+``while`` column counts while loops in the optimized HLO) for only one micro-batch's
+activations to be live. ``stream`` rows compile a step on one micro-batch (the update every
+k-th step): the memory floor, at the price of k dispatches per update. ``conv`` counts the
+``convolution`` instructions left in the optimized HLO (0 when every convolution is lowered
+to matmuls). ``im2col convs`` rows force circle-jax's im2col lowering
+(``circle_jax.ops.conv.force_lowering``); ``scan unrolled`` rows patch the in-step scan to
+``unroll=True`` in their subprocess (an experiment, not a Trainer option).
 
 Models: ``conv4`` is nntrainer's SimpleShot Conv-4 backbone
 (/work/shared/models/nntrainer_simpleshot_conv4_60classes.tflite, 32x32x3 -> 64, 112k
 weights; skipped if the file is absent); ``branching64`` is the bundled branching CNN with
-64 channels on 8x8x1 inputs. Inputs and targets are random normal, the loss is MSE.
-Times (ms/step, median over ``--steps`` runs after one warm-up) depend on the machine and
-its load.
+64 channels on 8x8x1 inputs. Inputs and targets are random normal, the loss is MSE, the
+optimizer SGD unless stated. ms/step is the median over the timed steps (at most
+``--steps``, stopping after ``--budget-s`` seconds but timing at least 2) and depends on the
+machine and its load.
 """
 
 from __future__ import annotations
@@ -55,6 +64,8 @@ class Config:
     loss_scale: str = "none"
     on_overflow: str = "skip"
     optimizer: str = "sgd"
+    lowering: str | None = None  # force circle-jax's convolution lowering
+    unroll: bool = False  # patch the in-step scan to unroll=True (an experiment)
     quick: bool = False
 
     def label(self) -> str:
@@ -69,6 +80,10 @@ class Config:
             extra.append(f"{self.precision} {self.loss_scale}")
         if self.on_overflow != "skip":
             extra.append(self.on_overflow)
+        if self.lowering:
+            extra.append(f"{self.lowering} convs")
+        if self.unroll:
+            extra.append("scan unrolled")
         return f"{self.model} {shape}" + (f" ({', '.join(extra)})" if extra else "")
 
 
@@ -80,9 +95,15 @@ CONFIGS = [
     Config("conv4", 64, 8),
     Config("conv4", 16, quick=True),  # one micro-batch of 4x16 on its own
     Config("conv4", 16, 4, "stream"),
+    Config("conv4", 64, 4, unroll=True),
+    Config("conv4", 64, lowering="im2col", quick=True),
+    Config("conv4", 64, 4, lowering="im2col", quick=True),
+    Config("conv4", 16, lowering="im2col"),
     Config("conv4", 256),
     Config("conv4", 256, 4),
     Config("conv4", 256, 16),
+    Config("conv4", 256, lowering="im2col"),
+    Config("conv4", 256, 4, lowering="im2col"),
     Config("conv4", 64, **F16),
     Config("conv4", 64, 4, **F16),
     Config("conv4", 64, 4, on_overflow="retry", **F16),
@@ -111,7 +132,22 @@ def _reset_peak() -> bool:
         return False
 
 
-def worker(cfg: Config, steps: int) -> dict:
+def _unroll_in_step_scan() -> None:
+    """Make `accumulate_in_step`'s ``lax.scan`` fully unrolled, in this process only."""
+    import functools
+    import types
+
+    from jax import lax
+
+    from circle_jax.optim import accumulate as acc_module
+
+    shim = types.SimpleNamespace(**{n: getattr(lax, n) for n in dir(lax) if not n.startswith("_")})
+    shim.scan = functools.partial(lax.scan, unroll=True)
+    acc_module.lax = shim
+
+
+def worker(cfg: Config, steps: int, budget_s: float) -> dict:
+    import contextlib
     import gc
     import resource
     import statistics
@@ -123,11 +159,14 @@ def worker(cfg: Config, steps: int) -> dict:
 
     import circle_jax as cj
     from circle_jax.examples import branching_cnn
+    from circle_jax.ops.conv import force_lowering
     from circle_jax.train import Trainer
 
     def maxrss_kib() -> int:
         return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss  # KiB on Linux
 
+    if cfg.unroll:
+        _unroll_in_step_scan()
     if cfg.model == "conv4":
         model = cj.load(CONV4)
     else:
@@ -145,24 +184,35 @@ def worker(cfg: Config, steps: int) -> dict:
     batch = ((x,), y)
 
     t = time.perf_counter()
-    compiled = jax.jit(trainer.train_step).lower(state, frozen, batch).compile()
+    forced = force_lowering(cfg.lowering) if cfg.lowering else contextlib.nullcontext()
+    with forced:  # the lowering is chosen while tracing
+        lowered = jax.jit(trainer.train_step).lower(state, frozen, batch)
+    compiled = lowered.compile()
     compile_s = time.perf_counter() - t
     ma = compiled.memory_analysis()
-    hlo = compiled.as_text()
-    n_while = sum(1 for line in hlo.splitlines() if " while(" in line)
-    peak_after_compile = maxrss_kib()
+    hlo = compiled.as_text().splitlines()
+    n_while = sum(1 for line in hlo if " while(" in line)
+    n_conv = sum(1 for line in hlo if " convolution(" in line)
+    process_peak = maxrss_kib()  # imports, model, data, compilation
 
-    gc.collect()
-    rss_before = _status_kib("VmRSS")
-    reset = _reset_peak()
-    times = []
+    times, step_rss = [], []
+    t_start = time.perf_counter()
     for i in range(steps + 1):
+        gc.collect()
+        rss_before = _status_kib("VmRSS")
+        reset = _reset_peak()
         t = time.perf_counter()
         state, metrics = compiled(state, frozen, batch)
         jax.block_until_ready((state, metrics))
-        if i:  # the first call is a warm-up
-            times.append(time.perf_counter() - t)
-    step_peak = maxrss_kib()
+        dt = time.perf_counter() - t
+        peak = maxrss_kib()
+        process_peak = max(process_peak, peak)
+        if i:  # the first call is a warm-up (one-time allocations)
+            times.append(dt)
+            if reset:
+                step_rss.append(peak - rss_before)
+            if len(times) >= 2 and time.perf_counter() - t_start > budget_s:
+                break
     return {
         **asdict(cfg),
         "label": cfg.label(),
@@ -170,12 +220,13 @@ def worker(cfg: Config, steps: int) -> dict:
         "args": ma.argument_size_in_bytes,
         "out": ma.output_size_in_bytes,
         "alias": ma.alias_size_in_bytes,
-        "code": ma.generated_code_size_in_bytes,
         "n_while": n_while,
-        "step_rss_kib": step_peak - rss_before if reset else None,
-        "process_peak_kib": max(peak_after_compile, step_peak),
+        "n_conv": n_conv,
+        "step_rss_kib": max(step_rss) if step_rss else None,
+        "process_peak_kib": process_peak,
         "compile_s": compile_s,
         "ms_per_step": 1000 * statistics.median(times),
+        "timed_steps": len(times),
         "finite": bool(np.isfinite(float(metrics.loss))),
         "backend": jax.default_backend(),
         "jax": jax.__version__,
@@ -184,11 +235,15 @@ def worker(cfg: Config, steps: int) -> dict:
 
 # --------------------------------------------------------------------------- driver side
 
-def run_config(cfg: Config, steps: int) -> dict:
+def run_config(cfg: Config, steps: int, budget_s: float) -> dict:
+    # A fixed mmap threshold (which also turns off glibc's adaptive one) returns every large
+    # block to the system when it is freed, so the resident set follows live memory instead
+    # of what the allocator keeps cached from earlier steps.
+    env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
     proc = subprocess.run(
         [sys.executable, os.path.abspath(__file__), "--worker", json.dumps(asdict(cfg)),
-         "--steps", str(steps)],
-        capture_output=True, text=True, check=False,
+         "--steps", str(steps), "--budget-s", str(budget_s)],
+        capture_output=True, text=True, check=False, env=env,
     )
     lines = [ln for ln in proc.stdout.splitlines() if ln.startswith("{")]
     if proc.returncode or not lines:
@@ -197,28 +252,30 @@ def run_config(cfg: Config, steps: int) -> dict:
 
 
 def table(rows: list[dict]) -> str:
-    head = ("| configuration | XLA temp MiB | XLA args MiB | XLA out MiB | while | "
+    head = ("| configuration | XLA temp MiB | XLA args MiB | XLA out MiB | while | conv | "
             "step RSS MiB | process peak MiB | ms/step |")
-    out = [head, "|---|" + "---:|" * 7]
+    out = [head, "|---|" + "---:|" * 8]
     for r in rows:
-        step_rss = "n/a" if r["step_rss_kib"] is None else f"{r['step_rss_kib'] / 1024:.1f}"
+        step_rss = "n/a" if r["step_rss_kib"] is None else f"{r['step_rss_kib'] / 1024:.0f}"
         out.append(
-            f"| {r['label']} | {r['temp'] / MIB:.2f} | {r['args'] / MIB:.2f} | "
-            f"{r['out'] / MIB:.2f} | {r['n_while']} | {step_rss} | "
-            f"{r['process_peak_kib'] / 1024:.0f} | {r['ms_per_step']:.1f} |"
+            f"| {r['label']} | {r['temp'] / MIB:.1f} | {r['args'] / MIB:.2f} | "
+            f"{r['out'] / MIB:.2f} | {r['n_while']} | {r['n_conv']} | {step_rss} | "
+            f"{r['process_peak_kib'] / 1024:.0f} | {r['ms_per_step']:.0f} |"
         )
     return "\n".join(out)
 
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--quick", action="store_true", help="only the configs marked quick")
-    ap.add_argument("--steps", type=int, default=10, help="timed steps per configuration")
+    ap.add_argument("--quick", action="store_true", help="only the configurations marked quick")
+    ap.add_argument("--steps", type=int, default=10, help="most timed steps per configuration")
+    ap.add_argument("--budget-s", type=float, default=20.0,
+                    help="stop timing a configuration after this long (at least 2 steps)")
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
-        print(json.dumps(worker(Config(**json.loads(args.worker)), args.steps)))
+        print(json.dumps(worker(Config(**json.loads(args.worker)), args.steps, args.budget_s)))
         return
     configs = [c for c in CONFIGS if c.quick or not args.quick]
     if not os.path.exists(CONV4):
@@ -226,9 +283,9 @@ def main() -> None:
         configs = [c for c in configs if c.model != "conv4"]
     rows = []
     for cfg in configs:
-        rows.append(run_config(cfg, args.steps))
+        rows.append(run_config(cfg, args.steps, args.budget_s))
         r = rows[-1]
-        print(f"  {r['label']}: temp {r['temp'] / MIB:.2f} MiB, {r['ms_per_step']:.1f} ms/step",
+        print(f"  {r['label']}: temp {r['temp'] / MIB:.1f} MiB, {r['ms_per_step']:.0f} ms/step",
               file=sys.stderr, flush=True)
     print(f"backend {rows[0]['backend']}, jax {rows[0]['jax']}, {os.cpu_count()} CPUs")
     print(table(rows))

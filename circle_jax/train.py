@@ -344,8 +344,12 @@ def _correct(out: jax.Array, y: jax.Array) -> jax.Array:
 
 
 def _grad_cast(tree: dict, dtype: Any) -> dict:
-    """Identity forward; the backward rounds cotangents to ``dtype`` (the gradient dtype)."""
-    if np.dtype(dtype) == np.float32:
+    """Identity forward; the backward rounds cotangents to ``dtype`` (the gradient dtype).
+
+    A no-op where the masters already have that dtype (float32, or float64 under x64).
+    """
+    if all(np.dtype(v.dtype) == np.dtype(dtype) for v in jax.tree.leaves(tree)
+           if jnp.issubdtype(v.dtype, jnp.floating)):
         return tree
     return _round_cotangent(tree, np.dtype(dtype))
 

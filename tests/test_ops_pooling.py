@@ -11,6 +11,7 @@ import pytest
 import circle_jax as cj
 from circle_jax.ops.common import padding_pairs
 from tests.oracle import check_op, check_op_grads, one_op_model
+from tests.paths import shared_model
 
 OPS = ["AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D"]
 
@@ -60,7 +61,7 @@ def test_pool_fused_activation(op: str, act: str) -> None:
 
 def test_deeplab_average_pool_configuration() -> None:
     """DeepLab v3's image pooling: AVERAGE_POOL_2D 33x33, stride 33, VALID on [1,33,33,160]."""
-    model = cj.read_model("/work/shared/models/deeplabv3_257_mv_gpu.tflite")
+    model = cj.read_model(shared_model("deeplabv3_257_mv_gpu.tflite"))
     (op,) = [o for o in model.main.operators if o.type == "AVERAGE_POOL_2D"]
     shape = model.main.tensors[op.inputs[0]].shape
     assert shape == (1, 33, 33, 160)
@@ -117,11 +118,11 @@ def test_max_pool_ties_go_to_first_max(padding: str, shape, kernel, stride) -> N
 def test_max_pool_tie_rule_small_example() -> None:
     """One 2x2 window of equal values: all the gradient lands on the top-left element."""
     model = _model("MAX_POOL_2D", (1, 2, 2, 1), _opts((2, 2), (2, 2)))
-    grad = jax.grad(lambda v: model.apply(model.params, v)[0].sum())(jnp.ones((1, 2, 2, 1)))
+    grad_fn = jax.jit(jax.grad(lambda v: model.apply(model.params, v)[0].sum()))
+    grad = grad_fn(jnp.ones((1, 2, 2, 1)))
     np.testing.assert_array_equal(grad[0, :, :, 0], [[1.0, 0.0], [0.0, 0.0]])
     # The max in the second row only: the gradient goes to its first occurrence there.
-    x = jnp.array([[1.0, 0.0], [3.0, 3.0]]).reshape(1, 2, 2, 1)
-    grad = jax.grad(lambda v: model.apply(model.params, v)[0].sum())(x)
+    grad = grad_fn(jnp.array([[1.0, 0.0], [3.0, 3.0]]).reshape(1, 2, 2, 1))
     np.testing.assert_array_equal(grad[0, :, :, 0], [[0.0, 0.0], [1.0, 0.0]])
 
 
@@ -141,7 +142,7 @@ def test_l2_pool_zero_window_has_zero_gradient() -> None:
     model = _model("L2_POOL_2D", (1, 4, 4, 1), _opts((2, 2), (2, 2)))
     x = np.zeros((1, 4, 4, 1), np.float32)
     x[0, 2:, 2:, 0] = [[1.0, 2.0], [3.0, 4.0]]
-    grad = jax.grad(lambda v: model.apply(model.params, v)[0].sum())(x)
+    grad = jax.jit(jax.grad(lambda v: model.apply(model.params, v)[0].sum()))(x)
     assert np.isfinite(grad).all()
     np.testing.assert_array_equal(grad[0, :2, :2, 0], 0.0)
     np.testing.assert_allclose(grad[0, 2:, 2:, 0], x[0, 2:, 2:, 0] / (4 * np.sqrt(7.5)),

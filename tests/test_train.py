@@ -338,7 +338,7 @@ def test_cli_train_prints_onert_train_output(cli_files, capsys) -> None:
     want = onert_fit(cli_files["model"], x[:12], y[:12], epochs=2, batch_size=4,
                      learning_rate=0.001, loss=2, optimizer=2).loss
     got = [float(m.group(2)) for m in epochs]
-    np.testing.assert_allclose(got, want, rtol=0, atol=5.1e-5)
+    np.testing.assert_allclose(got, want, rtol=0, atol=6e-5)  # 4 decimals, + 1e-5
 
 
 def test_cli_wrong_raw_size_is_one_error_line(cli_files, capsys) -> None:

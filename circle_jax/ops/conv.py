@@ -173,6 +173,22 @@ def conv_nd(x: jax.Array, w: jax.Array, strides: Sequence[int], dilations: Seque
                                       x.dtype.itemsize)
         method = _pick(chosen, allowed,
                        f"a convolution with {cg} input channels per group")
+    if method not in CONV_LOWERINGS:
+        raise ValueError(f"unknown convolution lowering {method!r}")
+    return _conv_impl(x, w, tuple(strides), tuple(dilations), tuple(tuple(p) for p in pads),
+                      method)
+
+
+# The lowerings are jitted so that eager (op-by-op) execution compiles one program per
+# convolution instead of one per primitive (inside an outer jit they are simply inlined).
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _conv_impl(x: jax.Array, w: jax.Array, strides: tuple[int, ...],
+               dilations: tuple[int, ...], pads: tuple[tuple[int, int], ...],
+               method: str) -> jax.Array:
+    nd = x.ndim - 2
+    kernel, cg, c_out = tuple(w.shape[:nd]), w.shape[-2], w.shape[-1]
+    c_in = x.shape[-1]
+    groups = c_in // cg
     if method == "xla":
         return lax.conv_general_dilated(
             x, w, tuple(strides), [tuple(p) for p in pads], rhs_dilation=tuple(dilations),
@@ -182,11 +198,9 @@ def conv_nd(x: jax.Array, w: jax.Array, strides: Sequence[int], dilations: Seque
         m = c_out // c_in
         if m > 1:  # output channel c*M + k reads input channel c
             x = jnp.repeat(x, m, axis=-1)
-        geom = (kernel, tuple(strides), tuple(dilations), tuple(tuple(p) for p in pads))
-        return _channelwise(x, w.reshape(-1, c_out), geom)
+        return _channelwise(x, w.reshape(-1, c_out), (kernel, strides, dilations, pads))
+    out = _out_sizes(x.shape[1:-1], kernel, strides, dilations, pads)
     taps = list(_taps(_pad_spatial(x, pads), kernel, strides, dilations, out))
-    if method != "im2col":
-        raise ValueError(f"unknown convolution lowering {method!r}")
     if groups == 1:
         cols = taps[0] if len(taps) == 1 else jnp.concatenate(taps, axis=-1)
         return _matmul_2d(cols, w.reshape(-1, c_out))
@@ -369,6 +383,17 @@ def transpose_conv_2d(x: jax.Array, w: jax.Array, out_hw: Sequence[int],
     if method is None:
         method = _pick(choose_transpose_conv_lowering(kernel, c_in, c_out),
                        TRANSPOSE_CONV_LOWERINGS, "a transpose convolution")
+    if method not in TRANSPOSE_CONV_LOWERINGS:
+        raise ValueError(f"unknown transpose convolution lowering {method!r}")
+    return _transpose_impl(x, w, tuple(out_hw), tuple(strides), tuple(pad_before), method)
+
+
+@functools.partial(jax.jit, static_argnums=(2, 3, 4, 5))
+def _transpose_impl(x: jax.Array, w: jax.Array, out_hw: tuple[int, int],
+                    strides: tuple[int, int], pad_before: tuple[int, int],
+                    method: str) -> jax.Array:
+    c_out, kh, kw, c_in = w.shape
+    kernel = (kh, kw)
     in_hw = x.shape[1:3]
     if method == "col2im":
         # y[..., tap, o] = sum_c x[..., c] w[o, tap, c]: one matmul for every tap.
@@ -385,8 +410,6 @@ def transpose_conv_2d(x: jax.Array, w: jax.Array, out_hw: Sequence[int],
             term = lax.pad(y[..., k, :], zero, config)
             acc = term if acc is None else acc + term
         return acc
-    if method != "xla":
-        raise ValueError(f"unknown transpose convolution lowering {method!r}")
     # Correlate the stride-dilated input with the spatially flipped filter.
     wf = jnp.flip(jnp.transpose(w, (1, 2, 3, 0)), (0, 1))  # [kh, kw, I, O]
     pads, crop = [], []

@@ -119,8 +119,8 @@ def rms_norm(
 ) -> jax.Array:
     """Circle RMS_NORM: gamma * x / sqrt(mean(x^2 over the last axis) + epsilon) [+ beta].
 
-    Newer Circle (and luci-interpreter) take (input, gamma); an older 3-input form also adds
-    beta, which is accepted when present. gamma/beta have shape [C] or [1].
+    ONE has shipped a 2-input form (input, gamma) and a 3-input form that also adds beta;
+    both are accepted (an omitted beta is 0). gamma/beta have shape [C] or [1].
     """
     x = _float_input("RMS_NORM", x)
     channels = x.shape[-1]
