@@ -18,8 +18,13 @@ def clip_tf(x: jax.Array, lo: float, hi: float) -> jax.Array:
 
 
 def fused_activation(x: jax.Array, code: int | None) -> jax.Array:
-    """Apply a fused activation (ActivationFunctionType), with TF's gradients at kinks."""
-    if not code:
+    """Apply a fused activation (ActivationFunctionType), with TF's gradients at kinks.
+
+    TFLite's float kernels apply a fused activation as a clamp range (RELU, RELU6,
+    RELU_N1_TO_1); for TANH and SIGN_BIT the range is unbounded, so LiteRT leaves the value
+    unchanged. circle-jax matches LiteRT, its forward oracle.
+    """
+    if not code or code in (ir.ACT_TANH, ir.ACT_SIGN_BIT):
         return x
     if code == ir.ACT_RELU:
         return jax.nn.relu(x)
@@ -27,9 +32,12 @@ def fused_activation(x: jax.Array, code: int | None) -> jax.Array:
         return clip_tf(x, 0.0, 6.0)
     if code == ir.ACT_RELU_N1_TO_1:
         return clip_tf(x, -1.0, 1.0)
-    if code == ir.ACT_TANH:
-        return jnp.tanh(x)
-    raise ValueError(f"fused activation {code} (SIGN_BIT) is not supported")
+    raise ValueError(f"unknown fused activation {code}")
+
+
+def activation_function(x: jax.Array, code: int | None) -> jax.Array:
+    """An ActivationFunctionType applied as a function (recurrent cells: TANH is tanh)."""
+    return jnp.tanh(x) if code == ir.ACT_TANH else fused_activation(x, code)
 
 
 def is_static(x: Any) -> bool:

@@ -283,8 +283,6 @@ def _bias_act(y: jax.Array, b: Any, act: int | None) -> jax.Array:
     unbounded, so those two leave the output unchanged (checked against LiteRT)."""
     if b is not None:
         y = y + b
-    if act in (ir.ACT_TANH, ir.ACT_SIGN_BIT):
-        return y
     return fused_activation(y, act)
 
 

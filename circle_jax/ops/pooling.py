@@ -42,7 +42,6 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import ir
 from .common import fused_activation, padding_pairs
 from .registry import OpContext, register
 
@@ -162,7 +161,7 @@ def _geometry(ctx: OpContext, x: jax.Array) -> tuple[tuple[int, int], tuple[int,
 
 def _activation(y: jax.Array, code: int | None) -> jax.Array:
     """TFLite's CalculateActivationRange semantics: clamps only; TANH/SIGN_BIT are no-ops."""
-    return y if code in (ir.ACT_TANH, ir.ACT_SIGN_BIT) else fused_activation(y, code)
+    return fused_activation(y, code)
 
 
 def _separable(pool1d: Callable[..., jax.Array], x: jax.Array, kernel, strides, pads):

@@ -18,7 +18,7 @@ import jax.numpy as jnp
 from jax import lax
 
 from .. import ir
-from .common import clip_tf, fused_activation
+from .common import activation_function, clip_tf
 from .registry import OpContext, register
 
 # UNIDIRECTIONAL_SEQUENCE_LSTM input positions (TFLite's lstm_shared.h numbering).
@@ -126,12 +126,12 @@ def unidirectional_sequence_lstm(ctx: OpContext, x: Any, *args: Any) -> jax.Arra
         z = dict(zip(gates, jnp.split(xp + rec, len(gates), axis=-1)))
         f = gate(1, z[1], c, jax.nn.sigmoid)
         i = 1.0 - f if cifg else gate(0, z[0], c, jax.nn.sigmoid)
-        g = gate(2, z[2], c, lambda v: fused_activation(v, act))
+        g = gate(2, z[2], c, lambda v: activation_function(v, act))
         c_new = f * c + i * g
         if o.cell_clip and o.cell_clip > 0:
             c_new = clip_tf(c_new, -o.cell_clip, o.cell_clip)
         out_gate = gate(3, z[3], c_new, jax.nn.sigmoid)
-        h_new = out_gate * fused_activation(c_new, act)
+        h_new = out_gate * activation_function(c_new, act)
         if proj_w is not None:
             h_new = h_new @ jnp.asarray(proj_w, dtype).T
             if proj_b is not None:
