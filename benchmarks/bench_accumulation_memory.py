@@ -1,7 +1,7 @@
 """Peak memory of in-step gradient accumulation vs the full batch (a benchmark, not a test).
 
     python benchmarks/bench_accumulation_memory.py [--quick] [--steps N] [--budget-s S]
-                                                   [--json PATH]
+                                                   [--only TEXT] [--json PATH]
 
 Every configuration runs in its own subprocess (so one run's memory cannot leak into the
 next) and compiles ONE training step, ``jax.jit(Trainer.train_step)``, for its batch. Two
@@ -96,6 +96,7 @@ CONFIGS = [
     Config("conv4", 16, quick=True),  # one micro-batch of 4x16 on its own
     Config("conv4", 16, 4, "stream"),
     Config("conv4", 64, 4, unroll=True),
+    Config("conv4", 64, 4, lowering="im2col", unroll=True),
     Config("conv4", 64, lowering="im2col", quick=True),
     Config("conv4", 64, 4, lowering="im2col", quick=True),
     Config("conv4", 16, lowering="im2col"),
@@ -135,11 +136,13 @@ def _reset_peak() -> bool:
 def _unroll_in_step_scan() -> None:
     """Make `accumulate_in_step`'s ``lax.scan`` fully unrolled, in this process only."""
     import functools
+    import importlib
     import types
 
     from jax import lax
 
-    from circle_jax.optim import accumulate as acc_module
+    # the module (circle_jax.optim re-exports a function of the same name)
+    acc_module = importlib.import_module("circle_jax.optim.accumulate")
 
     shim = types.SimpleNamespace(**{n: getattr(lax, n) for n in dir(lax) if not n.startswith("_")})
     shim.scan = functools.partial(lax.scan, unroll=True)
@@ -271,13 +274,15 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=10, help="most timed steps per configuration")
     ap.add_argument("--budget-s", type=float, default=20.0,
                     help="stop timing a configuration after this long (at least 2 steps)")
+    ap.add_argument("--only", help="only configurations whose label contains this")
     ap.add_argument("--json", help="also write the raw results here")
     ap.add_argument("--worker", help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.worker:
         print(json.dumps(worker(Config(**json.loads(args.worker)), args.steps, args.budget_s)))
         return
-    configs = [c for c in CONFIGS if c.quick or not args.quick]
+    configs = [c for c in CONFIGS if (c.quick or not args.quick)
+               and (args.only is None or args.only in c.label())]
     if not os.path.exists(CONV4):
         print(f"note: {CONV4} not found, skipping the conv4 configurations", file=sys.stderr)
         configs = [c for c in configs if c.model != "conv4"]

@@ -51,7 +51,6 @@ CASES = [
     Case("3x3 C=32", (16, 32, 32, 32), (3, 3), 32),
     Case("3x3 C=16", (16, 64, 64, 16), (3, 3), 16),
     Case("3x3 C=128", (16, 8, 8, 128), (3, 3), 128),
-    Case("3x3 C=256", (16, 8, 8, 256), (3, 3), 256),
     Case("3x3 C=3 stem s2", (16, 64, 64, 3), (3, 3), 16, stride=2),
     Case("5x5 C=32", (16, 16, 16, 32), (5, 5), 32),
     # Pointwise (1x1) convolutions, as in MobileNet.
@@ -66,14 +65,14 @@ CASES = [
     Case("depthwise 5x5 s1", (16, 32, 32, 64), (5, 5), 64, groups=64),
     # Grouped (neither regular nor depthwise).
     Case("grouped 3x3 g=4", (16, 16, 16, 32), (3, 3), 32, groups=4),
-    Case("grouped 3x3 g=16", (16, 16, 16, 64), (3, 3), 64, groups=16),
+    Case("grouped 3x3 g=16", (16, 8, 8, 64), (3, 3), 64, groups=16),
     # Transpose convolutions (decoder / upsampling).
     Case("transpose 4x4 s2", (1, 16, 16, 16), (4, 4), 8, stride=2, transpose=True),
     Case("transpose 4x4 s2", (16, 16, 16, 16), (4, 4), 8, stride=2, transpose=True, quick=True),
     Case("transpose 2x2 s2", (16, 32, 32, 32), (2, 2), 16, stride=2, transpose=True),
     Case("transpose 3x3 s2", (16, 16, 16, 64), (3, 3), 64, stride=2, transpose=True),
     Case("transpose 3x3 s2", (16, 8, 8, 256), (3, 3), 128, stride=2, transpose=True),
-    Case("transpose 4x4 s2", (4, 16, 16, 256), (4, 4), 256, stride=2, transpose=True),
+    Case("transpose 4x4 s2", (1, 16, 16, 256), (4, 4), 128, stride=2, transpose=True),
 ]
 
 
@@ -89,7 +88,7 @@ def methods(case: Case) -> tuple[str, ...]:
 def chosen(case: Case) -> str:
     c_in = case.x[-1]
     if case.transpose:
-        return conv.choose_transpose_conv_lowering(case.kernel, c_in, case.c_out)
+        return conv.choose_transpose_conv_lowering(case.kernel, case.c_out, math.prod(case.x[:3]))
     out_pixels = case.x[0] * math.prod(-(-d // case.stride) for d in case.x[1:3])
     return conv.choose_conv_lowering(case.kernel, c_in, case.groups, out_pixels)
 
@@ -127,6 +126,8 @@ def time_us(fn: Callable, args: tuple, repeats: int) -> tuple[float, float]:
     jax.block_until_ready(fn(*args))
     once = time.perf_counter() - t0
     inner = max(1, int(2e-3 / max(once, 1e-7)))
+    if once > 0.1:  # slow lowerings: about 2 s of samples are enough to see it
+        repeats = max(3, min(repeats, int(2 / once)))
     samples = []
     for _ in range(repeats):
         t0 = time.perf_counter()

@@ -44,10 +44,11 @@ TRANSPOSE_CONV_LOWERINGS = ("xla", "col2im")
 
 #: Largest im2col depth (taps x input channels) and im2col matrix size lowered as im2col.
 IM2COL_MAX_DEPTH = 144
-IM2COL_MAX_BYTES = 768 << 10
+IM2COL_MAX_BYTES = 640 << 10
 
-#: Largest ``taps x input channels x output channels`` lowered as col2im for TRANSPOSE_CONV.
-COL2IM_MAX_WORK = 1 << 20
+#: Largest per-tap product (input pixels x taps x output channels) lowered as col2im; beyond
+#: it only memory decides (col2im is 3-25x faster at every measured size).
+COL2IM_MAX_BYTES = 512 << 20
 
 _forced: str | None = None
 
@@ -72,9 +73,21 @@ def force_lowering(method: str | None) -> Iterator[None]:
 
 def choose_conv_lowering(kernel: Sequence[int], c_in: int, groups: int, out_pixels: int,
                          itemsize: int = 4) -> str:
-    """The lowering of a convolution: ``out_pixels`` = batch x output spatial size.
+    """The lowering of a convolution; ``out_pixels`` = batch x output spatial size.
 
-    TODO(measured numbers)
+    Measured with ``benchmarks/bench_conv_lowering.py`` (XLA CPU, 2 cores, JAX 0.10, jitted
+    forward + backward w.r.t. input and filter):
+
+    - depthwise (one input channel per group) is always ``"shift"``: XLA's grouped
+      convolution and its gradient are 4x (3x3 stride 1, batch 1) to 90x (stride 2, batch 16)
+      slower at 64x64x32;
+    - other grouped convolutions are always ``"im2col"`` (one batched matmul per group):
+      ``feature_group_count`` is 25-50x slower;
+    - 1x1 convolutions are plain matmuls (``"im2col"`` without copies): 1.2-5x faster;
+    - small regular convolutions are dispatch/layout bound in XLA's convolution: im2col + one
+      matmul is 1.5-7x faster while the im2col depth (taps x C_in) is at most
+      ``IM2COL_MAX_DEPTH`` and its matrix at most ``IM2COL_MAX_BYTES`` (the branching 8x8x8
+      CNN: 2-3x); beyond either, its copies cost more than they save (0.4-0.9x): ``"xla"``.
     """
     cg = c_in // groups
     if groups > 1:
@@ -88,15 +101,17 @@ def choose_conv_lowering(kernel: Sequence[int], c_in: int, groups: int, out_pixe
     return "xla"
 
 
-def choose_transpose_conv_lowering(kernel: Sequence[int], c_in: int, c_out: int) -> str:
-    """The lowering of a transpose convolution.
+def choose_transpose_conv_lowering(kernel: Sequence[int], c_out: int, in_pixels: int,
+                                   itemsize: int = 4) -> str:
+    """The lowering of a transpose convolution; ``in_pixels`` = batch x input spatial size.
 
-    XLA CPU lowers ``lhs_dilation`` convolutions by multiplying the zeros of the dilated
-    input as well; col2im (one matmul, then every tap placed with a strided ``lax.pad``) only
-    does the useful work and wins while ``taps * C_in * C_out`` is at most ``COL2IM_MAX_WORK``
-    (measured in ``benchmarks/bench_conv_lowering.py``).
+    XLA CPU runs the ``lhs_dilation`` convolution (and its gradients) over the zeros of the
+    stride-dilated input; col2im does only the useful work and was 3-25x faster at every
+    measured shape (``benchmarks/bench_conv_lowering.py``). Its per-tap product is
+    taps x the output's size / stride^2, so ``"xla"`` is kept for products above
+    ``COL2IM_MAX_BYTES``, where memory matters more than time.
     """
-    if math.prod(kernel) * c_in * c_out <= COL2IM_MAX_WORK:
+    if in_pixels * math.prod(kernel) * c_out * itemsize <= COL2IM_MAX_BYTES:
         return "col2im"
     return "xla"
 
@@ -379,8 +394,9 @@ def transpose_conv_2d(x: jax.Array, w: jax.Array, out_hw: Sequence[int],
         raise ValueError(f"input channels {x.shape[-1]} != filter input channels {c_in}")
     kernel = (kh, kw)
     if method is None:
-        method = _pick(choose_transpose_conv_lowering(kernel, c_in, c_out),
-                       TRANSPOSE_CONV_LOWERINGS, "a transpose convolution")
+        chosen = choose_transpose_conv_lowering(kernel, c_out, math.prod(x.shape[:3]),
+                                                x.dtype.itemsize)
+        method = _pick(chosen, TRANSPOSE_CONV_LOWERINGS, "a transpose convolution")
     if method not in TRANSPOSE_CONV_LOWERINGS:
         raise ValueError(f"unknown transpose convolution lowering {method!r}")
     return _transpose_impl(x, w, tuple(out_hw), tuple(strides), tuple(pad_before), method)
@@ -395,17 +411,19 @@ def _transpose_impl(x: jax.Array, w: jax.Array, out_hw: tuple[int, int],
     in_hw = x.shape[1:3]
     if method == "col2im":
         # y[..., tap, o] = sum_c x[..., c] w[o, tap, c]: one matmul for every tap.
-        y = jnp.matmul(x, jnp.transpose(w, (3, 1, 2, 0)).reshape(c_in, kh * kw * c_out))
-        y = y.reshape(*x.shape[:3], kh * kw, c_out)
+        y = _matmul_2d(x, jnp.transpose(w, (3, 1, 2, 0)).reshape(c_in, kh * kw * c_out))
+        # lax.split, not y[..., k, :]: the transpose of a split is one concatenate, that of
+        # indexing pads every tap's cotangent to the size of y (all materialized).
+        parts = lax.split(y, [c_out] * (kh * kw), axis=3)
         zero = jnp.zeros((), y.dtype)
         acc = None
-        for k, (fy, fx) in enumerate(itertools.product(range(kh), range(kw))):
+        for part, (fy, fx) in zip(parts, itertools.product(range(kh), range(kw)), strict=True):
             config = [(0, 0, 0)]
             for f, p, n, m, s in zip((fy, fx), pad_before, in_hw, out_hw, strides, strict=True):
                 lo = f - p
                 config.append((lo, m - lo - (n - 1) * s - 1, s - 1))
             config.append((0, 0, 0))
-            term = lax.pad(y[..., k, :], zero, config)
+            term = lax.pad(part, zero, config)
             acc = term if acc is None else acc + term
         return acc
     # Correlate the stride-dilated input with the spatially flipped filter.
