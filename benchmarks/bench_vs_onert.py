@@ -101,7 +101,8 @@ def prepare(name: str, tmp: str) -> tuple[str, str, str]:
     return path, xf, yf
 
 
-def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str]) -> dict:
+def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
+           lowering: str = "auto") -> dict:
     """Runs in a fresh process: train one model with one runtime; returns the figures."""
     import numpy as np
 
@@ -121,10 +122,13 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str]) -
     path, xf, yf = files
     x, y = np.load(xf), np.load(yf)
     if runtime == "circle-jax":
+        from circle_jax.ops.conv import force_lowering
+
         model = cj.load(path)
         t = time.perf_counter()
-        r = fit(model, x, y, epochs=epochs, batch_size=batch, learning_rate=LEARNING_RATE,
-                loss=2, optimizer=1)
+        with force_lowering(None if lowering == "auto" else lowering):  # traced in here
+            r = fit(model, x, y, epochs=epochs, batch_size=batch,
+                    learning_rate=LEARNING_RATE, loss=2, optimizer=1)
         total = time.perf_counter() - t
         h = r.history
         ms, prepare, losses, steps = h.ms_per_step, h.compile_ms, h.loss, h.steps[0]
@@ -148,9 +152,10 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str]) -
             "finite": bool(np.all(np.isfinite(losses)))}
 
 
-def _run_worker(runtime: str, name: str, batch: int, epochs: int, files: tuple) -> dict:
+def _run_worker(runtime: str, name: str, batch: int, epochs: int, files: tuple,
+                lowering: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", runtime, name, str(batch),
-           str(epochs), *files]
+           str(epochs), *files, lowering]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode or not lines:
@@ -190,7 +195,8 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
         runtime, name, batch, epochs = argv[1:5]
-        print(json.dumps(worker(runtime, name, int(batch), int(epochs), argv[5:8])), flush=True)
+        print(json.dumps(worker(runtime, name, int(batch), int(epochs), argv[5:8], argv[8])),
+              flush=True)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="example,mnist,resnet8,mobilenet",
@@ -198,6 +204,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--batches", default="1,16")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--json", metavar="FILE", help="also write the raw results here")
+    ap.add_argument("--conv-lowering", default="auto", choices=["auto", "xla", "im2col"],
+                    help="force circle-jax's convolution lowering (circle_jax.ops.conv."
+                         "force_lowering); auto: its own per-shape choice")
+    ap.add_argument("--runtimes", default="onert,circle-jax")
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
@@ -208,8 +218,9 @@ def main(argv: list[str] | None = None) -> int:
         for name in names:
             files = prepare(name, tmp)
             for batch in (int(b) for b in args.batches.split(",")):
-                for runtime in ("onert", "circle-jax"):
-                    r = _run_worker(runtime, name, batch, args.epochs, files)
+                for runtime in args.runtimes.split(","):
+                    r = _run_worker(runtime, name, batch, args.epochs, files,
+                                    args.conv_lowering)
                     results.append(r)
                     print(f"# {name} b{batch} {runtime}: "
                           + (r["error"] if "error" in r else

@@ -227,8 +227,7 @@ def _conv_impl(x: jax.Array, w: jax.Array, strides: tuple[int, ...],
 
 
 def _matmul_2d(x: jax.Array, w: jax.Array) -> jax.Array:
-    """[..., K] @ [K, O] as a 2-d matmul: XLA CPU reaches its fast GEMM (forward AND both
-    gradients) only for plain 2-d dots; a dot contracting several dims is emitted as a loop."""
+    """[..., K] @ [K, O] as one 2-d matmul (forward and both gradients are plain GEMMs)."""
     lead = x.shape[:-1]
     y = jnp.matmul(x.reshape(-1, x.shape[-1]), w)
     return y.reshape(*lead, w.shape[-1])
@@ -293,9 +292,8 @@ def _channelwise_jvp(geom: Geometry, primals: tuple, tangents: tuple) -> tuple:
 
 
 def _bias_act(y: jax.Array, b: Any, act: int | None) -> jax.Array:
-    """Add the bias, then the fused activation as TFLite's (and onert's) kernels apply it:
-    they only clamp to the activation's range, and the range of TANH and SIGN_BIT is
-    unbounded, so those two leave the output unchanged (checked against LiteRT)."""
+    """Add the bias, then the fused activation (a clamp, as in LiteRT's conv kernels: TANH and
+    SIGN_BIT leave the output unchanged, checked against LiteRT in the tests)."""
     if b is not None:
         y = y + b
     return fused_activation(y, act)
@@ -539,7 +537,7 @@ def fully_connected(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
         if size % n_in:
             raise ValueError(f"input of {size} elements cannot be split into rows of {n_in}")
         x = jnp.reshape(x, (size // n_in, n_in))
-    y = lax.dot_general(x, w, (((x.ndim - 1,), (1,)), ((), ())))
+    y = _matmul_2d(x, jnp.transpose(w))  # XLA folds the transpose into the dot
     return _bias_act(y, b, o.fused_activation_function)
 
 
