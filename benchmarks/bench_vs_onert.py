@@ -171,23 +171,34 @@ def _table(results: list[dict]) -> str:
             "loss onert / circle-jax |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     by = {(r["model"], r["batch"], r["runtime"]): r for r in results}
+
+    def cell(r: dict | None, fmt) -> str:
+        return "" if not r or "error" in r else fmt(r)
+
+    def rss(r: dict) -> str:
+        return f"{r['rss_peak_mib']:.0f} ({r['rss_peak_mib'] - r['rss_after_import_mib']:+.0f})"
+
     for name in dict.fromkeys(r["model"] for r in results):
         for batch in sorted({r["batch"] for r in results if r["model"] == name}):
             o, c = by.get((name, batch, "onert")), by.get((name, batch, "circle-jax"))
-            if not o or not c or "error" in o or "error" in c:
-                errs = "; ".join(f"{r['runtime']}: {r['error']}" for r in (o, c)
-                                 if r and "error" in r)
-                rows.append(f"| {name} | {batch} | | | | | | | | | | {errs} |")
-                continue
-            rows.append(
-                f"| {name} | {batch} | {c['steps']} | {o['ms_per_step']:.3f} | "
-                f"({o['train_only_ms']:.3f}) | {c['ms_per_step']:.3f} | "
-                f"{o['ms_per_step'] / c['ms_per_step']:.1f}x | "
-                f"{o['rss_peak_mib']:.0f} ({o['rss_peak_mib'] - o['rss_after_import_mib']:+.0f})"
-                f" | {c['rss_peak_mib']:.0f} "
-                f"({c['rss_peak_mib'] - c['rss_after_import_mib']:+.0f}) | "
-                f"{c['prepare_ms'] / 1000:.1f} | {o['first_step_loss']:.4f} / "
-                f"{c['first_step_loss']:.4f} | {o['loss'][0]:.4f} / {c['loss'][0]:.4f} |")
+            errs = "; ".join(f"{r['runtime']}: {r['error']}" for r in (o, c)
+                             if r and "error" in r)
+            both = bool(o and c and not errs)
+            steps = cell(c, lambda r: str(r["steps"])) or cell(o, lambda r: str(r["steps"]))
+            rows.append(" | ".join([
+                f"| {name}", str(batch), steps,
+                cell(o, lambda r: f"{r['ms_per_step']:.3f}"),
+                cell(o, lambda r: f"({r['train_only_ms']:.3f})"),
+                cell(c, lambda r: f"{r['ms_per_step']:.3f}"),
+                f"{o['ms_per_step'] / c['ms_per_step']:.1f}x" if both else "",
+                cell(o, rss), cell(c, rss),
+                cell(c, lambda r: f"{r['prepare_ms'] / 1000:.1f}"),
+                " / ".join([cell(o, lambda r: f"{r['first_step_loss']:.4f}"),
+                            cell(c, lambda r: f"{r['first_step_loss']:.4f}")]),
+                " / ".join([cell(o, lambda r: f"{r['loss'][0]:.4f}"),
+                            cell(c, lambda r: f"{r['loss'][0]:.4f}")])
+                + (f" {errs}" if errs else ""),
+            ]) + " |")
     return "\n".join(rows)
 
 

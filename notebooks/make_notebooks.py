@@ -97,7 +97,8 @@ def show(fig):
         "after 2000 finite steps.\n"
         "- `\"mixed_bfloat16\"`: bfloat16 compute. Bfloat16 has float32's exponent range, "
         "so no loss scaling is needed (only fewer mantissa bits)."),
-    new_code_cell("""COMMON = dict(epochs=6, batch_size=32, loss="cce", optimizer="adam", learning_rate=0.01)
+    new_code_cell("""COMMON = dict(epochs=6, batch_size=32, loss="cce", optimizer="adam",
+              learning_rate=0.01)
 RUNS = {
     "float32": {},
     "float16 + dynamic loss scale": dict(precision="p=f32,c=f16,o=f32", loss_scale="dynamic"),
