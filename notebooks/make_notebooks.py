@@ -17,13 +17,13 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 QUICKSTART = [
     new_markdown_cell("# circle-jax quickstart\nLoad a Circle model, inspect it, train it, "
                       "plot the loss, evaluate and export it."),
-    new_code_cell("""import jax, numpy as np
-import matplotlib
+    new_code_cell("""import matplotlib
+import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import circle_jax as cj
 from circle_jax.examples import branching_cnn, digits
-from circle_jax.train import fit, Trainer"""),
+from circle_jax.train import fit"""),
     new_markdown_cell("## Load\nThe bundled example is a small branching CNN written with "
                       "circle-jax's own builder; any `.circle` or `.tflite` path works the same."),
     new_code_cell("""model = cj.load(branching_cnn().to_bytes("circle"))
@@ -33,15 +33,17 @@ probs = model.apply(model.params, x[:4])[0]
 probs.shape, float(probs.sum(axis=-1)[0])"""),
     new_markdown_cell("## Train\nOne compiled `lax.scan` per epoch; the last 20% of the data "
                       "validates (onert's convention)."),
-    new_code_cell("""result = fit(model, x, y, epochs=10, batch_size=32, loss="cce", optimizer="adam",
-             learning_rate=0.01, validation_split=0.2)
+    new_code_cell("""result = fit(model, x, y, epochs=10, batch_size=32, loss="cce",
+             optimizer="adam", learning_rate=0.01, validation_split=0.2)
 h = result.history
 print(f"final loss {h.loss[-1]:.4f}, held-out accuracy {h.val_accuracy[-1]:.4f}")
 assert h.loss[-1] < h.loss[0]"""),
     new_code_cell("""fig, ax = plt.subplots(figsize=(5, 3))
 ax.plot(range(1, len(h.loss) + 1), h.loss, label="train loss")
 ax.plot(range(1, len(h.val_loss) + 1), h.val_loss, label="validation loss")
-ax.set_xlabel("epoch"); ax.set_yscale("log"); ax.legend()
+ax.set_xlabel("epoch")
+ax.set_yscale("log")
+ax.legend()
 fig.tight_layout()"""),
     new_markdown_cell("## Evaluate and export"),
     new_code_cell("""n_val = int(len(y) * 0.2)
@@ -63,8 +65,9 @@ PRECISION = [
         "gradient accumulation gives the weights of the big batch. Small data slices and few "
         "epochs keep this quick: most of the time is XLA compiling each configuration."),
     new_code_cell("""import io
-import jax, jax.numpy as jnp, numpy as np
+import jax.numpy as jnp
 import matplotlib
+import numpy as np
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 from IPython.display import Image, display
@@ -114,8 +117,10 @@ for name, r in results.items():
     new_code_cell("""fig, ax = plt.subplots(figsize=(5.5, 3.2))
 for name, r in results.items():
     ax.plot(range(1, COMMON["epochs"] + 1), r.history.loss, marker="o", label=name)
-ax.set_xlabel("epoch"); ax.set_ylabel("training loss (mean over the epoch)")
-ax.set_yscale("log"); ax.legend()
+ax.set_xlabel("epoch")
+ax.set_ylabel("training loss (mean over the epoch)")
+ax.set_yscale("log")
+ax.legend()
 fig.tight_layout()
 show(fig)"""),
     new_markdown_cell(
@@ -138,7 +143,8 @@ X, Y = (jnp.asarray(x_tr),), jnp.asarray(y_tr)
 scales, skipped = [], []
 for epoch in range(2):
     state, m = trainer.run_epoch(state, frozen, X, Y, epoch)
-    scales.append(np.asarray(m.scale)); skipped.append(np.asarray(m.skipped))
+    scales.append(np.asarray(m.scale))
+    skipped.append(np.asarray(m.skipped))
 scales, skipped = np.concatenate(scales), np.concatenate(skipped)
 n_skip = int(skipped.sum())
 print(f"{len(scales)} steps, {n_skip} skipped; scale 2**{np.log2(scales[0]):.0f} -> "
@@ -150,8 +156,11 @@ assert np.all(scales[n_skip:] == scales[n_skip])  # then steady (growth after 20
 steps = np.arange(1, len(scales) + 1)
 ax.step(steps, scales, where="post", label="loss scale used")
 ax.plot(steps[skipped == 1], scales[skipped == 1], "rx", label="skipped (overflow)")
-ax.set_yscale("log", base=2); ax.set_xlabel("step"); ax.set_ylabel("loss scale")
-ax.legend(); fig.tight_layout()
+ax.set_yscale("log", base=2)
+ax.set_xlabel("step")
+ax.set_ylabel("loss scale")
+ax.legend()
+fig.tight_layout()
 show(fig)"""),
     new_markdown_cell(
         "## Gradient accumulation\n"

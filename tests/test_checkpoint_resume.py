@@ -307,8 +307,8 @@ def test_cli_export_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     np.save("x.npy", x)
     np.save("y.npy", y)
     base = ["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected", "y.npy",
-            "--epoch", "1", "--batch_size", "4", "--learning_rate", "0.01", "--loss", "2",
-            "--optimizer", "2"]
+            "--epoch", "1", "--batch_size", "4", "--learning_rate", "0.01", "--loss", "cce",
+            "--optimizer", "adam"]  # the readable names select CONFIG["adam"]'s numerics
     assert main(base + ["--export_checkpoint", "c.ckpt", "--checkpoint_every_steps", "5"]) == 0
     assert main(base + ["--checkpoint", "c.ckpt", "--export_checkpoint", "c.ckpt"]) == 0
     out = capsys.readouterr().out
