@@ -302,8 +302,8 @@ class Trainer:
                         ) -> Callable[..., tuple[TrainState, StepMetrics]]:
         """The epoch compiled ahead of time for these shapes (cached), so that compile time
         is measured apart from steady-state steps."""
-        key = jax.tree.map(lambda a: (a.shape, a.dtype), (state, frozen, xs, ys))
-        key = str(jax.tree.leaves(key))
+        args = (state, frozen, xs, ys)
+        key = str((jax.tree.structure(args), [(a.shape, a.dtype) for a in jax.tree.leaves(args)]))
         if key not in self._compiled:
             self._compiled[key] = self._epoch.lower(state, frozen, xs, ys).compile()
         return self._compiled[key]
