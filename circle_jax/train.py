@@ -10,6 +10,7 @@ Frozen params are a separate argument that is never differentiated.
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -24,11 +25,13 @@ from jax import lax
 from .errors import DataError, TrainingError
 from .losses import get_loss, get_reduction, loss_name
 from .model import Model
+from .ops.common import inside_loop
 from .optim import (
     LossScale,
     NoLossScale,
     Policy,
     accumulate,
+    all_finite,
     get_optimizer,
     get_policy,
     loss_scale_from_spec,
@@ -252,20 +255,31 @@ class Trainer:
 
     def train_step(self, state: TrainState, frozen: dict, batch: Batch
                    ) -> tuple[TrainState, StepMetrics]:
-        """One pure training step on one batch (one micro-batch when streaming)."""
-        r = self._grads(state.loss_scale, state.params, frozen, batch)
+        """One pure training step on one batch (one micro-batch when streaming).
+
+        With loss scaling, a step whose gradients are not finite is skipped (or retried).
+        Without it nothing is skipped: the update is applied as onert, Keras and optax do,
+        and ``fit`` reports the divergence. (Skipping there would only hide it, and the
+        finiteness test and the state selection cost a quarter of a small model's step.)
+        """
+        with inside_loop() if self.micro_batches > 1 else contextlib.nullcontext():
+            r = self._grads(state.loss_scale, state.params, frozen, batch)
         updates, opt_state = self.tx.update(r.grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new = TrainState(params, opt_state, r.loss_scale, state.step + 1)
+        correct = jnp.sum(r.aux) if r.aux is not None else jnp.zeros([], jnp.int32)
+        if isinstance(state.loss_scale, NoLossScale):  # static: the pytree's type
+            zero = jnp.zeros([], jnp.int32)
+            return new, StepMetrics(r.loss, correct, zero, zero, state.loss_scale.loss_scale)
         kept = TrainState(state.params, state.opt_state, r.loss_scale, state.step + 1)
         new = select_tree(r.grads_finite, new, kept)
-        correct = jnp.sum(r.aux) if r.aux is not None else jnp.zeros([], jnp.int32)
         metrics = StepMetrics(r.loss, correct, (~r.grads_finite).astype(jnp.int32),
                               r.n_overflows, state.loss_scale.loss_scale)
         return new, metrics
 
     def _epoch_impl(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array):
-        return lax.scan(lambda s, b: self.train_step(s, frozen, b), state, (xs, ys))
+        with inside_loop():  # lowerings that suit loop bodies (see ops.common.inside_loop)
+            return lax.scan(lambda s, b: self.train_step(s, frozen, b), state, (xs, ys))
 
     def _eval_impl(self, trainable: dict, frozen: dict, xs: tuple, ys: jax.Array
                    ) -> tuple[jax.Array, jax.Array]:
@@ -274,7 +288,8 @@ class Trainer:
             out = self._forward(trainable, frozen, x)  # the training forward, same dtypes
             return None, (self.loss_fn(out, y), jnp.sum(_correct(out, y)))
 
-        _, (losses, correct) = lax.scan(body, None, (xs, ys))
+        with inside_loop():
+            _, (losses, correct) = lax.scan(body, None, (xs, ys))
         return losses, correct
 
     # -- host-side driving ---------------------------------------------------------------
@@ -447,12 +462,15 @@ def fit(
         loss = float(jnp.mean(m.loss))  # host sync: the epoch's logging point
         ms = (time.perf_counter() - t) * 1000 / max(int(m.loss.shape[0]), 1)
         steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
-        # Without loss scaling a non-finite loss is divergence (its steps were skipped, so
-        # the loss stays non-finite); with it, only when every step of the epoch was skipped.
-        if not np.isfinite(loss) and (isinstance(state.loss_scale, NoLossScale)
-                                      or skipped == steps):
+        # Without loss scaling a non-finite loss (or weights: a last step's update) is
+        # divergence; with it, only when every step of the epoch was skipped.
+        unscaled = isinstance(state.loss_scale, NoLossScale)
+        if not np.isfinite(loss) and (unscaled or skipped == steps):
             raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
                                 "the learning rate or check the data")
+        if unscaled and not bool(all_finite(state.params)):
+            raise TrainingError(f"epoch {epoch + 1}: the weights are no longer finite (loss "
+                                f"{loss:.4g}); lower the learning rate or check the data")
         hist.loss.append(loss)
         seen = n_train if not cfg.drop_remainder else steps * cfg.batch_size
         hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))

@@ -251,19 +251,25 @@ def test_validation_split_uses_the_last_fraction() -> None:
     assert abs(r.trainer.evaluate(r.params, x[:4], y[:4])[0] - val_loss) > 1e-4
 
 
-@pytest.mark.parametrize("n, lr, epoch", [(16, 1e12, 1), (4, 1e20, 2)])
-def test_non_finite_loss_raises_one_line_training_error(n: int, lr: float, epoch: int) -> None:
+@pytest.mark.parametrize("n, lr, epochs, message", [
+    (16, 1e12, 3, r"epoch 1: the loss is (nan|inf) \(not finite\)"),
+    (4, 1e20, 3, r"epoch 2: the loss is (nan|inf) \(not finite\)"),
+    (4, 1e37, 1, r"epoch 1: the weights are no longer finite \(loss \d"),
+])
+def test_non_finite_loss_raises_one_line_training_error(n: int, lr: float, epochs: int,
+                                                        message: str) -> None:
     """An absurd learning rate: linear outputs, MSE diverges to inf/NaN.
 
     (4, 1e20): one step per epoch; epoch 1 is finite and its update makes the weights huge,
-    so epoch 2's loss is inf and its gradients are not finite. That step is skipped (no
-    loss scaling is configured, so nothing can recover): the error must still be raised.
+    so epoch 2's loss is inf and its gradients are not finite (a step with such gradients
+    was once skipped silently, and an epoch with skipped steps forgiven: no error at all).
+    (4, 1e37): the only step's loss is finite but its update overflows the weights.
     """
     model = reshape_mlp(softmax=False)
     x, y = toy_data(n)
-    with pytest.raises(TrainingError, match=rf"epoch {epoch}: the loss is (nan|inf) "
-                                            r"\(not finite\)") as e:
-        fit(model, x, y, epochs=3, batch_size=4, learning_rate=lr, loss=1, optimizer=1)
+    y = y * 1000  # gradients of 1e2..1e3
+    with pytest.raises(TrainingError, match=message) as e:
+        fit(model, x, y, epochs=epochs, batch_size=4, learning_rate=lr, loss=1, optimizer=1)
     assert "\n" not in str(e.value)
 
 

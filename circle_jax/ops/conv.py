@@ -34,7 +34,7 @@ from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
 from .. import ir
-from .common import fused_activation, padding_pairs, static
+from .common import fused_activation, in_loop, padding_pairs, static
 from .registry import OpContext, register
 
 Pads = Sequence[tuple[int, int]]
@@ -45,6 +45,10 @@ TRANSPOSE_CONV_LOWERINGS = ("xla", "col2im")
 #: Largest im2col depth (taps x input channels) and im2col matrix size lowered as im2col.
 IM2COL_MAX_DEPTH = 144
 IM2COL_MAX_BYTES = 640 << 10
+
+#: Inside compiled loops (training epochs) XLA's convolution is 10-70x slower, so im2col is
+#: used up to this matrix size (memory, not time, bounds it there).
+IM2COL_LOOP_MAX_BYTES = 256 << 20
 
 #: Largest per-tap product (input pixels x taps x output channels) lowered as col2im; beyond
 #: it only memory decides (col2im is 3-25x faster at every measured size).
@@ -96,7 +100,10 @@ def choose_conv_lowering(kernel: Sequence[int], c_in: int, groups: int, out_pixe
     if taps == 1:
         return "im2col"
     depth = taps * cg
-    if depth <= IM2COL_MAX_DEPTH and out_pixels * depth * itemsize <= IM2COL_MAX_BYTES:
+    size = out_pixels * depth * itemsize
+    if depth <= IM2COL_MAX_DEPTH and size <= IM2COL_MAX_BYTES:
+        return "im2col"
+    if in_loop() and size <= IM2COL_LOOP_MAX_BYTES:  # see common.inside_loop: 10-70x
         return "im2col"
     return "xla"
 
