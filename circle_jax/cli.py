@@ -414,7 +414,11 @@ def cmd_train(args: argparse.Namespace) -> int:
         traininfo_of(Trainer(model, trainer_cfg))  # fails now rather than after training
     _print_params(trainer_cfg, n_trainable, extra)
 
+    bar = _progress_bar() if sys.stdout.isatty() else None
+
     def report(epoch: int, h: Any) -> None:
+        if bar is not None:
+            print("\r\033[K", end="")  # clear the progress bar's line
         line = (f"Epoch {epoch + 1}/{config.epochs} - time: {h.ms_per_step[-1]:.3f}ms/step"
                 f" - loss: [0] {h.loss[-1]:.4f}")
         if args.metric == 0:
@@ -437,7 +441,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                                   order=args.checkpoint_order,
                                   protect=[p for p in inputs[:3] if p], on_epoch=report)
     else:
-        result = fit(model, xs, y, trainer_cfg, on_epoch=report)
+        result = fit(model, xs, y, trainer_cfg, on_epoch=report, progress=bar)
     execute_ms = (time.perf_counter() - t1) * 1000
     h = result.history
     _export_trained(args, model, result, [p for p in inputs if p])
@@ -468,6 +472,18 @@ def _export_trained(args: argparse.Namespace, model: Any, result: Any,
     if args.export_wof:
         save_wof(args.export_wof, model, result.params, result.trainer.trainable,
                  protect=inputs)
+
+
+def _progress_bar(width: int = 30) -> Any:
+    """A ``progress(done, total)`` that draws ``[=====>    ] done/total`` on the terminal."""
+
+    def draw(done: Any, total: Any) -> None:
+        done, total = int(done), int(total)
+        filled = width * done // max(total, 1)
+        print(f"\r[{'=' * filled}{'>' if filled < width else ''}"
+              f"{' ' * (width - filled - 1)}] {done}/{total}", end="", flush=True)
+
+    return draw
 
 
 def _train_data(args: argparse.Namespace, model: Any) -> tuple[list[np.ndarray], np.ndarray]:

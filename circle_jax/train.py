@@ -177,6 +177,9 @@ class Trainer:
     def __init__(self, model: Model, config: TrainConfig | None = None, **overrides: Any):
         config = replace(config or TrainConfig(), **overrides).with_defaults(model)
         self.model, self.config = model, config
+        #: ``progress(done, total)`` is called from inside the compiled epoch (set it before
+        #: the first epoch compiles; the CLI's progress bar)
+        self.progress: Callable[[Any, Any], None] | None = None
         reduction = get_reduction(config.reduction)
         loss_kwargs: dict[str, Any] = {"reduction": reduction}
         if loss_name(config.loss) != "mean_squared_error":
@@ -278,8 +281,20 @@ class Trainer:
         return new, metrics
 
     def _epoch_impl(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array):
+        steps = ys.shape[0]
+        report = self.progress
+        every = max(1, steps // 40)
+
+        def body(s: TrainState, b: tuple) -> tuple[TrainState, StepMetrics]:
+            i, batch = b
+            s, m = self.train_step(s, frozen, batch)
+            if report is not None:  # host callback ~40 times an epoch (terminals only)
+                lax.cond((i + 1) % every == 0,
+                         lambda: jax.debug.callback(report, i + 1, steps), lambda: None)
+            return s, m
+
         with inside_loop():  # lowerings that suit loop bodies (see ops.common.inside_loop)
-            return lax.scan(lambda s, b: self.train_step(s, frozen, b), state, (xs, ys))
+            return lax.scan(body, state, (jnp.arange(steps), (xs, ys)))
 
     def _eval_impl(self, trainable: dict, frozen: dict, xs: tuple, ys: jax.Array
                    ) -> tuple[jax.Array, jax.Array]:
@@ -427,6 +442,7 @@ def fit(
     params: Mapping[str, Any] | None = None,
     state: TrainState | None = None,
     on_epoch: Callable[[int, History], None] | None = None,
+    progress: Callable[[Any, Any], None] | None = None,
     **overrides: Any,
 ) -> FitResult:
     """Train ``model`` on (x, y): epochs of compiled scans, onert's conventions by default.
@@ -434,9 +450,11 @@ def fit(
     ``x`` is an array or a sequence of arrays (one per model input) with samples on axis 0.
     Returns trained params, the final ``TrainState`` and a ``History`` of per-epoch loss
     (mean of the batches' pre-update losses), accuracy, validation loss, skipped steps,
-    loss scale and ms/step. ``on_epoch(i, history)`` runs after each epoch (a logging point).
+    loss scale and ms/step. ``on_epoch(i, history)`` runs after each epoch (a logging point);
+    ``progress(done, total)``, if given, is called from the compiled epoch about 40 times.
     """
     trainer = Trainer(model, config, **overrides)
+    trainer.progress = progress
     cfg = trainer.config
     xs, ys = _as_inputs(model, x), jnp.asarray(y, trainer.loss_dtype)
     if any(a.shape[0] != ys.shape[0] for a in xs):
