@@ -57,7 +57,7 @@ def _add_train(sub: Any) -> None:
     p.add_argument("model", nargs="?", help=".circle/.tflite model file")
     p.add_argument("--example", action="store_true",
                    help="train the bundled branching CNN on the bundled 8x8 digits")
-    p.add_argument("--epoch", type=int, default=5)
+    p.add_argument("--epoch", type=int, help="epochs (default 5; 20 with --example)")
     p.add_argument("--batch_size", type=int)
     p.add_argument("--learning_rate", type=float)
     p.add_argument("--loss", type=_choice(ONERT_LOSS, READABLE_LOSS, "loss"))
@@ -359,7 +359,7 @@ def cmd_train(args: argparse.Namespace) -> int:
                 setattr(args, k, v)
         if args.metric is None:
             args.metric = 0
-        if args.epoch == 5 and "--epoch" not in sys.argv:
+        if args.epoch is None:
             args.epoch = 20
     else:
         if not args.model:
@@ -369,7 +369,8 @@ def cmd_train(args: argparse.Namespace) -> int:
     load_ms = (time.perf_counter() - t0) * 1000
     n_ops = len(model.operators)
     config = TrainConfig(
-        epochs=args.epoch, batch_size=args.batch_size, learning_rate=args.learning_rate,
+        epochs=5 if args.epoch is None else args.epoch, batch_size=args.batch_size,
+        learning_rate=args.learning_rate,
         loss=args.loss, reduction=args.loss_reduction_type, from_logits=args.from_logits,
         optimizer=args.optimizer, trainable=args.num_of_trainable_ops,
         validation_split=args.validation_split, shuffle=args.shuffle, seed=args.seed,
