@@ -73,7 +73,7 @@ from .io.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_check
 from .io.traininfo import METADATA_NAME, TrainInfo, encode_traininfo
 from .io.wof import decode_wof, encode_wof
 from .model import Model
-from .optim import AccumulateState, AdamTFState, NoLossScale
+from .optim import AccumulateState, AdamTFState
 from .train import (
     FitResult,
     History,
@@ -81,9 +81,9 @@ from .train import (
     TrainConfig,
     Trainer,
     TrainState,
-    _as_inputs,
     _batched,
-    split_validation,
+    prepare_data,
+    record_epoch,
 )
 
 Source = PathLike | bytes | bytearray | memoryview
@@ -766,11 +766,7 @@ def fit_checkpointed(
     n_epochs = cfg.epochs if epochs is None else epochs
     if every_steps is not None and every_steps < 1:
         raise ValueError(f"every_steps must be >= 1, got {every_steps}")
-    xs, ys = _as_inputs(model, x), jnp.asarray(y, trainer.loss_dtype)
-    if any(a.shape[0] != ys.shape[0] for a in xs):
-        raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
-                        f"{ys.shape[0]}")
-    x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
+    x_tr, y_tr, val = prepare_data(trainer, x, y)
     params = model.params if params is None else params
     start = 0
     if resume is not None:
@@ -781,8 +777,6 @@ def fit_checkpointed(
         state, frozen = trainer.init(params)
     b = cfg.batch_size
     n_train = int(y_tr.shape[0])
-    if n_train < b and cfg.drop_remainder:
-        raise DataError(f"{n_train} training samples are fewer than one batch of {b}")
     steps = n_train // b
     chunk = min(every_steps or steps, steps)
     if save is not None:  # fail before training, not after
@@ -810,25 +804,8 @@ def fit_checkpointed(
         else:
             state, m = _chunked_epoch(trainer, state, frozen, x_tr, y_tr, start + epoch,
                                       every_steps, lambda s, e=start + epoch: checkpoint(s, e))
-        loss = float(jnp.mean(m.loss))
-        ms = (time.perf_counter() - t) * 1000 / max(int(m.loss.shape[0]), 1)
-        n_steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
-        if not np.isfinite(loss) and (isinstance(state.loss_scale, NoLossScale)
-                                      or skipped == n_steps):
-            raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
-                                "the learning rate or check the data")
-        hist.loss.append(loss)
-        seen = n_train if not cfg.drop_remainder else n_steps * b
-        hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
-        hist.skipped.append(skipped)
-        hist.loss_scale.append(float(state.loss_scale.loss_scale))
-        hist.ms_per_step.append(ms)
-        hist.steps.append(n_steps)
+        record_epoch(trainer, hist, epoch, state, frozen, m, t, n_train, val)
         checkpoint(state, start + epoch + 1)
-        if y_val.shape[0]:
-            vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
-            hist.val_loss.append(vl)
-            hist.val_accuracy.append(va)
         if on_epoch is not None:
             on_epoch(epoch, hist)
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)

@@ -456,51 +456,65 @@ def fit(
     trainer = Trainer(model, config, **overrides)
     trainer.progress = progress
     cfg = trainer.config
-    xs, ys = _as_inputs(model, x), jnp.asarray(y, trainer.loss_dtype)
-    if any(a.shape[0] != ys.shape[0] for a in xs):
-        raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
-                        f"{ys.shape[0]}")
-    x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
+    x_tr, y_tr, val = prepare_data(trainer, x, y)
     if state is None:
         state, frozen = trainer.init(params)
     else:
         _, frozen = trainer.init(params)
     hist = History()
-    n_train = int(y_tr.shape[0])
-    if n_train < cfg.batch_size and cfg.drop_remainder:
-        raise DataError(f"{n_train} training samples are fewer than one batch of "
-                        f"{cfg.batch_size}")
     t0 = time.perf_counter()
     trainer._compiled_epoch(state, frozen, *_batched(x_tr, y_tr, cfg.batch_size,
-                                                     n_train // cfg.batch_size))
+                                                     y_tr.shape[0] // cfg.batch_size))
     hist.compile_ms = (time.perf_counter() - t0) * 1000
     for epoch in range(cfg.epochs):
         t = time.perf_counter()
         state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch)
-        loss = float(jnp.mean(m.loss))  # host sync: the epoch's logging point
-        ms = (time.perf_counter() - t) * 1000 / max(int(m.loss.shape[0]), 1)
-        steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
-        # Without loss scaling a non-finite loss (or weights: a last step's update) is
-        # divergence; with it, only when every step of the epoch was skipped.
-        unscaled = isinstance(state.loss_scale, NoLossScale)
-        if not np.isfinite(loss) and (unscaled or skipped == steps):
-            raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
-                                "the learning rate or check the data")
-        if unscaled and not bool(all_finite(state.params)):
-            raise TrainingError(f"epoch {epoch + 1}: the weights are no longer finite (loss "
-                                f"{loss:.4g}); lower the learning rate or check the data")
-        hist.loss.append(loss)
-        seen = n_train if not cfg.drop_remainder else steps * cfg.batch_size
-        hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
-        hist.skipped.append(skipped)
-        hist.loss_scale.append(float(state.loss_scale.loss_scale))
-        hist.ms_per_step.append(ms)
-        hist.steps.append(steps)
-        if y_val.shape[0]:
-            vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
-            hist.val_loss.append(vl)
-            hist.val_accuracy.append(va)
+        record_epoch(trainer, hist, epoch, state, frozen, m, t, int(y_tr.shape[0]), val)
         if on_epoch is not None:
             on_epoch(epoch, hist)
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 
+
+def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:
+    """(train inputs, train targets, (validation inputs, validation targets)) on device."""
+    cfg = trainer.config
+    xs, ys = _as_inputs(trainer.model, x), jnp.asarray(y, trainer.loss_dtype)
+    if any(a.shape[0] != ys.shape[0] for a in xs):
+        raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
+                        f"{ys.shape[0]}")
+    x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
+    if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:
+        raise DataError(f"{y_tr.shape[0]} training samples are fewer than one batch of "
+                        f"{cfg.batch_size}")
+    return x_tr, y_tr, (x_val, y_val)
+
+
+def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState, frozen: dict,
+                 m: StepMetrics, started: float, n_train: int, val: tuple) -> None:
+    """Append an epoch's results to ``hist`` (the logging point: one host sync), validate,
+    and raise ``TrainingError`` on divergence."""
+    cfg = trainer.config
+    loss = float(jnp.mean(m.loss))
+    steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
+    ms = (time.perf_counter() - started) * 1000 / max(steps, 1)
+    # Without loss scaling a non-finite loss (or weights: a last step's update) is
+    # divergence; with it, only when every step of the epoch was skipped.
+    unscaled = isinstance(state.loss_scale, NoLossScale)
+    if not np.isfinite(loss) and (unscaled or skipped == steps):
+        raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
+                            "the learning rate or check the data")
+    if unscaled and not bool(all_finite(state.params)):
+        raise TrainingError(f"epoch {epoch + 1}: the weights are no longer finite (loss "
+                            f"{loss:.4g}); lower the learning rate or check the data")
+    hist.loss.append(loss)
+    seen = n_train if not cfg.drop_remainder else steps * cfg.batch_size
+    hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
+    hist.skipped.append(skipped)
+    hist.loss_scale.append(float(state.loss_scale.loss_scale))
+    hist.ms_per_step.append(ms)
+    hist.steps.append(steps)
+    x_val, y_val = val
+    if y_val.shape[0]:
+        vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
+        hist.val_loss.append(vl)
+        hist.val_accuracy.append(va)
