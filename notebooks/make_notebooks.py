@@ -54,6 +54,23 @@ again = cj.load(data)
 np.testing.assert_array_equal(again.apply(again.params, x[:8])[0],
                               model.apply(result.params, x[:8])[0])
 len(data)"""),
+    new_markdown_cell("## Checkpoint and resume\nAn onert checkpoint holds the weights, Adam's "
+                      "moments and the step count; resuming continues exactly where the "
+                      "run stopped (`circle-jax train --export_checkpoint` / `--checkpoint` "
+                      "do the same from the shell)."),
+    new_code_cell("""import os
+import tempfile
+
+from circle_jax import io
+
+path = os.path.join(tempfile.mkdtemp(), "run.ckpt")
+trainer = result.trainer
+io.save_checkpoint(path, model, trainer, result.state, epoch=len(h.loss))
+state, frozen = io.load_checkpoint(path, model, trainer)
+resumed = fit(model, x, y, trainer.config, params=trainer.merge(state, frozen), state=state,
+              epochs=2)
+print("resumed at update", int(state.opt_state.count), "->",
+      [round(v, 4) for v in resumed.history.loss])"""),
 ]
 
 
