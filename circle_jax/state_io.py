@@ -70,6 +70,7 @@ from . import ir
 from .errors import CircleFormatError, DataError, TrainingError
 from .io.atomic import PathLike, atomic_write
 from .io.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
+from .io.reader import read_bytes
 from .io.traininfo import METADATA_NAME, TrainInfo, encode_traininfo
 from .io.wof import decode_wof, encode_wof
 from .model import Model
@@ -99,17 +100,6 @@ _MOMENTS = (AdamTFState, optax.ScaleByAdamState)  # states whose mu/nu are Adam'
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _read(source: Source, what: str) -> tuple[bytes, str]:
-    if isinstance(source, (bytes, bytearray, memoryview)):
-        return bytes(source), f"<{what} bytes>"
-    path = os.fspath(source)
-    try:
-        with open(path, "rb") as f:
-            return f.read(), path
-    except OSError as e:
-        raise DataError(f"cannot read {what} file {path!r}: {e.strerror}") from None
 
 
 def _nbytes(t: ir.Tensor) -> int:
@@ -380,7 +370,7 @@ def read_checkpoint(source: Source, model: Model, params: Mapping[str, Any] | No
     "onert" or explicit tensor indices force an order. Foreign, truncated or another model's
     files raise :class:`CircleFormatError` (one line, naming what was expected).
     """
-    buf, where = _read(source, "checkpoint")
+    buf, where = read_bytes(source, "checkpoint", DataError)
     try:
         ckpt = decode_checkpoint(buf)
         n = len(constant_tensors(model))
@@ -634,7 +624,7 @@ def load_wof(source: Source, model: Model,
     a float weight and have exactly its size (dtype and shape come from the model). A filled
     buffer of another constant is accepted only when it repeats that constant's bytes.
     """
-    buf, where = _read(source, "wof")
+    buf, where = read_bytes(source, "wof", DataError)
     sg = model.ir.main
     try:
         buffers = decode_wof(buf, num_tensors=len(sg.tensors))

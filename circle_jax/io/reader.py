@@ -22,16 +22,20 @@ from .schema import (
 _MIN_SIZE = 8  # root offset + file identifier
 
 
-def read_bytes(source: str | os.PathLike | bytes) -> tuple[bytes, str]:
-    """The bytes of a model given as a path or bytes, and a name for messages."""
+def read_bytes(
+    source: str | os.PathLike | bytes | bytearray | memoryview,
+    what: str = "model",
+    error: type[Exception] = CircleFormatError,
+) -> tuple[bytes, str]:
+    """The bytes of a file given as a path or bytes, and a name for messages."""
     if isinstance(source, (bytes, bytearray, memoryview)):
-        return bytes(source), "<bytes>"
+        return bytes(source), f"<{what} bytes>"
     path = os.fspath(source)
     try:
         with open(path, "rb") as f:
             return f.read(), path
     except OSError as e:
-        raise CircleFormatError(f"cannot read model file {path}: {e.strerror}") from None
+        raise error(f"cannot read {what} file {path!r}: {e.strerror}") from None
 
 
 def unpack(buf: bytes, where: str = "<bytes>") -> Any:
