@@ -35,6 +35,7 @@ from circle_jax.state_io import (
     save_checkpoint,
 )
 from circle_jax.train import Trainer, fit
+from tests.onert_peer import open_session, train_batch
 from tests.paths import shared_model
 
 MNIST = "onert_micro_simple_mnist_model.circle"
@@ -183,28 +184,14 @@ def test_foreign_and_truncated_checkpoints_are_refused(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- onert
 
 
-def _onert_session(lib, model: str, batch: int = 4):
-    s = lib.experimental.nnfw_session(model, "train")
-    info = s.train_get_traininfo()
-    info.learning_rate = 0.01
-    info.batch_size = batch
-    info.loss_info.loss = lib.loss.CATEGORICAL_CROSSENTROPY
-    info.loss_info.reduction_type = lib.loss_reduction.SUM_OVER_BATCH_SIZE
-    info.opt = lib.optimizer.ADAM
-    info.num_of_trainable_ops = -1
-    s.train_set_traininfo(info)
-    s.train_prepare()
-    return s
+def _onert_session(model: str, batch: int = 4):
+    """onert with CONFIG["adam"]'s settings (onert codes: CCE, sum over batch size, Adam)."""
+    return open_session(model, batch_size=batch, learning_rate=0.01, loss=2, reduction=1,
+                        optimizer=2)
 
 
 def _onert_step(s, x: np.ndarray, y: np.ndarray, update: bool = True) -> float:
-    x, y = np.ascontiguousarray(x), np.ascontiguousarray(y)
-    out = np.zeros(y.shape, np.float32)  # onert keeps raw pointers: keep all three alive
-    s.train_set_input(0, x)
-    s.train_set_expected(0, y)
-    s.train_set_output(0, out)
-    s.train(update)
-    return float(s.train_get_loss(0))
+    return train_batch(s, [np.ascontiguousarray(x)], [np.ascontiguousarray(y)], update)[0]
 
 
 def _ambiguous_model(path: Path, zero_biases: bool = False) -> None:
@@ -233,7 +220,6 @@ def test_onert_checkpoint_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     "ambiguous" has same-size weights and a float and an int32 constant of one size;
     "zero_biases" also two identical (zero) biases, which only onert's order can place.
     """
-    from onert.native import libnnfw_api_pybind as lib
 
     monkeypatch.chdir(tmp_path)  # onert 0.1.0 garbles paths over 15 bytes: short names
     if which == "mnist":
@@ -242,7 +228,7 @@ def test_onert_checkpoint_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         source, shape = str(tmp_path / "amb.circle"), (4, 4, 1)
         _ambiguous_model(Path(source), zero_biases=which == "zero_biases")
     model = cj.load(source)
-    s = _onert_session(lib, source, batch=2)
+    s = _onert_session(source, batch=2)
     rng = np.random.default_rng(0)
     for _ in range(2):
         _onert_step(s, rng.random((2, *shape), dtype=np.float32),
@@ -277,7 +263,6 @@ def test_onert_checkpoint_loads(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 def test_onert_imports_ours_and_continues(tmp_path: Path,
                                           monkeypatch: pytest.MonkeyPatch) -> None:
     """A circle-jax checkpoint imports into onert, which continues as circle-jax does."""
-    from onert.native import libnnfw_api_pybind as lib
 
     monkeypatch.chdir(tmp_path)
     model = _model()
@@ -287,7 +272,7 @@ def test_onert_imports_ours_and_continues(tmp_path: Path,
     assert Path("cj.ckpt").read_bytes()[3] == 0  # onert's order, as onert writes it
     ours = fit_checkpointed(model, x, y, trainer=trainer, resume="cj.ckpt")
 
-    s = _onert_session(lib, shared_model(MNIST))
+    s = _onert_session(shared_model(MNIST))
     s.train_import_checkpoint("cj.ckpt")  # our file in onert's order, cur_epoch 1
     losses = [_onert_step(s, x[i:i + 4], y[i:i + 4]) for i in range(0, 40, 4)]
     assert abs(np.mean(losses) - ours.history.loss[0]) < 1e-5  # measured: 5e-8

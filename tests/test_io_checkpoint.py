@@ -11,6 +11,7 @@ import pytest
 
 from circle_jax.errors import CircleFormatError, DataError
 from circle_jax.io.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
+from tests.onert_peer import open_session, train_batch
 from tests.paths import shared_model
 
 W = np.arange(6, dtype=np.float32).reshape(2, 3)
@@ -151,30 +152,16 @@ def _shared_model(name: str) -> Path:
 MNIST = "onert_micro_simple_mnist_model.circle"
 
 
-def _session(lib, model: Path, optimizer: str, batch: int = 2):
-    s = lib.experimental.nnfw_session(str(model), "train")
-    info = s.train_get_traininfo()
-    info.learning_rate = 0.01
-    info.batch_size = batch
-    info.loss_info.loss = lib.loss.CATEGORICAL_CROSSENTROPY
-    info.loss_info.reduction_type = lib.loss_reduction.SUM_OVER_BATCH_SIZE
-    info.opt = getattr(lib.optimizer, optimizer)
-    info.num_of_trainable_ops = -1  # all
-    s.train_set_traininfo(info)
-    s.train_prepare()
-    return s
+def _session(model: Path, batch: int = 2):
+    """onert training the model with Adam (code 2) on CCE, sum over batch size."""
+    return open_session(model, batch_size=batch, learning_rate=0.01, loss=2, reduction=1,
+                        optimizer=2)
 
 
 def _step(s, update: bool = True, batch: int = 2) -> float:
-    # onert keeps raw pointers to these arrays: they must stay alive until train() returns
     x = np.random.default_rng(0).random((batch, 11, 11, 1), dtype=np.float32)
     y = np.eye(2, dtype=np.float32)[np.arange(batch) % 2]
-    out = np.zeros((batch, 2), np.float32)
-    s.train_set_input(0, x)
-    s.train_set_expected(0, y)
-    s.train_set_output(0, out)
-    s.train(update)
-    loss = s.train_get_loss(0)
+    loss = train_batch(s, [x], [y], update)[0]
     assert loss > 0
     return loss
 
@@ -193,11 +180,10 @@ def _constants(path: Path) -> dict[int, tuple[bytes, int]]:
 
 
 def test_real_onert_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from onert.native import libnnfw_api_pybind as lib
     monkeypatch.chdir(tmp_path)  # onert 0.1.0 garbles paths over 15 bytes: use short names
     model = _shared_model(MNIST)
     constants = _constants(model)  # 4 float weights + the int32 Reshape shape
-    s = _session(lib, model, "ADAM")
+    s = _session(model)
     _step(s)
     path = tmp_path / "onert.ckpt"
     s.train_export_checkpoint(path.name)
@@ -218,10 +204,9 @@ def test_real_onert_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
 
 
 def test_onert_imports_our_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from onert.native import libnnfw_api_pybind as lib
     monkeypatch.chdir(tmp_path)  # onert 0.1.0 garbles paths over 15 bytes: use short names
     model = _shared_model(MNIST)
-    a = _session(lib, model, "ADAM")
+    a = _session(model)
     for _ in range(3):
         _step(a)
     exported = tmp_path / "a.ckpt"
@@ -232,7 +217,7 @@ def test_onert_imports_our_checkpoint(tmp_path: Path, monkeypatch: pytest.Monkey
 
     ours = tmp_path / "ours.ckpt"
     ours.write_bytes(encode_checkpoint(dataclasses.replace(ckpt, step=41)))
-    b = _session(lib, model, "ADAM")
+    b = _session(model)
     b.train_import_checkpoint(ours.name)
     assert _step(b, update=False) == loss_a  # same weights, bit for bit
     back = tmp_path / "b.ckpt"
