@@ -8,7 +8,7 @@ gradients with float64 finite differences.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -115,19 +115,28 @@ def check_op_grads(
     inputs: Sequence[Any],
     options: Mapping[str, Any] | None = None,
     *,
-    wrt: Sequence[int] | None = None,
     eps: float = 1e-4,
     tol: float = 1e-5,
     output_index: int = 0,
     **op_kwargs: Any,
 ) -> None:
-    """Gradients of the op (w.r.t. float inputs and constants) vs float64 finite differences.
-
-    Runs with x64 enabled, jitted and eager. ``wrt`` picks input positions (default: every
-    float input and float constant).
-    """
+    """Gradients of the op (w.r.t. float inputs and constants) vs float64 finite differences,
+    jitted and eager (see :func:`check_model_grads`)."""
     b, feeds = one_op_model(op_type, inputs, options, **op_kwargs)
-    model = cj.load(b.to_bytes("circle"))
+    check_model_grads(cj.load(b.to_bytes("circle")), feeds, output_index, eps=eps, tol=tol)
+
+
+def check_model_grads(
+    model: cj.Model,
+    feeds: Sequence[np.ndarray],
+    output_index: int = 0,
+    *,
+    eps: float = 1e-4,
+    tol: float = 1e-5,
+    eager: bool = True,
+) -> None:
+    """jax.grad of a cosine-weighted sum of one output w.r.t. the params and the float inputs
+    vs float64 finite differences (x64 enabled), jitted and, unless ``eager=False``, eager."""
     with jax.enable_x64(True):
         params = {k: jnp.asarray(v, jnp.float64) for k, v in model.params.items()}
         xs = [jnp.asarray(x, jnp.float64) if np.issubdtype(x.dtype, np.floating) else x
@@ -142,10 +151,6 @@ def check_op_grads(
             return jnp.sum(out * jnp.cos(jnp.arange(out.size).reshape(out.shape)))
 
         primal = [params, *(xs[j] for j in float_inputs)]
-        for fn in (f, jax.jit(f)):
+        for fn in (jax.jit(f), f) if eager else (jax.jit(f),):
             check_grads(fn, primal, order=1, modes=["rev"], eps=eps, atol=tol, rtol=tol)
 
-
-def grads_of(model: Any, loss: Callable, *inputs: Any) -> dict:
-    """jax.grad of ``loss(outputs)`` with respect to the model's params."""
-    return jax.grad(lambda p: loss(model.apply(p, *inputs)))(model.params)

@@ -3,20 +3,18 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from flatbuffers import flexbuffers
-from jax.test_util import check_grads
 
 import circle_jax as cj
 from circle_jax.build import Builder, GraphBuilder
 from circle_jax.io.schema import schema
 from circle_jax.io.writer import pack
-from tests.oracle import ATOL, RTOL, assert_close, run_circle_jax, run_litert
+from tests.oracle import ATOL, RTOL, assert_close, check_model_grads, run_circle_jax, run_litert
 from tests.paths import SHARED_MODELS as MODELS
 
 SHAPE = (2, 3)
@@ -36,23 +34,8 @@ def _compare(data: bytes, feeds: Sequence[np.ndarray], tflite: bytes | None = No
 def _check_grads_x64(
     model: cj.Model, feeds: Sequence[np.ndarray], out: int = 0, eager: bool = True
 ) -> None:
-    """float64 finite differences vs jax.grad (jit, and eager unless told) w.r.t. params and
-    float inputs."""
-    with jax.enable_x64(True):
-        params = {k: jnp.asarray(v, jnp.float64) for k, v in model.params.items()}
-        xs = [jnp.asarray(x, jnp.float64) if x.dtype.kind == "f" else x for x in feeds]
-        fl = [j for j, x in enumerate(xs) if x.dtype.kind == "f"]
-
-        def f(p: dict, *fx: Any) -> Any:
-            args = list(xs)
-            for j, v in zip(fl, fx):
-                args[j] = v
-            y = model.apply(p, *args)[out]
-            return jnp.sum(y * jnp.cos(jnp.arange(y.size).reshape(y.shape)))
-
-        primal = [params, *(xs[j] for j in fl)]
-        for fn in (jax.jit(f), f) if eager else (jax.jit(f),):
-            check_grads(fn, primal, order=1, modes=["rev"], eps=1e-5, atol=1e-6, rtol=1e-6)
+    """The oracle's gradient check with this file's finer step and tolerance."""
+    check_model_grads(model, feeds, out, eps=1e-5, tol=1e-6, eager=eager)
 
 
 # ---------------------------------------------------------------- IF
