@@ -159,11 +159,6 @@ def _geometry(ctx: OpContext, x: jax.Array) -> tuple[tuple[int, int], tuple[int,
     return kernel, strides, pads
 
 
-def _activation(y: jax.Array, code: int | None) -> jax.Array:
-    """TFLite's CalculateActivationRange semantics: clamps only; TANH/SIGN_BIT are no-ops."""
-    return fused_activation(y, code)
-
-
 def _separable(pool1d: Callable[..., jax.Array], x: jax.Array, kernel, strides, pads):
     y = pool1d(x, 2, kernel[1], strides[1], tuple(pads[1]))
     return pool1d(y, 1, kernel[0], strides[0], tuple(pads[0]))
@@ -191,7 +186,7 @@ def max_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
                 "fused activation")
     kernel, strides, pads = _geometry(ctx, x)
     y = _separable(_max1d, x, kernel, strides, pads)
-    return _activation(y, ctx.options.fused_activation_function)
+    return fused_activation(y, ctx.options.fused_activation_function)
 
 
 @register("AVERAGE_POOL_2D")
@@ -201,7 +196,7 @@ def average_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise NotImplementedError(f"AVERAGE_POOL_2D of {x.dtype} (quantized) is not supported")
     y = _window_mean(x, *_geometry(ctx, x))
-    return _activation(y, ctx.options.fused_activation_function)
+    return fused_activation(y, ctx.options.fused_activation_function)
 
 
 @register("L2_POOL_2D")
@@ -211,4 +206,4 @@ def l2_pool_2d(ctx: OpContext, x: jax.Array) -> jax.Array:
     if not jnp.issubdtype(x.dtype, jnp.floating):
         raise NotImplementedError(f"L2_POOL_2D of {x.dtype} is not supported")
     y = _safe_sqrt(_window_mean(x * x, *_geometry(ctx, x)))
-    return _activation(y, ctx.options.fused_activation_function)
+    return fused_activation(y, ctx.options.fused_activation_function)
