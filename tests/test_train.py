@@ -399,3 +399,27 @@ def test_console_script_entry_point(cli_files) -> None:
     assert p.returncode == 0, p.stderr
     assert re.search(r"^Epoch 1/1 - time: \d+\.\d{3}ms/step - loss: \[0\] \d+\.\d{4}",
                      p.stdout, re.M), p.stdout
+
+
+def test_epochs_compile_with_cpu_options_and_without_unknown_ones(monkeypatch) -> None:
+    """The epoch is compiled with CPU_COMPILER_OPTIONS; an XLA that lacks an option compiles
+    with its defaults and trains the same."""
+    import circle_jax.train as train_module
+
+    seen = []
+    original = jax.stages.Lowered.compile
+
+    def recording(self, compiler_options=None, **kw):
+        seen.append(compiler_options)
+        return original(self, compiler_options=compiler_options, **kw)
+
+    monkeypatch.setattr(jax.stages.Lowered, "compile", recording)
+    model = reshape_mlp()
+    x, y = toy_data(16)
+    cfg = dict(epochs=2, batch_size=4, learning_rate=0.5, loss=2, optimizer=1)
+    reference = fit(model, x, y, **cfg)
+    assert seen == [train_module.CPU_COMPILER_OPTIONS]  # CI runs on CPU
+    monkeypatch.setattr(train_module, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": True})
+    again = fit(model, x, y, **cfg)
+    assert seen[1:] == [{"xla_cpu_no_such_option": True}, None]  # refused, then defaults
+    np.testing.assert_allclose(again.history.loss, reference.history.loss, rtol=1e-6)
