@@ -1,7 +1,8 @@
 """Per-step training time and peak memory of circle-jax vs onert on the same model and data.
 
     python benchmarks/bench_vs_onert.py [--models example,mnist,resnet8,mobilenet]
-                                        [--batches 1,16] [--epochs 5] [--json FILE]
+                                        [--batches 1,16] [--epochs 5] [--rounds 1]
+                                        [--json FILE]
 
 Each (model, batch size, runtime) runs in its own fresh subprocess, so each peak-memory
 figure belongs to one runtime alone. Both runtimes get the same model file (the bundled
@@ -27,12 +28,17 @@ trainable, sequential batches, trailing partial batch dropped.
   tracemalloc is not used: it sees only Python-heap allocations, not XLA's or onert's
   native buffers.
 
+- rounds: on a shared machine one run of each can be off by a third, so ``--rounds R`` runs
+  every (model, batch) R times, onert and circle-jax alternating, and reports the median
+  ms/step of each runtime, their ratio, and the range of the per-round ratios.
+
 Not a test: numbers depend on the machine and its load. Prints a Markdown table.
 """
 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import os
 import resource
@@ -164,13 +170,40 @@ def _run_worker(runtime: str, name: str, batch: int, epochs: int, files: tuple,
     return json.loads(lines[-1])
 
 
+def _merge_rounds(runs: list[dict]) -> dict:
+    """One runtime's rounds of one (model, batch): medians of the timings, the first round's
+    losses (the same in every round: same data, same seed), the largest peak RSS."""
+    ok = [r for r in runs if "error" not in r]
+    if not ok:
+        return runs[0]
+    merged = dict(ok[0])
+    for key in ("ms_per_step", "train_only_ms", "prepare_ms"):
+        if key in merged:
+            merged[key] = statistics.median(r[key] for r in ok)
+    merged["rss_peak_mib"] = max(r["rss_peak_mib"] for r in ok)
+    merged["rounds"] = [r["ms_per_step"] for r in ok]
+    return merged
+
+
+def _speedup(o: dict, c: dict) -> str:
+    """Ratio of the median ms/step; with several rounds, the range of the per-round ratios."""
+    text = f"{o['ms_per_step'] / c['ms_per_step']:.1f}x"
+    ratios = [a / b for a, b in zip(o["rounds"], c["rounds"])]
+    if len(ratios) > 1:
+        text += f" ({min(ratios):.1f}-{max(ratios):.1f})"
+    return text
+
+
 def _table(results: list[dict]) -> str:
     rows = ["| model | batch | steps/epoch | onert ms/step | (onert `train()` only) | "
             "circle-jax ms/step | speed-up | onert peak RSS MiB (delta) | circle-jax peak RSS "
             "MiB (delta) | circle-jax compile s | step-1 loss onert / circle-jax | epoch-1 "
             "loss onert / circle-jax |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
-    by = {(r["model"], r["batch"], r["runtime"]): r for r in results}
+    grouped: dict[tuple, list[dict]] = {}
+    for r in results:
+        grouped.setdefault((r["model"], r["batch"], r["runtime"]), []).append(r)
+    by = {key: _merge_rounds(runs) for key, runs in grouped.items()}
 
     def cell(r: dict | None, fmt) -> str:
         return "" if not r or "error" in r else fmt(r)
@@ -190,7 +223,7 @@ def _table(results: list[dict]) -> str:
                 cell(o, lambda r: f"{r['ms_per_step']:.3f}"),
                 cell(o, lambda r: f"({r['train_only_ms']:.3f})"),
                 cell(c, lambda r: f"{r['ms_per_step']:.3f}"),
-                f"{o['ms_per_step'] / c['ms_per_step']:.1f}x" if both else "",
+                _speedup(o, c) if both else "",
                 cell(o, rss), cell(c, rss),
                 cell(c, lambda r: f"{r['prepare_ms'] / 1000:.1f}"),
                 " / ".join([cell(o, lambda r: f"{r['first_step_loss']:.4f}"),
@@ -219,6 +252,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="force circle-jax's convolution lowering (circle_jax.ops.conv."
                          "force_lowering); auto: its own per-shape choice")
     ap.add_argument("--runtimes", default="onert,circle-jax")
+    ap.add_argument("--rounds", type=int, default=1,
+                    help="repeat every (model, batch) this many times, the runtimes "
+                         "alternating; the table shows medians and the per-round ratios' range")
     args = ap.parse_args(argv)
     names = [n for n in args.models.split(",") if n]
     unknown = [n for n in names if n not in MODELS]
@@ -228,15 +264,15 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             files = prepare(name, tmp)
-            for batch in (int(b) for b in args.batches.split(",")):
-                for runtime in args.runtimes.split(","):
-                    r = _run_worker(runtime, name, batch, args.epochs, files,
-                                    args.conv_lowering)
-                    results.append(r)
-                    print(f"# {name} b{batch} {runtime}: "
-                          + (r["error"] if "error" in r else
-                             f"{r['ms_per_step']:.3f} ms/step, peak {r['rss_peak_mib']:.0f} MiB"),
-                          file=sys.stderr, flush=True)
+            for batch, _, runtime in itertools.product(
+                    (int(b) for b in args.batches.split(",")), range(args.rounds),
+                    args.runtimes.split(",")):
+                r = _run_worker(runtime, name, batch, args.epochs, files, args.conv_lowering)
+                results.append(r)
+                print(f"# {name} b{batch} {runtime}: "
+                      + (r["error"] if "error" in r else
+                         f"{r['ms_per_step']:.3f} ms/step, peak {r['rss_peak_mib']:.0f} MiB"),
+                      file=sys.stderr, flush=True)
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
