@@ -285,16 +285,24 @@ class Trainer:
         report = self.progress
         every = max(1, steps // 40)
 
-        def body(s: TrainState, b: tuple) -> tuple[TrainState, StepMetrics]:
+        # Without loss scaling the last three metrics are constants: they are stacked after
+        # the loop instead of written by every step (three fewer operations per step).
+        constant = isinstance(state.loss_scale, NoLossScale)
+
+        def body(s: TrainState, b: tuple) -> tuple[TrainState, tuple]:
             i, batch = b
             s, m = self.train_step(s, frozen, batch)
             if report is not None:  # host callback ~40 times an epoch (terminals only)
                 lax.cond((i + 1) % every == 0,
                          lambda: jax.debug.callback(report, i + 1, steps), lambda: None)
-            return s, m
+            return s, m[:2] if constant else m
 
         with inside_loop():  # lowerings that suit loop bodies (see ops.common.inside_loop)
-            return lax.scan(body, state, (jnp.arange(steps), (xs, ys)))
+            state, m = lax.scan(body, state, (jnp.arange(steps), (xs, ys)))
+        if constant:
+            zeros = jnp.zeros([steps], jnp.int32)
+            m = StepMetrics(*m, zeros, zeros, jnp.ones([steps], jnp.float32))
+        return state, m
 
     def _eval_impl(self, trainable: dict, frozen: dict, xs: tuple, ys: jax.Array
                    ) -> tuple[jax.Array, jax.Array]:

@@ -10,9 +10,6 @@ performance decision made per shape by :func:`choose_conv_lowering` and
 - ``"xla"``: ``lax.conv_general_dilated`` (with ``feature_group_count`` for groups).
 - ``"im2col"``: the kernel's shifted (strided, dilated) slices of the padded input are
   concatenated on the channel axis and multiplied by the flattened filter in one matmul.
-- ``"gather"``: the same matrix built by one gather (and the input gradient by another, of
-  the cotangent): 2 operations instead of 2 x (taps + 1), for small steps that XLA's
-  per-operation overhead dominates.
 - ``"shift"``: depthwise only: the shifted slices are multiplied by per-channel weights and
   summed (an elementwise fusion; no grouped convolution anywhere, forward or backward).
 - ``"col2im"`` (transpose convolution): one matmul gives every tap's contribution, each tap is
@@ -33,7 +30,6 @@ from typing import Any
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
 
@@ -42,26 +38,17 @@ from .common import fused_activation, in_loop, padding_pairs, static
 from .registry import OpContext, register
 
 Pads = Sequence[tuple[int, int]]
-Geometry = tuple  # (kernel, strides, dilations, pads): hashable, static
 
-CONV_LOWERINGS = ("xla", "im2col", "gather", "shift")
+CONV_LOWERINGS = ("xla", "im2col", "shift")
 TRANSPOSE_CONV_LOWERINGS = ("xla", "col2im")
 
 #: Largest im2col depth (taps x input channels) and im2col matrix size lowered as im2col.
 IM2COL_MAX_DEPTH = 144
 IM2COL_MAX_BYTES = 640 << 10
 
-#: Largest im2col matrix built by one gather ("gather"): XLA CPU's gather copies element by
-#: element, so it only pays where it saves operations (the example's 18-36 KiB matrices:
-#: 10-15% faster steps; its 295 KiB one at batch 16: 1.7x slower than "im2col").
-GATHER_MAX_BYTES = 64 << 10
-
 #: Inside compiled loops (training epochs) XLA's convolution is 10-70x slower, so im2col is
 #: used up to this matrix size (memory, not time, bounds it there).
 IM2COL_LOOP_MAX_BYTES = 256 << 20
-
-#: Largest operand whose transpose is copied before a weight-gradient matmul (_w_tangent).
-TRANSPOSE_MAX_BYTES = 32 << 10
 
 #: Largest per-tap product (input pixels x taps x output channels) lowered as col2im; beyond
 #: it only memory decides (col2im is 3-25x faster at every measured size).
@@ -104,8 +91,7 @@ def choose_conv_lowering(kernel: Sequence[int], c_in: int, groups: int, out_pixe
     - small regular convolutions are dispatch/layout bound in XLA's convolution: im2col + one
       matmul is 1.5-7x faster while the im2col depth (taps x C_in) is at most
       ``IM2COL_MAX_DEPTH`` and its matrix at most ``IM2COL_MAX_BYTES`` (the branching 8x8x8
-      CNN: 2-3x); beyond either, its copies cost more than they save (0.4-0.9x): ``"xla"``;
-    - an im2col matrix of at most ``GATHER_MAX_BYTES`` is built by one gather (``"gather"``).
+      CNN: 2-3x); beyond either, its copies cost more than they save (0.4-0.9x): ``"xla"``.
     """
     cg = c_in // groups
     if groups > 1:
@@ -115,8 +101,6 @@ def choose_conv_lowering(kernel: Sequence[int], c_in: int, groups: int, out_pixe
         return "im2col"
     depth = taps * cg
     size = out_pixels * depth * itemsize
-    if size <= GATHER_MAX_BYTES:
-        return "gather"
     if depth <= IM2COL_MAX_DEPTH and size <= IM2COL_MAX_BYTES:
         return "im2col"
     if in_loop() and size <= IM2COL_LOOP_MAX_BYTES:  # see common.inside_loop: 10-70x
@@ -206,8 +190,7 @@ def conv_nd(x: jax.Array, w: jax.Array, strides: Sequence[int], dilations: Seque
     groups = c_in // cg
     out = _out_sizes(x.shape[1:-1], kernel, strides, dilations, pads)
     if method is None:
-        allowed = ("xla", "im2col") + (("gather",) if cg == c_in else ()) + (
-            ("shift",) if cg == 1 else ())
+        allowed = ("xla", "im2col") + (("shift",) if cg == 1 else ())
         chosen = choose_conv_lowering(kernel, c_in, groups, x.shape[0] * math.prod(out),
                                       x.dtype.itemsize)
         method = _pick(chosen, allowed,
@@ -233,8 +216,6 @@ def _conv_impl(x: jax.Array, w: jax.Array, strides: tuple[int, ...],
             x, w, tuple(strides), [tuple(p) for p in pads], rhs_dilation=tuple(dilations),
             dimension_numbers=_dimension_numbers(nd), feature_group_count=groups,
         )
-    if method == "gather":
-        return _conv_gather(x, w, (kernel, strides, dilations, pads))
     if method == "shift":
         m = c_out // c_in
         if m > 1:  # output channel c*M + k reads input channel c
@@ -252,77 +233,6 @@ def _conv_impl(x: jax.Array, w: jax.Array, strides: tuple[int, ...],
     return y.reshape(*y.shape[:-2], c_out)
 
 
-def _im2col(x: jax.Array, geom: Geometry) -> jax.Array:
-    """[N, *S', K*C]: every output position's receptive field (taps in filter order, channels
-    within), one gather of rows of the padded input flattened to [N * spatial, C]."""
-    kernel, strides, dilations, pads = geom
-    xp = _pad_spatial(x, pads)
-    sizes = xp.shape[1:-1]
-    out = _out_sizes(x.shape[1:-1], kernel, strides, dilations, pads)
-    row = np.zeros((1,) * (2 * len(kernel) + 1), np.int32)
-    for i, (m, k, s, d) in enumerate(zip(out, kernel, strides, dilations, strict=True)):
-        shape = [1] * row.ndim
-        shape[1 + i], shape[1 + len(kernel) + i] = m, k
-        pos = np.arange(m)[:, None] * s + np.arange(k)[None, :] * d
-        row = row + (pos * math.prod(sizes[i + 1:])).reshape(shape)
-    n = x.shape[0]
-    row = row + (np.arange(n) * math.prod(sizes)).reshape((n,) + (1,) * (row.ndim - 1))
-    flat = xp.reshape(-1, x.shape[-1])
-    cols = flat.at[row.astype(np.int32)].get(mode="promise_in_bounds")
-    return cols.reshape(n, *out, -1)
-
-
-def _conv_input_grad(g: jax.Array, w: jax.Array, geom: Geometry, sizes: Sequence[int]
-                     ) -> jax.Array:
-    """The input gradient of a convolution, gather form: the cotangent g [N, *S', O], dilated
-    by the strides and padded, correlated with the flipped filter. Linear in g."""
-    kernel, strides, dilations, pads = geom
-    nd = len(kernel)
-    config = [(0, 0, 0)]
-    for k, s, d, (lo, _), n, m in zip(kernel, strides, dilations, pads, sizes, g.shape[1:-1],
-                                      strict=True):
-        before = (k - 1) * d - lo
-        config.append((before, n + lo - (m - 1) * s - 1, s - 1))
-    config.append((0, 0, 0))
-    gp = lax.pad(g, jnp.zeros((), g.dtype), config)
-    ones = (1,) * nd
-    cols = _im2col(gp, (kernel, ones, dilations, ((0, 0),) * nd))
-    wf = jnp.swapaxes(jnp.flip(w, tuple(range(nd))), -1, -2)  # [*K, O, C_in]
-    return jnp.matmul(cols, wf.reshape(-1, w.shape[-2]))
-
-
-@functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
-def _conv_gather(x: jax.Array, w: jax.Array, geom: Geometry) -> jax.Array:
-    """Convolution (groups = 1) as one gather (:func:`_im2col`) and one matmul.
-
-    Its derivative is written out: differentiated as is, the gather's transpose is a
-    scatter-add, which XLA CPU runs element by element (a fifth of the example's step at
-    batch 16). The input tangent's term is instead the transpose of
-    :func:`_conv_input_grad`, so reverse mode transposes it back into a gather and a
-    matmul. All AD modes still work (forward mode evaluates the scatter form).
-    """
-    return _matmul_2d(_im2col(x, geom), w.reshape(-1, w.shape[-1]))
-
-
-@functools.partial(_conv_gather.defjvp, symbolic_zeros=True)
-def _conv_gather_jvp(geom: Geometry, primals: tuple, tangents: tuple) -> tuple:
-    x, w = primals
-    tx, tw = tangents
-    cols = _im2col(x, geom)
-    y = jnp.matmul(cols, w.reshape(-1, w.shape[-1]))
-    terms = []
-    if not isinstance(tx, SymbolicZero):
-        sizes = x.shape[1:-1]
-        adjoint = jax.linear_transpose(
-            lambda g: _conv_input_grad(g, w, geom, sizes), jax.ShapeDtypeStruct(y.shape, y.dtype)
-        )
-        terms.append(adjoint(tx)[0])
-    if not isinstance(tw, SymbolicZero):
-        flat = cols.reshape(-1, cols.shape[-1])
-        terms.append(_w_tangent(flat, tw.reshape(-1, w.shape[-1])).reshape(y.shape))
-    return y, _tangent_sum(terms, y)
-
-
 def _matmul_2d(x: jax.Array, w: jax.Array) -> jax.Array:
     """[..., K] @ [K, O] as one 2-d matmul (forward and both gradients are plain GEMMs)."""
     lead = x.shape[:-1]
@@ -332,7 +242,14 @@ def _matmul_2d(x: jax.Array, w: jax.Array) -> jax.Array:
 
 @jax.custom_jvp
 def _matmul(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x @ w`` for 2-d operands; its derivative is shaped for XLA CPU (:func:`_w_tangent`)."""
+    """``x @ w`` for 2-d operands, its weight gradient kept a GEMM for a single row.
+
+    XLA rewrites a product over one row (a batch of 1) into an elementwise outer product,
+    which then fuses with, and recomputes for each of its elements, everything that produced
+    both operands: for the bundled example's dense layer the softmax-gradient chain and the
+    max pooling, 10 x 128 times (14 us of a 65 us step). With a zero row appended to ``x`` in
+    the weight tangent, its transpose stays a 2-row GEMM (20% faster steps at batch 1).
+    """
     return jnp.matmul(x, w)
 
 
@@ -344,30 +261,14 @@ def _matmul_jvp(primals: tuple, tangents: tuple) -> tuple:
     terms = []
     if not isinstance(tx, SymbolicZero):
         terms.append(jnp.matmul(tx, w))
-    if not isinstance(tw, SymbolicZero):
-        terms.append(_w_tangent(x, tw))
+    if not isinstance(tw, SymbolicZero) and x.shape[0] == 1:
+        terms.append(jnp.matmul(jnp.pad(x, ((0, 1), (0, 0))), tw)[:1])
+    elif not isinstance(tw, SymbolicZero):
+        terms.append(jnp.matmul(x, tw))
     return y, _tangent_sum(terms, y)
 
 
-def _w_tangent(x: jax.Array, tw: jax.Array) -> jax.Array:
-    """``x @ tw`` for a weight tangent ``tw``, written so that its transpose, the weight
-    gradient ``x.T @ g``, stays a fast GEMM on XLA CPU (measured on the bundled example):
-
-    - one row (batch 1) gets a zero row: XLA turns a product over a single row into an
-      elementwise outer product, which fuses with (and recomputes, for each of its elements)
-      everything that produced both operands: 14 us for the 10x128 dense gradient, ~1 us
-      as a 2-row GEMM;
-    - a small x (up to ``TRANSPOSE_MAX_BYTES``) is transposed into a copy first: XLA's
-      generic dot emitter runs a product contracting x's rows 5x slower than the library
-      GEMM on the copy (21 us vs 4 us for the 64x72 im2col matrix). Larger transposed
-      copies cost more than they save.
-    """
-    if x.shape[0] == 1:
-        return jnp.matmul(jnp.pad(x, ((0, 1), (0, 0))), tw)[:1]
-    if x.size * x.dtype.itemsize <= TRANSPOSE_MAX_BYTES:
-        x = lax.optimization_barrier(x.T).T
-    return jnp.matmul(x, tw)
-
+Geometry = tuple  # (kernel, strides, dilations, pads): hashable, static
 
 #: Bytes of shifted slices one chunk of the weight-gradient scan may hold (see _channelwise).
 CHUNK_BYTES = 8 << 20
