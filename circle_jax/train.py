@@ -365,9 +365,9 @@ class Trainer:
 
 
 #: XLA options for compiled epochs on CPU. XLA's classic elemental fusion emitters run these
-#: steps (pads, strided slices, selects) faster than its newer MLIR ones and compile with less
-#: memory (measured: the example at batch 16 0.45 vs 0.51 ms/step; MobileNet v1 peak RSS
-#: 535 vs 856 MiB; benchmarks/bench_vs_onert.py).
+#: steps (pads, strided slices, selects) faster than its newer MLIR ones and compile with
+#: less memory (paired, benchmarks/bench_paired.py: the example 4% / 10% faster at batch
+#: 1 / 16, ResNet-8 2-9%, MNIST within 3%; MobileNet v1 peak RSS 549 vs 833 MiB).
 CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
