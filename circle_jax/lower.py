@@ -1,8 +1,10 @@
 """Lowering: the IR becomes a pure ``apply(params, *inputs)`` built from registered operators.
 
-Float constant tensors are parameters (looked up by name in ``params``); every other constant
-stays a static numpy value, and operators whose inputs are all static are evaluated at lowering
-time (constant folding), so shape arithmetic never reaches the compiled graph.
+Float constant tensors are parameters (looked up by name in ``params``), except those read
+only at inputs an operator needs static (``register(..., static_inputs=...)``, e.g. RANGE's
+bounds); every other constant stays a static numpy value, and operators whose inputs are all
+static are evaluated at lowering time (constant folding), so shape arithmetic never reaches
+the compiled graph.
 """
 
 from __future__ import annotations
@@ -15,7 +17,7 @@ import numpy as np
 
 from . import ir
 from .errors import UnsupportedOperatorError
-from .ops.registry import OpContext, lookup
+from .ops.registry import OpContext, lookup, static_inputs
 
 # Operators that must never be folded (they carry control flow or state).
 _NO_FOLD = frozenset({"IF", "WHILE", "STABLEHLO_COMPOSITE", "CALL_ONCE", "VAR_HANDLE"})
@@ -24,10 +26,12 @@ ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 
 
 def param_table(model: ir.Model) -> dict[str, ParamKey]:
-    """Unique readable names for every float constant tensor that some operator reads."""
+    """Unique readable names for every float constant tensor that some operator reads as a
+    value (not only at inputs that must be static, such as RANGE's bounds)."""
     table: dict[str, ParamKey] = {}
     for sg in model.subgraphs:
-        read = {i for op in sg.operators for i in op.inputs if i >= 0}
+        read = {i for op in sg.operators for pos, i in enumerate(op.inputs)
+                if i >= 0 and pos not in static_inputs(op.key)}
         for t in sg.tensors:
             if t.is_constant and t.is_float and not t.is_variable and t.index in read:
                 name, n = t.name, 1
@@ -85,14 +89,14 @@ class Lowered:
             raise TypeError(f"subgraph {k} takes {len(sg.inputs)} inputs, got {len(inputs)}")
         env: dict[int, Any] = dict(zip(sg.inputs, inputs))
 
-        def value(i: int) -> Any:
+        def value(i: int, static: bool = False) -> Any:
             if i < 0:
                 return None
             if i in env:
                 return env[i]
             t = sg.tensors[i]
             name = self._param_name.get((k, i))
-            if name is not None:
+            if name is not None and not (static and t.data is not None):
                 return params[name]
             if t.data is not None:
                 return t.data
@@ -104,7 +108,8 @@ class Lowered:
             return self.run(j, params, args, keep=False)[0]
 
         for op in sg.operators:
-            args = [value(i) for i in op.inputs]
+            statics = static_inputs(op.key)
+            args = [value(i, pos in statics) for pos, i in enumerate(op.inputs)]
             ctx = OpContext(
                 op,
                 tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs),

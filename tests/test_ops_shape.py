@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -396,14 +397,32 @@ def test_range_empty() -> None:
 
 
 def test_range_float() -> None:
-    """Float constants are params, which jit traces: checked eagerly against LiteRT."""
+    """Float bounds are static inputs (registry ``static_inputs``): not params, so the model
+    runs under jit too; checked against LiteRT."""
     inputs = [Const(np.float32(0.5)), Const(np.float32(2.0)), Const(np.float32(0.1))]
     model, feeds = one_op_model("RANGE", inputs)
     want = run_litert(model.to_bytes("tflite"), feeds)[0]
     m = cj.load(model.to_bytes("circle"))
-    got = m.apply(m.params)[0]
-    assert got.dtype == want.dtype and got.shape == want.shape
-    np.testing.assert_array_equal(got, want)  # same step-by-step float32 accumulation
+    assert m.params == {}
+    for got in (m.apply(m.params)[0], jax.jit(m.apply)(m.params)[0]):
+        assert got.dtype == want.dtype and got.shape == want.shape
+        np.testing.assert_array_equal(got, want)  # same step-by-step float32 accumulation
+
+
+def test_range_float_bound_shared_with_a_value_input_trains() -> None:
+    """A float constant read both as a RANGE bound and as an ADD operand stays a trainable
+    param; RANGE reads its stored value, so the model compiles and differentiates."""
+    b = Builder("range shares a constant")
+    x = b.input("x", (1, 4))
+    one = b.constant("one", np.float32(1.0))
+    r = b.op("RANGE", [one, b.constant("limit", np.float32(5.0)), one])  # 1, 2, 3, 4
+    b.output(b.op("ADD", [b.op("MUL", [x, r]), one]))
+    m = cj.load(b.to_bytes())
+    assert sorted(m.params) == ["one"]
+    xv = np.ones((1, 4), np.float32)
+    np.testing.assert_array_equal(jax.jit(m.apply)(m.params, xv)[0], [[2, 3, 4, 5]])
+    grad = jax.jit(jax.grad(lambda p: jnp.sum(m.apply(p, xv)[0])))(m.params)
+    assert float(grad["one"]) == 4.0  # through ADD only, not through RANGE's bounds
 
 
 def test_where() -> None:

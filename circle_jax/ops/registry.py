@@ -16,19 +16,33 @@ from .. import ir
 OpFn = Callable[..., Any]
 
 _REGISTRY: dict[str, OpFn] = {}
+_STATIC_INPUTS: dict[str, frozenset[int]] = {}
 
 
-def register(*keys: str) -> Callable[[OpFn], OpFn]:
-    """Register an implementation under operator names (``"CONV_2D"``, ``"CUSTOM:Name"``)."""
+def register(*keys: str, static_inputs: Sequence[int] = ()) -> Callable[[OpFn], OpFn]:
+    """Register an implementation under operator names (``"CONV_2D"``, ``"CUSTOM:Name"``).
+
+    ``static_inputs``: positions of inputs the implementation needs as values known when the
+    model is lowered (e.g. RANGE's start, limit and delta, which set its output's shape). A
+    float constant read only at such positions is kept as data instead of becoming a
+    trainable param, so the model still compiles.
+    """
 
     def decorate(fn: OpFn) -> OpFn:
         for key in keys:
             if key in _REGISTRY:
                 raise ValueError(f"operator {key} registered twice")
             _REGISTRY[key] = fn
+            _STATIC_INPUTS[key] = frozenset(static_inputs)
         return fn
 
     return decorate
+
+
+def static_inputs(key: str) -> frozenset[int]:
+    """The input positions of ``key`` that must be static (see :func:`register`)."""
+    _load_families()
+    return _STATIC_INPUTS.get(key, frozenset())
 
 
 def lookup(key: str) -> OpFn | None:

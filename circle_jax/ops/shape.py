@@ -437,7 +437,7 @@ def broadcast_args(ctx: OpContext, s0: Array, s1: Array) -> np.ndarray:
     return np.asarray(np.broadcast_shapes(tuple(a.tolist()), tuple(b.tolist())), a.dtype)
 
 
-@register("RANGE")
+@register("RANGE", static_inputs=(0, 1, 2))
 def range_(ctx: OpContext, start: Array, limit: Array, delta: Array) -> np.ndarray:
     """start, start+delta, ... up to (excluding) limit, accumulated in the input dtype."""
     s, lim, d = (static(v, f"range {w}") for v, w in
