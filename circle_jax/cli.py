@@ -246,20 +246,12 @@ def cmd_export(args: argparse.Namespace) -> int:
         params = checkpoint_params(args.checkpoint, model)
     for flag, fmt in (("--circle", "circle"), ("--tflite", "tflite")):
         if outputs[flag]:
-            atomic_write(outputs[flag], model.export(_changed(model, params), fmt),
-                         protect=inputs)
+            atomic_write(outputs[flag], model.export(params, fmt), protect=inputs)
             print(f"wrote {outputs[flag]}")
     if args.wof:
         save_wof(args.wof, model, params, protect=inputs)
         print(f"wrote {args.wof}")
     return 0
-
-
-def _changed(model: Any, params: dict[str, Any]) -> dict[str, Any]:
-    """The params whose values differ from the model's: only those are written, so an
-    unchanged weight keeps its (possibly shared) buffer and the file does not grow."""
-    return {k: v for k, v in params.items()
-            if np.asarray(v).tobytes() != np.asarray(model.params[k]).tobytes()}
 
 
 def _check_outputs(outputs: dict[str, str | None], inputs: Sequence[str | None],
@@ -468,7 +460,7 @@ def _export_trained(args: argparse.Namespace, model: Any, result: Any,
         exports.append((args.export_circleplus, "circle", circleplus_metadata(result.trainer)))
     for path, fmt, meta in exports:
         if path:
-            data = model.export(_changed(model, result.params), fmt, metadata=meta)
+            data = model.export(result.params, fmt, metadata=meta)
             atomic_write(path, data, protect=inputs)
     if args.export_wof:
         save_wof(args.export_wof, model, result.params, result.trainer.trainable,

@@ -301,7 +301,7 @@ class Trainer:
             state, m = lax.scan(body, state, (jnp.arange(steps), (xs, ys)))
         if constant:
             zeros = jnp.zeros([steps], jnp.int32)
-            m = StepMetrics(*m, zeros, zeros, jnp.ones([steps], jnp.float32))
+            m = StepMetrics(*m, zeros, zeros, jnp.full([steps], state.loss_scale.loss_scale))
         return state, m
 
     def _eval_impl(self, trainable: dict, frozen: dict, xs: tuple, ys: jax.Array

@@ -261,10 +261,10 @@ def _matmul_jvp(primals: tuple, tangents: tuple) -> tuple:
     terms = []
     if not isinstance(tx, SymbolicZero):
         terms.append(jnp.matmul(tx, w))
-    if not isinstance(tw, SymbolicZero) and x.shape[0] == 1:
-        terms.append(jnp.matmul(jnp.pad(x, ((0, 1), (0, 0))), tw)[:1])
-    elif not isinstance(tw, SymbolicZero):
-        terms.append(jnp.matmul(x, tw))
+    if not isinstance(tw, SymbolicZero):
+        one_row = x.shape[0] == 1  # see the docstring: keep a 2-row GEMM
+        terms.append(jnp.matmul(jnp.pad(x, ((0, 1), (0, 0))), tw)[:1] if one_row
+                     else jnp.matmul(x, tw))
     return y, _tangent_sum(terms, y)
 
 
