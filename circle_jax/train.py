@@ -23,6 +23,7 @@ import optax
 from jax import lax
 
 from .errors import DataError, TrainingError
+from .hoisting import split_step
 from .losses import get_loss, get_reduction, loss_name
 from .model import Model
 from .ops.common import inside_loop
@@ -180,6 +181,9 @@ class Trainer:
         #: ``progress(done, total)`` is called from inside the compiled epoch (set it before
         #: the first epoch compiles; the CLI's progress bar)
         self.progress: Callable[[Any, Any], None] | None = None
+        #: compute the steps' data-only work for a whole epoch before its loop
+        #: (`circle_jax.hoisting`; set before the first epoch compiles)
+        self.hoist = True
         reduction = get_reduction(config.reduction)
         loss_kwargs: dict[str, Any] = {"reduction": reduction}
         if loss_name(config.loss) != "mean_squared_error":
@@ -289,16 +293,27 @@ class Trainer:
         # the loop instead of written by every step (three fewer operations per step).
         constant = isinstance(state.loss_scale, NoLossScale)
 
-        def body(s: TrainState, b: tuple) -> tuple[TrainState, tuple]:
-            i, batch = b
-            s, m = self.train_step(s, frozen, batch)
-            if report is not None:  # host callback ~40 times an epoch (terminals only)
-                lax.cond((i + 1) % every == 0,
-                         lambda: jax.debug.callback(report, i + 1, steps), lambda: None)
+        def step(s: TrainState, fr: dict, batch: Batch) -> tuple[TrainState, tuple]:
+            s, m = self.train_step(s, fr, batch)
             return s, m[:2] if constant else m
 
         with inside_loop():  # lowerings that suit loop bodies (see ops.common.inside_loop)
-            state, m = lax.scan(body, state, (jnp.arange(steps), (xs, ys)))
+            first = jax.tree.map(lambda a: a[0], (xs, ys))
+            split = split_step(step, state, frozen, first, steps) if self.hoist else None
+            if split is None:
+                data, run = (xs, ys), step
+            else:  # the batches' data-only work, for all of them at once (see hoisting)
+                data, run = split.precompute(frozen, (xs, ys)), split.step
+
+            def body(s: TrainState, b: tuple) -> tuple[TrainState, tuple]:
+                i, batch = b
+                s, m = run(s, frozen, batch)
+                if report is not None:  # host callback ~40 times an epoch (terminals only)
+                    lax.cond((i + 1) % every == 0,
+                             lambda: jax.debug.callback(report, i + 1, steps), lambda: None)
+                return s, m
+
+            state, m = lax.scan(body, state, (jnp.arange(steps), data))
         if constant:
             zeros = jnp.zeros([steps], jnp.int32)
             m = StepMetrics(*m, zeros, zeros, jnp.full([steps], state.loss_scale.loss_scale))

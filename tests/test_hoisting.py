@@ -1,0 +1,123 @@
+"""Epochs that precompute their steps' data-only work (``circle_jax.hoisting``).
+
+The split epoch must train exactly as the plain one: the same operations run, only earlier,
+so losses, metrics and trained weights are compared bit for bit, across configurations
+that change what the data-only part contains (frozen prefixes, in-step micro-batches, loss
+scaling with half-precision compute, sparse labels). Then: what is hoisted for the bundled
+example, chunked precomputation, and the size limit that turns hoisting off.
+"""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import circle_jax as cj
+import circle_jax.hoisting as hoisting
+from circle_jax.examples import branching_cnn, digits
+from circle_jax.train import Trainer, _batched
+
+
+def _epochs(trainer_kwargs: dict, x: np.ndarray, y: np.ndarray, hoist: bool,
+            epochs: int = 2) -> tuple[list, dict]:
+    model = cj.load(branching_cnn(channels=4).to_bytes())
+    trainer = Trainer(model, **trainer_kwargs)
+    trainer.hoist = hoist
+    state, frozen = trainer.init()
+    metrics = []
+    for e in range(epochs):
+        state, m = trainer.run_epoch(state, frozen, (jnp.asarray(x),), jnp.asarray(y), e)
+        metrics.append(jax.tree.map(np.asarray, m))
+    return metrics, {k: np.asarray(v) for k, v in state.params.items()}
+
+
+def _data(n: int = 48) -> tuple[np.ndarray, np.ndarray]:
+    x, y = digits()
+    return x[:n], y[:n]
+
+
+CONFIGS = {
+    "sgd batch 1": dict(loss="cce", optimizer="sgd", learning_rate=0.05, batch_size=1),
+    "adam batch 8, last 2 ops": dict(loss="cce", optimizer="adam", learning_rate=0.01,
+                                     batch_size=8, trainable=2),
+    "in-step micro-batches": dict(loss="mse", optimizer="sgd", learning_rate=0.05,
+                                  batch_size=8, accumulate=2, accumulate_mode="in_step"),
+    "f16 compute, dynamic scaling": dict(loss="cce", optimizer="sgd", learning_rate=0.05,
+                                         batch_size=4, precision="p=f32,c=f16,o=f32",
+                                         loss_scale="dynamic"),
+    "sparse labels": dict(loss="sparse_cce", optimizer="sgd", learning_rate=0.05,
+                          batch_size=4),
+}
+
+
+@pytest.mark.parametrize("name", list(CONFIGS))
+def test_split_epochs_train_bit_identically(name: str) -> None:
+    x, y = _data()
+    if name == "sparse labels":
+        y = np.argmax(y, axis=-1).astype(np.int32)
+    plain = _epochs(CONFIGS[name], x, y, hoist=False)
+    split = _epochs(CONFIGS[name], x, y, hoist=True)
+    for a, b in zip(plain[0], split[0], strict=True):
+        jax.tree.map(np.testing.assert_array_equal, a, b)
+    jax.tree.map(np.testing.assert_array_equal, plain[1], split[1])
+
+
+def _split_example(batch: int, steps: int) -> tuple[hoisting.SplitStep | None, tuple, Trainer]:
+    trainer = Trainer(cj.load(branching_cnn(channels=4).to_bytes()), loss="cce",
+                      optimizer="sgd", learning_rate=0.05, batch_size=batch)
+    state, frozen = trainer.init()
+    x, y = _data(batch * steps)
+    xs, ys = _batched((jnp.asarray(x),), jnp.asarray(y), batch, steps)
+    first = jax.tree.map(lambda a: a[0], (xs, ys))
+    return hoisting.split_step(trainer.train_step, state, frozen, first, steps), \
+        (state, frozen, xs, ys), trainer
+
+
+def test_the_example_hoists_its_input_im2col() -> None:
+    """The first convolution's im2col ([pixels, 9 taps x 1 channel]) depends on the batch
+    alone; the weights' values do not appear among the precomputed ones."""
+    split, (state, frozen, xs, ys), _ = _split_example(batch=2, steps=3)
+    assert split is not None
+    values = split.precompute(frozen, (xs, ys))
+    shapes = [v.shape for v in values]
+    assert (3, 2 * 64, 9) in shapes, shapes
+    assert all(v.shape[0] == 3 for v in values)
+    weights = {tuple(v.shape) for v in jax.tree.leaves(state.params)}
+    assert not weights & {s[1:] for s in shapes}, shapes
+
+
+def test_chunked_precompute_equals_one_vectorized_pass(monkeypatch) -> None:
+    """Precomputation in chunks (with a remainder) gives the values of one pass."""
+    split, (state, frozen, xs, ys), _ = _split_example(batch=2, steps=7)
+    whole = split.precompute(frozen, (xs, ys))
+    monkeypatch.setattr(hoisting, "CHUNK_BYTES", 1)
+    chunked, *_ = _split_example(batch=2, steps=7)
+    assert chunked.chunk == 1
+    chunked = hoisting.SplitStep(**{**chunked.__dict__, "chunk": 3})  # 2 chunks + 1 left
+    for a, b in zip(whole, chunked.precompute(frozen, (xs, ys)), strict=True):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_no_split_above_the_size_limit(monkeypatch) -> None:
+    """Above MAX_HOISTED_BYTES the epoch runs the plain step (and still trains)."""
+    monkeypatch.setattr(hoisting, "MAX_HOISTED_BYTES", 1)
+    split, (state, frozen, xs, ys), trainer = _split_example(batch=2, steps=3)
+    assert split is None
+    new, m = trainer._epoch(state, frozen, xs, ys)
+    assert np.all(np.isfinite(np.asarray(m.loss)))
+
+
+def test_invariant_times_batch_is_precomputed_per_step() -> None:
+    """In ``c + i * b`` the product depends on the invariant and the batch only: it is the
+    precomputed value, one per step; a step that never reads its batch is not split."""
+    b = jnp.arange(12.0).reshape(4, 3)
+    split = hoisting.split_step(lambda c, i, b: (c + i * b, c), jnp.ones(3), jnp.full(3, 2.0),
+                                b[0], 4)
+    (values,) = split.precompute(jnp.full(3, 2.0), b)
+    np.testing.assert_array_equal(values, 2.0 * b)
+    carry, out = split.step(jnp.ones(3), jnp.full(3, 2.0), (values[1],))
+    np.testing.assert_array_equal(carry, 1.0 + 2.0 * b[1])
+    assert hoisting.split_step(lambda c, i, b: (c * i, c), jnp.ones(3), jnp.ones(3),
+                               jnp.ones(3), 4) is None
