@@ -81,8 +81,8 @@ def methods(case: Case) -> tuple[str, ...]:
         return conv.TRANSPOSE_CONV_LOWERINGS
     c_in = case.x[-1]
     if case.groups == c_in:
-        return conv.CONV_LOWERINGS
-    return ("xla", "im2col")
+        return ("xla", "im2col", "shift")
+    return ("xla", "im2col", "kn2row") if case.groups == 1 else ("xla", "im2col")
 
 
 def chosen(case: Case) -> str:
@@ -90,7 +90,8 @@ def chosen(case: Case) -> str:
     if case.transpose:
         return conv.choose_transpose_conv_lowering(case.kernel, case.c_out, math.prod(case.x[:3]))
     out_pixels = case.x[0] * math.prod(-(-d // case.stride) for d in case.x[1:3])
-    return conv.choose_conv_lowering(case.kernel, c_in, case.groups, out_pixels)
+    return conv.choose_conv_lowering(case.kernel, c_in, case.c_out, case.groups, out_pixels,
+                                     (case.stride, case.stride))
 
 
 def step_fn(case: Case, method: str) -> Callable:

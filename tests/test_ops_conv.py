@@ -106,6 +106,9 @@ def test_fused_relu_gradient_is_zero_at_the_kink():
 CONV_ROWS = [
     ("im2col", {"padding": "SAME", "stride_h": 1, "stride_w": 1}, (3, 3)),
     ("xla", {"padding": "SAME", "stride_h": 1, "stride_w": 1}, (3, 3)),
+    ("kn2row", {"padding": "SAME", "stride_h": 1, "stride_w": 1}, (3, 3)),
+    ("kn2row", {"padding": "VALID", "stride_h": 2, "stride_w": 1,
+                "fused_activation_function": "RELU"}, (3, 3)),
     ("im2col", {"padding": "VALID", "stride_h": 2, "stride_w": 1,
                 "fused_activation_function": "RELU"}, (3, 3)),
     ("xla", {"padding": "SAME", "stride_h": 2, "stride_w": 2,
@@ -118,6 +121,8 @@ CONV_ROWS = [
              "dilation_w_factor": 2}, (3, 2)),
     ("im2col", {"padding": "VALID", "stride_h": 1, "stride_w": 2, "dilation_h_factor": 1,
                 "dilation_w_factor": 2}, (3, 2)),
+    ("kn2row", {"padding": "SAME", "stride_h": 2, "stride_w": 2, "dilation_h_factor": 2,
+                "dilation_w_factor": 1, "fused_activation_function": "RELU6"}, (2, 3)),
     (None, {"padding": "SAME", "stride_h": 2, "stride_w": 2}, (1, 1)),
     # LiteRT's conv kernels clamp to the activation's range: TANH/SIGN_BIT change nothing.
     (None, {"padding": "SAME", "stride_h": 1, "stride_w": 1,
@@ -136,7 +141,7 @@ def test_conv_2d(method, options, kernel):
         check_op("CONV_2D", [x, Const(w), Const(b)], options)
 
 
-@pytest.mark.parametrize("method", ["xla", "im2col"])
+@pytest.mark.parametrize("method", ["xla", "im2col", "kn2row"])
 def test_conv_2d_without_bias(method):
     r = np.random.default_rng(5)
     with conv.force_lowering(method):
@@ -146,10 +151,10 @@ def test_conv_2d_without_bias(method):
 
 @pytest.mark.parametrize("method, filter_in, c_out", [
     ("xla", 3, 4), ("im2col", 3, 4), ("im2col", 2, 9), ("shift", 2, 9),
-    ("xla", 1, 12), ("im2col", 1, 12), ("shift", 1, 12),
+    ("xla", 1, 12), ("im2col", 1, 12), ("shift", 1, 12), ("kn2row", 3, 4),
 ])
 def test_conv_2d_grouped(method, filter_in, c_out):
-    if method == "shift" and filter_in != 1:
+    if (method == "shift" and filter_in != 1) or method == "kn2row":
         with pytest.raises(ValueError, match="cannot compute"), conv.force_lowering(method):
             _run("CONV_2D", [np.zeros((1, 4, 4, 6), np.float32),
                              Const(np.zeros((c_out, 3, 3, filter_in), np.float32))],
@@ -162,8 +167,9 @@ def test_conv_2d_grouped(method, filter_in, c_out):
                  {"padding": "SAME", "stride_h": 2, "stride_w": 1, "dilation_w_factor": 2})
 
 
-@pytest.mark.parametrize("method, filter_in", [("xla", 3), ("im2col", 3), ("im2col", 1)],
-                         ids=["xla", "im2col", "im2col-3groups"])
+@pytest.mark.parametrize("method, filter_in", [("xla", 3), ("im2col", 3), ("im2col", 1),
+                                               ("kn2row", 3)],
+                         ids=["xla", "im2col", "im2col-3groups", "kn2row"])
 def test_conv_2d_grads(method, filter_in):
     r = np.random.default_rng(7)
     x, w, b = _normal(r, 1, 6, 5, 3), _normal(r, 6, 3, 2, filter_in), _normal(r, 6)
@@ -270,6 +276,7 @@ def test_depthwise_multiplier_mismatch_is_an_error():
     ("im2col", {"padding": "SAME", "stride_d": 1, "stride_h": 2, "stride_w": 1,
                 "dilation_d_factor": 2, "dilation_h_factor": 1, "dilation_w_factor": 2,
                 "fused_activation_function": "RELU6"}, True),
+    ("kn2row", {"padding": "SAME", "stride_d": 1, "stride_h": 1, "stride_w": 1}, True),
 ])
 def test_conv_3d(method, options, bias):
     r = np.random.default_rng(12)
@@ -281,7 +288,7 @@ def test_conv_3d(method, options, bias):
             _check_without_bias("CONV_3D", x, w, options)
 
 
-@pytest.mark.parametrize("method", ["im2col"])  # "xla" is lax's own gradient
+@pytest.mark.parametrize("method", ["im2col", "kn2row"])  # "xla" is lax's own gradient
 def test_conv_3d_grads(method):
     r = np.random.default_rng(13)
     with conv.force_lowering(method):
@@ -500,12 +507,17 @@ def test_custom_batch_matmul_v2_bad_options():
 
 def test_dispatch_rule():
     choose = conv.choose_conv_lowering
-    assert choose((3, 3), 32, 32, 16 * 64 * 64) == "shift"  # depthwise, any size
-    assert choose((3, 3), 32, 4, 16 * 16 * 16) == "im2col"  # grouped
-    assert choose((1, 1), 256, 1, 16 * 32 * 32) == "im2col"  # 1x1: a plain matmul
-    assert choose((3, 3), 8, 1, 16 * 8 * 8) == "im2col"  # the small branching CNN
-    assert choose((3, 3), 64, 1, 16 * 16 * 16) == "xla"
-    assert choose((3, 3), 16, 1, 16 * 64 * 64) == "xla"  # im2col matrix too large
+    assert choose((3, 3), 32, 32, 32, 16 * 64 * 64) == "shift"  # depthwise, any size
+    assert choose((3, 3), 32, 32, 4, 16 * 16 * 16) == "im2col"  # grouped
+    assert choose((1, 1), 256, 64, 1, 16 * 32 * 32) == "im2col"  # 1x1: a plain matmul
+    assert choose((3, 3), 8, 8, 1, 1 * 8 * 8, (1, 1)) == "kn2row"  # the example, tiny batches
+    assert choose((3, 3), 8, 8, 1, 4 * 8 * 8, (1, 1)) == "kn2row"
+    assert choose((3, 3), 8, 8, 1, 16 * 8 * 8, (1, 1)) == "im2col"  # batch 16: im2col
+    assert choose((3, 3), 8, 16, 1, 1 * 8 * 8, (1, 1)) == "im2col"  # C_out > C_in
+    assert choose((3, 3), 8, 8, 1, 1 * 8 * 8, (2, 2)) == "im2col"  # strided
+    assert choose((3, 3), 64, 64, 1, 1 * 8 * 8, (1, 1)) == "xla"  # ResNet-8 8x8x64: not kn2row
+    assert choose((3, 3), 64, 64, 1, 16 * 16 * 16) == "xla"
+    assert choose((3, 3), 16, 16, 1, 16 * 64 * 64) == "xla"  # im2col matrix too large
     assert conv.choose_transpose_conv_lowering((4, 4), 8, 16 * 16 * 16) == "col2im"
     assert conv.choose_transpose_conv_lowering((4, 4), 256, 16 * 128 * 128) == "xla"  # 1 GiB
 
