@@ -4,7 +4,7 @@ The split epoch must train exactly as the plain one: the same operations run, on
 so losses, metrics and trained weights are compared bit for bit, across configurations
 that change what the data-only part contains (frozen prefixes, in-step micro-batches, loss
 scaling with half-precision compute, sparse labels). Then: what is hoisted for the bundled
-example, chunked precomputation, and the size limit that turns hoisting off.
+example, chunked precomputation, and the size limits that turn hoisting off.
 """
 
 from __future__ import annotations
@@ -89,20 +89,23 @@ def test_the_example_hoists_its_input_im2col() -> None:
 
 
 def test_chunked_precompute_equals_one_vectorized_pass(monkeypatch) -> None:
-    """Precomputation in chunks (with a remainder) gives the values of one pass."""
+    """Precomputation in chunks (with a remainder), or step by step, gives the values of
+    one vectorized pass."""
     split, (state, frozen, xs, ys), _ = _split_example(batch=2, steps=7)
     whole = split.precompute(frozen, (xs, ys))
     monkeypatch.setattr(hoisting, "CHUNK_BYTES", 1)
     chunked, *_ = _split_example(batch=2, steps=7)
     assert chunked.chunk == 1
-    chunked = hoisting.SplitStep(**{**chunked.__dict__, "chunk": 3})  # 2 chunks + 1 left
-    for a, b in zip(whole, chunked.precompute(frozen, (xs, ys)), strict=True):
-        np.testing.assert_array_equal(a, b)
+    for chunk in (1, 3):  # step by step; 2 chunks of 3 + 1 left
+        part = hoisting.SplitStep(**{**chunked.__dict__, "chunk": chunk})
+        for a, b in zip(whole, part.precompute(frozen, (xs, ys)), strict=True):
+            np.testing.assert_array_equal(a, b)
 
 
-def test_no_split_above_the_size_limit(monkeypatch) -> None:
-    """Above MAX_HOISTED_BYTES the epoch runs the plain step (and still trains)."""
-    monkeypatch.setattr(hoisting, "MAX_HOISTED_BYTES", 1)
+@pytest.mark.parametrize("limit", ["MAX_STEP_BYTES", "MAX_HOISTED_BYTES"])
+def test_no_split_above_the_size_limits(monkeypatch, limit: str) -> None:
+    """Above either limit the epoch runs the plain step (and still trains)."""
+    monkeypatch.setattr(hoisting, limit, 1)
     split, (state, frozen, xs, ys), trainer = _split_example(batch=2, steps=3)
     assert split is None
     new, m = trainer._epoch(state, frozen, xs, ys)
