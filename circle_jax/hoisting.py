@@ -5,12 +5,15 @@ weights): the im2col of an input image, the class index of a one-hot label, the 
 frozen prefix when only the last operators train. `split_step` separates that part from the
 rest by JAX's partial evaluation of the step's jaxpr; an epoch then computes it for all of
 its batches at once, vectorized, before the scan, and every step does only the work that
-depends on the state it updates. Values and gradients are those of the unsplit step (the same
-operations, run earlier).
+depends on the state it updates. Values and gradients are those of the unsplit step: the same
+operations run, only earlier. (Vectorized over batches, the matmuls of a frozen prefix may
+round differently in the last bits: a frozen MobileNet's batch losses moved by 2e-6.)
 
-Partial evaluation is JAX-internal (``jax._src.interpreters.partial_eval``, stable since
-JAX 0.4.14); where it is missing or fails, `split_step` returns None and epochs run the
-plain step.
+It pays where steps are dispatch-bound (many small XLA operations): the bundled example's
+steps are 16% / 14% faster at batch 1 / 16, those of a MobileNet training only its last
+three operators 21% faster at batch 1 (paired epochs). Partial evaluation is JAX-internal
+(``jax._src.interpreters.partial_eval``, the machinery behind ``jax.linearize``); where it
+is missing or fails, `split_step` returns None and epochs run the plain step.
 """
 
 from __future__ import annotations
