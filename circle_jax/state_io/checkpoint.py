@@ -1,11 +1,5 @@
-"""Training state in and out of files: onert checkpoints, ``.wof`` weights and circle+ metadata.
+"""onert checkpoints: writing, reading (whatever the entry order) and resuming.
 
-The JAX-aware bridge between :class:`~circle_jax.model.Model` / :class:`~circle_jax.train.Trainer`
-/ :class:`~circle_jax.train.TrainState` and the byte-level codecs of ``circle_jax.io`` (which
-know nothing of JAX). Every file is written with :func:`~circle_jax.io.atomic.atomic_write`.
-
-onert checkpoints
------------------
 A checkpoint holds one entry per *constant tensor of subgraph 0* (float weights, trainable or
 frozen, and integer constants such as Reshape shapes), Adam ``m``/``v`` per entry (zero-size
 for tensors without optimizer state), the number of weight updates (``cur_step``) and an
@@ -44,11 +38,6 @@ place for them): loss-scale state (reset from the config), a partial gradient ac
 (saving mid-cycle is refused) and optimizer state other than Adam's moments (momentum,
 RMSprop: refused). Weights and moments are stored in the tensor's dtype, so a half-precision
 model resumes from rounded float32 masters.
-
-.wof
-----
-onert-micro's weight-only file: buffer ``k`` belongs to tensor ``k`` of subgraph 0; circle-jax
-fills the buffers of the trainable float weights and leaves the others empty.
 """
 
 from __future__ import annotations
@@ -57,8 +46,7 @@ import functools
 import os
 import shutil
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -66,29 +54,18 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from . import ir
-from .errors import CircleFormatError, DataError, TrainingError
-from .io.atomic import PathLike, atomic_write
-from .io.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
-from .io.reader import read_bytes
-from .io.traininfo import METADATA_NAME, TrainInfo, encode_traininfo
-from .io.wof import decode_wof, encode_wof
-from .model import Model
-from .optim import AccumulateState, AdamTFState
-from .train import (
-    FitResult,
-    History,
-    StepMetrics,
-    TrainConfig,
+from .. import ir
+from ..errors import CircleFormatError, DataError, TrainingError
+from ..io.atomic import PathLike, atomic_write
+from ..io.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
+from ..io.reader import read_bytes
+from ..model import Model
+from ..optim import AccumulateState, AdamTFState
+from ..train import (
     Trainer,
     TrainState,
-    _batched,
-    prepare_data,
-    record_epoch,
 )
-
-Source = PathLike | bytes | bytearray | memoryview
-"""A file path or the file's bytes."""
+from ._common import Source, _describe, _main_params, _nbytes, _stream_k
 
 Order = str | Sequence[int]
 """A checkpoint entry order: "ascending", "onert", "auto" or the tensor index of each entry."""
@@ -99,33 +76,9 @@ ASCENDING_MARK = 1
 _MOMENTS = (AdamTFState, optax.ScaleByAdamState)  # states whose mu/nu are Adam's m and v
 
 
-# --------------------------------------------------------------------------- helpers
-
-
-def _nbytes(t: ir.Tensor) -> int:
-    return int(np.prod(t.shape, dtype=np.int64)) * ir.as_numpy_dtype(t.dtype).itemsize
-
-
-def _describe(t: ir.Tensor) -> str:
-    return f"tensor {t.index} {t.name!r} {t.dtype}{list(t.shape)}"
-
-
-def _main_params(model: Model) -> dict[int, str]:
-    """Tensor index -> param name for the params of subgraph 0."""
-    return {i: name for name, (k, i) in model.param_keys.items() if k == 0}
-
-
-def _stream_k(trainer: Trainer) -> int:
-    cfg = trainer.config
-    return cfg.accumulate if cfg.accumulate_mode == "stream" else 1
-
-
 def constant_tensors(model: Model) -> tuple[int, ...]:
     """Indices of the constant tensors of subgraph 0, ascending: a checkpoint's entry order."""
     return tuple(t.index for t in model.ir.main.tensors if t.is_constant)
-
-
-# --------------------------------------------------------------------------- checkpoints
 
 
 def _moment_nodes(opt_state: Any) -> list[Any]:
@@ -298,8 +251,8 @@ def _ask_onert(source: bytes) -> tuple[int, ...]:
     except ImportError:
         raise DataError("the onert checkpoint order needs the onert wheel (pip install onert); "
                         "use order='ascending'") from None
-    from .io.reader import read_model
-    from .io.writer import export_model
+    from ..io.reader import read_model
+    from ..io.writer import export_model
 
     m = read_model(source)
     sg = m.main
@@ -581,248 +534,3 @@ def _restore(ckpt: Checkpoint, order: Sequence[int], model: Model, trainer: Trai
 
 def _has_count(n: Any) -> bool:
     return isinstance(n, tuple) and "count" in getattr(n, "_fields", ())
-
-
-# --------------------------------------------------------------------------- .wof
-
-
-def wof_bytes(model: Model, params: Mapping[str, Any] | None = None,
-              trainable: Iterable[str] | None = None) -> bytes:
-    """The ``.wof`` bytes of ``params`` (default: the model's) for the ``trainable`` names.
-
-    Buffer ``k`` is tensor ``k`` of subgraph 0, filled for trainable float weights only
-    (default: every param of subgraph 0), in the tensor's dtype.
-    """
-    params = model.params if params is None else params
-    names = _main_params(model)
-    chosen = set(names.values()) if trainable is None else set(trainable)
-    unknown = sorted(chosen - set(model.params))
-    if unknown:
-        raise ValueError(f"unknown weight name(s) {unknown}; the model's params are "
-                         f"{sorted(model.params)}")
-    sg = model.ir.main
-    buffers: list[np.ndarray | None] = [None] * len(sg.tensors)
-    for i, name in names.items():
-        if name in chosen:
-            dt = ir.as_numpy_dtype(sg.tensors[i].dtype)
-            buffers[i] = np.asarray(params[name]).astype(dt)
-    return encode_wof(buffers)
-
-
-def save_wof(path: PathLike, model: Model, params: Mapping[str, Any] | None = None,
-             trainable: Iterable[str] | None = None, *,
-             protect: PathLike | Iterable[PathLike] | None = None) -> None:
-    """Write the trainable weights as a ``.wof`` file (atomically); see :func:`wof_bytes`."""
-    atomic_write(path, wof_bytes(model, params, trainable), protect=protect)
-
-
-def load_wof(source: Source, model: Model,
-             params: Mapping[str, Any] | None = None) -> dict[str, jax.Array]:
-    """``params`` (default: the model's) with the weights of a ``.wof`` file put in.
-
-    The file must have one buffer per tensor of subgraph 0; each filled buffer must belong to
-    a float weight and have exactly its size (dtype and shape come from the model). A filled
-    buffer of another constant is accepted only when it repeats that constant's bytes.
-    """
-    buf, where = read_bytes(source, "wof", DataError)
-    sg = model.ir.main
-    try:
-        buffers = decode_wof(buf, num_tensors=len(sg.tensors))
-    except CircleFormatError as e:
-        raise CircleFormatError(f"{where}: {e}") from None
-    names = _main_params(model)
-    out = dict(model.params if params is None else params)
-    for k, raw in enumerate(buffers):
-        if raw is None:
-            continue
-        t = sg.tensors[k]
-        if k not in names:
-            if t.is_constant and raw.tobytes() == np.ascontiguousarray(t.data).tobytes():
-                continue
-            raise CircleFormatError(
-                f"{where}: buffer {k} has {raw.size} bytes of data, but {_describe(t)} is not a "
-                "float weight of the model: the file belongs to another model")
-        if raw.size != _nbytes(t):
-            raise CircleFormatError(
-                f"{where}: buffer {k} has {raw.size} bytes, expected {_nbytes(t)} for "
-                f"{_describe(t)}: the file belongs to another model")
-        out[names[k]] = jnp.asarray(as_array(raw, ir.as_numpy_dtype(t.dtype), t.shape))
-    return out
-
-
-# --------------------------------------------------------------------------- circle+
-
-
-def traininfo_of(trainer: Trainer) -> TrainInfo:
-    """The circle+ :class:`~circle_jax.io.traininfo.TrainInfo` of a trainer's configuration.
-
-    circle+ (and onert) express SGD or TF-style Adam with a constant learning rate, and
-    trainable operators as "the last N": anything else raises ``ValueError``.
-    """
-    from .io.traininfo import LOSSES
-    from .losses import get_reduction, loss_name
-    from .optim import optimizer_name
-
-    cfg = trainer.config
-    opt = optimizer_name(cfg.optimizer)
-    kw = dict(cfg.optimizer_kwargs)
-    adam_args = {"b1": "beta_1", "b2": "beta_2", "eps": "epsilon"}
-    allowed = set(adam_args) if opt == "adam" else set()
-    extra = sorted(set(kw) - allowed)
-    if opt == "adam" and kw.get("eps_placement", "tf") == "tf":
-        extra = [k for k in extra if k != "eps_placement"]
-    if opt not in ("sgd", "adam") or extra:
-        what = f"{opt!r}" + (f" with {extra}" if extra else "")
-        raise ValueError(f"circle+ stores only plain sgd or adam (onert's); optimizer {what} "
-                         "cannot be written")
-    if callable(cfg.learning_rate):
-        raise ValueError("circle+ stores a constant learning rate, not a schedule")
-    loss = loss_name(cfg.loss)
-    if loss not in LOSSES:
-        raise ValueError(f"circle+ cannot store the loss {loss!r}; it knows {', '.join(LOSSES)}")
-    return TrainInfo(
-        optimizer=opt, learning_rate=float(cfg.learning_rate),
-        **{adam_args[k]: float(v) for k, v in kw.items() if k in adam_args},
-        loss=loss, from_logits=bool(cfg.from_logits),
-        reduction=get_reduction(cfg.reduction).value, epochs=int(cfg.epochs),
-        batch_size=int(cfg.batch_size), trainable_ops=_trainable_tail(trainer),
-    )
-
-
-def _trainable_tail(trainer: Trainer) -> tuple[int, ...]:
-    """The trainer's trainable ops as the last N operators (onert accepts nothing else)."""
-    n = len(trainer.model.operators)
-    spec = trainer.config.trainable
-    if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
-        return tuple(range(n))
-    if spec == "none" or (isinstance(spec, int) and not isinstance(spec, bool) and spec == 0):
-        return ()
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        return tuple(range(n - min(spec, n), n))
-    readers = trainer.model.param_operators()
-    want = set(trainer.trainable)
-    for count in range(n + 1):
-        first = n - count
-        got = {name for name, ops in readers.items() if any(i >= first for i in ops)}
-        if got == want:
-            return tuple(range(first, n))
-    raise ValueError(f"trainable weights {sorted(want)} are not those of the last N operators; "
-                     "circle+ (onert) can only express that")
-
-
-def circleplus_metadata(trainer: Trainer) -> dict[str, bytes]:
-    """``{"CIRCLE_TRAINING": bytes}`` for ``Model.export(metadata=...)``; see `traininfo_of`."""
-    return {METADATA_NAME: encode_traininfo(traininfo_of(trainer))}
-
-
-# --------------------------------------------------------------------------- training driver
-
-
-def fit_checkpointed(
-    model: Model,
-    x: Any,
-    y: Any,
-    config: TrainConfig | None = None,
-    *,
-    resume: Source | None = None,
-    save: PathLike | None = None,
-    every_steps: int | None = None,
-    order: Order = "ascending",
-    params: Mapping[str, Any] | None = None,
-    trainer: Trainer | None = None,
-    epochs: int | None = None,
-    protect: PathLike | Iterable[PathLike] | None = None,
-    on_epoch: Callable[[int, History], None] | None = None,
-    **overrides: Any,
-) -> FitResult:
-    """``train.fit`` with onert checkpoints: resume from ``resume``, write ``save`` as it goes.
-
-    ``save`` is rewritten atomically, entries in ``order`` (see :func:`save_checkpoint`), after
-    every epoch, or after every ``every_steps`` steps when given: the epoch's scan then runs
-    as compiled chunks of that many steps (no per-step Python). ``resume`` is read as
-    :func:`read_checkpoint` says (weights, Adam m/v, update count). A resumed run trains
-    ``epochs`` (default: the config's) more whole epochs from the start of the data; with
-    shuffling, epoch numbering continues from the checkpoint's ``cur_epoch`` so the data
-    order matches an uninterrupted run. Pass a ``trainer`` (instead of ``config`` and
-    overrides) to reuse its compiled step across calls. Returns what ``fit`` returns.
-    """
-    if trainer is None:
-        if epochs is not None:
-            overrides["epochs"] = epochs
-        trainer = Trainer(model, config, **overrides)
-    elif config is not None or overrides:
-        raise ValueError("give either a trainer or a config (and overrides), not both")
-    cfg = trainer.config
-    n_epochs = cfg.epochs if epochs is None else epochs
-    if every_steps is not None and every_steps < 1:
-        raise ValueError(f"every_steps must be >= 1, got {every_steps}")
-    x_tr, y_tr, val = prepare_data(trainer, x, y)
-    params = model.params if params is None else params
-    start = 0
-    if resume is not None:
-        ckpt, found = read_checkpoint(resume, model, params)
-        state, frozen = _restore(ckpt, found, model, trainer, params)
-        start = ckpt.epoch
-    else:
-        state, frozen = trainer.init(params)
-    b = cfg.batch_size
-    n_train = int(y_tr.shape[0])
-    steps = n_train // b
-    chunk = min(every_steps or steps, steps)
-    if save is not None:  # fail before training, not after
-        make_checkpoint(model, trainer, state, frozen, order=order)
-        k = _stream_k(trainer)
-        if chunk % k or (steps % chunk) % k:
-            raise ValueError(f"checkpoints every {chunk} steps would cut accumulation cycles "
-                             f"of {k} micro-batches; use a multiple of {k}")
-    hist = History()
-    t0 = time.perf_counter()
-    if chunk:
-        xb, yb = _batched(x_tr, y_tr, b, chunk)
-        trainer._compiled_epoch(state, frozen, xb, yb)
-    hist.compile_ms = (time.perf_counter() - t0) * 1000
-
-    def checkpoint(s: TrainState, epochs_done: int) -> None:
-        if save is not None:
-            save_checkpoint(save, model, trainer, s, frozen, epoch=epochs_done, order=order,
-                            protect=protect)
-
-    for epoch in range(n_epochs):
-        t = time.perf_counter()
-        if every_steps is None:
-            state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, start + epoch)
-        else:
-            state, m = _chunked_epoch(trainer, state, frozen, x_tr, y_tr, start + epoch,
-                                      every_steps, lambda s, e=start + epoch: checkpoint(s, e))
-        record_epoch(trainer, hist, epoch, state, frozen, m, t, n_train, val)
-        checkpoint(state, start + epoch + 1)
-        if on_epoch is not None:
-            on_epoch(epoch, hist)
-    return FitResult(trainer.merge(state, frozen), state, hist, trainer)
-
-
-def _chunked_epoch(trainer: Trainer, state: TrainState, frozen: dict, x: tuple, y: jax.Array,
-                   epoch: int, every: int, after_chunk: Callable[[TrainState], None]
-                   ) -> tuple[TrainState, StepMetrics]:
-    """``Trainer.run_epoch`` as compiled scans of ``every`` steps, calling back after each."""
-    cfg = trainer.config
-    n, b = y.shape[0], cfg.batch_size
-    if cfg.shuffle:
-        perm = jax.random.permutation(jax.random.fold_in(jax.random.key(cfg.seed), epoch), n)
-        x, y = tuple(a[perm] for a in x), y[perm]
-    steps = n // b
-    if steps == 0 and cfg.drop_remainder:
-        raise DataError(f"{n} training samples are fewer than one batch of {b}")
-    xs, ys = _batched(x, y, b, steps)
-    parts = []
-    for i in range(0, steps, every):
-        part = (state, frozen, tuple(a[i:i + every] for a in xs), ys[i:i + every])
-        state, m = trainer._compiled_epoch(*part)(*part)
-        parts.append(m)
-        after_chunk(state)
-    if not cfg.drop_remainder and n % b:
-        tail = (tuple(a[steps * b:] for a in x), y[steps * b:])
-        state, m = trainer._step(state, frozen, tail)
-        parts.append(jax.tree.map(lambda a: a[None], m))
-    metrics = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
-    return state, metrics
