@@ -21,16 +21,19 @@ from __future__ import annotations
 import dataclasses
 import math
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
 from jax import lax
-from jax.extend.core import ClosedJaxpr, jaxpr_as_fun
+
+if TYPE_CHECKING:
+    from jax.extend.core import ClosedJaxpr
 
 try:
     from jax._src.interpreters.partial_eval import partial_eval_jaxpr_nounits
-except ImportError:  # pragma: no cover - a JAX without it trains without hoisting
+    from jax.extend.core import jaxpr_as_fun
+except ImportError:  # pragma: no cover - a JAX without them trains without hoisting
     partial_eval_jaxpr_nounits = None
 
 #: Largest precomputed values of one step: beyond, streaming them costs about what computing

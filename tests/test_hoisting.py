@@ -124,3 +124,13 @@ def test_invariant_times_batch_is_precomputed_per_step() -> None:
     np.testing.assert_array_equal(carry, 1.0 + 2.0 * b[1])
     assert hoisting.split_step(lambda c, i, b: (c * i, c), jnp.ones(3), jnp.ones(3),
                                jnp.ones(3), 4) is None
+
+
+def test_without_partial_evaluation_epochs_run_the_plain_step(monkeypatch) -> None:
+    """A JAX without the internal partial evaluation trains unsplit, to the same weights."""
+    x, y = _data(16)
+    split = _epochs(CONFIGS["sgd batch 1"], x, y, hoist=True, epochs=1)
+    monkeypatch.setattr(hoisting, "partial_eval_jaxpr_nounits", None)
+    assert _split_example(batch=2, steps=3)[0] is None
+    plain = _epochs(CONFIGS["sgd batch 1"], x, y, hoist=True, epochs=1)
+    jax.tree.map(np.testing.assert_array_equal, split[1], plain[1])
