@@ -24,7 +24,6 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 import jax
-import jax.numpy as jnp
 from jax import lax
 
 if TYPE_CHECKING:
@@ -74,23 +73,14 @@ class SplitStep:
 
     def precompute(self, invariant: Any, batches: Any) -> tuple[jax.Array, ...]:
         _, res2 = self._invariant(invariant)
-        leaves = jax.tree.leaves(batches)
-        steps = leaves[0].shape[0]
 
-        def one(*b: jax.Array) -> tuple[jax.Array, ...]:
+        def one(b: list[jax.Array]) -> tuple[jax.Array, ...]:
             return tuple(jaxpr_as_fun(self.batch_part)(*res2, *b))
 
-        if self.chunk == 1:  # a loop of unbatched steps (a vmap of 1 lowers worse)
-            return lax.map(lambda b: one(*b), leaves)
-        if self.chunk >= steps:
-            return jax.vmap(one)(*leaves)
-        n = steps // self.chunk * self.chunk
-        chunks = [a[:n].reshape(steps // self.chunk, self.chunk, *a.shape[1:]) for a in leaves]
-        head = [h.reshape(n, *h.shape[2:]) for h in lax.map(lambda c: jax.vmap(one)(*c), chunks)]
-        if n == steps:
-            return tuple(head)
-        tail = jax.vmap(one)(*(a[n:] for a in leaves))
-        return tuple(jnp.concatenate([h, t]) for h, t in zip(head, tail, strict=True))
+        # Chunks of ``chunk`` steps vectorized; one step at a time unbatched (a vmap of one
+        # lowered 25% slower for a frozen MobileNet).
+        return lax.map(one, jax.tree.leaves(batches),
+                       batch_size=None if self.chunk == 1 else self.chunk)
 
     def step(self, carry: Any, invariant: Any, values: tuple[jax.Array, ...]) -> Any:
         fixed, _ = self._invariant(invariant)

@@ -298,8 +298,8 @@ class Trainer:
             return s, m[:2] if constant else m
 
         with inside_loop():  # lowerings that suit loop bodies (see ops.common.inside_loop)
-            first = jax.tree.map(lambda a: a[0], (xs, ys))
-            split = split_step(step, state, frozen, first, steps) if self.hoist else None
+            split = split_step(step, state, frozen, jax.tree.map(lambda a: a[0], (xs, ys)),
+                               steps) if self.hoist else None
             if split is None:
                 data, run = (xs, ys), step
             else:  # the batches' data-only work, for all of them at once (see hoisting)

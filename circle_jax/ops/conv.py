@@ -97,9 +97,10 @@ def choose_conv_lowering(kernel: Sequence[int], c_in: int, c_out: int, groups: i
       ``KN2ROW_MAX_BYTES``) are ``"kn2row"``. Training steps of such models are dispatch-bound
       (about 60 XLA operations of about 1 us each), and kn2row's forward is 2 operations
       instead of im2col's 11. Paired epochs of the bundled 8x8 CNN (its 3x3 conv 8 -> 8):
-      the steps are 29-36% faster at batch 1 (4, 8 and 32 channels alike), 14% at batch 4,
-      even at 8, and 19% slower at 16. ResNet-8's 8x8x64 stage (144 KiB) is 7% slower.
-      In a profiled batch-1 step the im2col variant also waited 19 us for a worker thread;
+      the steps are 3-36% faster at batch 1 (the gain follows the machine's state; 20-36%
+      with 4, 8 and 32 channels alike in one state), 14% at batch 4, even at 8, and 19%
+      slower at 16. ResNet-8's 8x8x64 stage (144 KiB) is 7% slower. In a profiled batch-1
+      step the im2col variant also waited 19 us for a worker thread;
     - small regular convolutions are dispatch/layout bound in XLA's convolution: im2col + one
       matmul is 1.5-7x faster while the im2col depth (taps x C_in) is at most
       ``IM2COL_MAX_DEPTH`` and its matrix at most ``IM2COL_MAX_BYTES`` (the branching 8x8x8
