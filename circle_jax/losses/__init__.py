@@ -16,18 +16,28 @@ from circle_jax.losses.functions import (
 )
 from circle_jax.losses.reduction import (
     ONERT_REDUCTION_CODES,
+    REDUCTION_TABLE,
     Reduction,
     get_reduction,
     reduce_per_sample,
 )
-from circle_jax.losses.registry import LOSSES, ONERT_LOSS_CODES, LossFn, get_loss, loss_name
+from circle_jax.losses.registry import (
+    LOSS_TABLE,
+    LOSSES,
+    ONERT_LOSS_CODES,
+    LossFn,
+    get_loss,
+    loss_name,
+)
 
 __all__ = [
     "KERAS_CLIP",
     "LOSSES",
+    "LOSS_TABLE",
     "ONERT_CLIP",
     "ONERT_LOSS_CODES",
     "ONERT_REDUCTION_CODES",
+    "REDUCTION_TABLE",
     "LossFn",
     "ProbabilityClip",
     "Reduction",

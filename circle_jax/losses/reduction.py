@@ -7,6 +7,8 @@ import enum
 import jax
 import jax.numpy as jnp
 
+from circle_jax.codes import CodeTable
+
 
 class Reduction(str, enum.Enum):
     """Reduction of per-sample losses over the batch (axis 0).
@@ -23,22 +25,15 @@ class Reduction(str, enum.Enum):
 
 # onert_train's --loss_reduction_type codes. (circle+ stores SumOverBatchSize=0, Sum=1:
 # map that enum to a name before calling `get_reduction`.)
+REDUCTION_TABLE = CodeTable(
+    "loss reduction",
+    names=tuple(r.value for r in Reduction),
+    codes={1: Reduction.SUM_OVER_BATCH_SIZE.value, 2: Reduction.SUM.value},
+    aliases={"mean": "sum_over_batch_size", "auto": "sum_over_batch_size"},
+)
 ONERT_REDUCTION_CODES: dict[int, Reduction] = {
-    1: Reduction.SUM_OVER_BATCH_SIZE,
-    2: Reduction.SUM,
+    code: Reduction(name) for code, name in REDUCTION_TABLE.codes.items()
 }
-
-_ALIASES: dict[str, Reduction] = {
-    "sum_over_batch_size": Reduction.SUM_OVER_BATCH_SIZE,
-    "mean": Reduction.SUM_OVER_BATCH_SIZE,
-    "auto": Reduction.SUM_OVER_BATCH_SIZE,
-    "sum": Reduction.SUM,
-    "none": Reduction.NONE,
-}
-
-
-def _normalize_name(name: str) -> str:
-    return "_".join(name.strip().lower().replace("-", " ").replace("_", " ").split())
 
 
 def get_reduction(spec: str | int | Reduction) -> Reduction:
@@ -49,22 +44,7 @@ def get_reduction(spec: str | int | Reduction) -> Reduction:
     """
     if isinstance(spec, Reduction):
         return spec
-    if isinstance(spec, bool):
-        raise ValueError(f"loss reduction must be a name or an onert code, got {spec!r}")
-    if isinstance(spec, int):
-        if spec in ONERT_REDUCTION_CODES:
-            return ONERT_REDUCTION_CODES[spec]
-        raise ValueError(
-            f"unknown onert loss reduction code {spec}: use 1 (sum over batch size) or 2 (sum)"
-        )
-    if isinstance(spec, str):
-        key = _normalize_name(spec)
-        if key in _ALIASES:
-            return _ALIASES[key]
-    raise ValueError(
-        f"unknown loss reduction {spec!r}: use 'sum_over_batch_size', 'sum', 'none' "
-        "or onert codes 1, 2"
-    )
+    return Reduction(REDUCTION_TABLE.resolve(spec))
 
 
 def per_sample_mean(x: jax.Array) -> jax.Array:

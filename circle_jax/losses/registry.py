@@ -8,12 +8,13 @@ from collections.abc import Callable
 
 import jax
 
+from circle_jax.codes import CodeTable
 from circle_jax.losses.functions import (
     categorical_crossentropy,
     mean_squared_error,
     sparse_categorical_crossentropy,
 )
-from circle_jax.losses.reduction import _normalize_name, get_reduction
+from circle_jax.losses.reduction import get_reduction
 
 LossFn = Callable[[jax.Array, jax.Array], jax.Array]
 
@@ -23,39 +24,22 @@ LOSSES: dict[str, Callable[..., jax.Array]] = {
     "sparse_categorical_crossentropy": sparse_categorical_crossentropy,
 }
 
-_ALIASES = {
-    "mse": "mean_squared_error",
-    "mean_squared_error": "mean_squared_error",
-    "cce": "categorical_crossentropy",
-    "categorical_crossentropy": "categorical_crossentropy",
-    "sparse_cce": "sparse_categorical_crossentropy",
-    "scce": "sparse_categorical_crossentropy",
-    "sparse_categorical_crossentropy": "sparse_categorical_crossentropy",
-}
-
 # onert_train's --loss codes. (circle+'s LossFn enum differs: SPARSE_CCE=0, CCE=1, MSE=2;
 # map it to a name before calling `get_loss`.)
-ONERT_LOSS_CODES: dict[int, str] = {1: "mean_squared_error", 2: "categorical_crossentropy"}
+LOSS_TABLE = CodeTable(
+    "loss",
+    names=tuple(LOSSES),
+    codes={1: "mean_squared_error", 2: "categorical_crossentropy"},
+    aliases={"mse": "mean_squared_error", "cce": "categorical_crossentropy",
+             "sparse_cce": "sparse_categorical_crossentropy",
+             "scce": "sparse_categorical_crossentropy"},
+)
+ONERT_LOSS_CODES: dict[int, str] = dict(LOSS_TABLE.codes)
 
 
 def loss_name(spec: str | int) -> str:
     """Canonical name (a key of `LOSSES`) of a loss name, alias or onert_train code."""
-    if isinstance(spec, bool):
-        raise ValueError(f"loss must be a name or an onert code, got {spec!r}")
-    if isinstance(spec, int):
-        if spec in ONERT_LOSS_CODES:
-            return ONERT_LOSS_CODES[spec]
-        raise ValueError(
-            f"unknown onert loss code {spec}: use 1 (mean squared error) or "
-            "2 (categorical crossentropy)"
-        )
-    if isinstance(spec, str):
-        key = _normalize_name(spec)
-        if key in _ALIASES:
-            return _ALIASES[key]
-    raise ValueError(
-        f"unknown loss {spec!r}: use one of {', '.join(sorted(_ALIASES))} or onert codes 1, 2"
-    )
+    return LOSS_TABLE.resolve(spec)
 
 
 def get_loss(spec: str | int, **kwargs) -> LossFn:

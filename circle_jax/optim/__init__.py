@@ -25,6 +25,7 @@ from circle_jax.optim.loss_scale import (
 from circle_jax.optim.optimizers import (
     EPS_PLACEMENTS,
     ONERT_OPTIMIZER_CODES,
+    OPTIMIZER_TABLE,
     OPTIMIZERS,
     SCHEDULES,
     AdamTFState,
@@ -44,6 +45,7 @@ from circle_jax.optim.precision import Policy, get_policy, master_weights_needed
 __all__ = [
     "EPS_PLACEMENTS",
     "ONERT_OPTIMIZER_CODES",
+    "OPTIMIZER_TABLE",
     "OPTIMIZERS",
     "SCHEDULES",
     "AccumulateState",

@@ -14,14 +14,11 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from circle_jax.codes import CodeTable, normalize_name
+
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 
 EPS_PLACEMENTS = ("tf", "optax", "onert_micro")
-
-
-def _normalize_name(name: str) -> str:
-    """``"Adam-ONERT micro"`` -> ``"adam_onert_micro"``."""
-    return "_".join(name.strip().lower().replace("-", " ").replace("_", " ").split())
 
 
 def _lr_at(learning_rate: ScalarOrSchedule, count: jax.Array) -> jax.Array:
@@ -253,7 +250,7 @@ def schedule(name: str, **kwargs) -> optax.Schedule:
     warmup_steps, decay_steps, ...), linear / polynomial (init_value, end_value, ...),
     piecewise (init_value, boundaries_and_scales).
     """
-    key = _normalize_name(name)
+    key = normalize_name(name)
     if key not in SCHEDULES:
         raise ValueError(f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}")
     try:
@@ -277,22 +274,13 @@ OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
 
 # onert_train's --optimizer codes. (circle+'s Optimizer enum differs: SGD=0, ADAM=1; map it
 # to a name before calling `get_optimizer`.)
-ONERT_OPTIMIZER_CODES: dict[int, str] = {1: "sgd", 2: "adam"}
+OPTIMIZER_TABLE = CodeTable("optimizer", names=tuple(OPTIMIZERS), codes={1: "sgd", 2: "adam"})
+ONERT_OPTIMIZER_CODES: dict[int, str] = dict(OPTIMIZER_TABLE.codes)
 
 
 def optimizer_name(spec: str | int) -> str:
     """Canonical name (a key of `OPTIMIZERS`) of a name or onert_train code (1=sgd, 2=adam)."""
-    if isinstance(spec, bool):
-        raise ValueError(f"optimizer must be a name or an onert code, got {spec!r}")
-    if isinstance(spec, int):
-        if spec in ONERT_OPTIMIZER_CODES:
-            return ONERT_OPTIMIZER_CODES[spec]
-        raise ValueError(f"unknown onert optimizer code {spec}: use 1 (sgd) or 2 (adam)")
-    if isinstance(spec, str) and _normalize_name(spec) in OPTIMIZERS:
-        return _normalize_name(spec)
-    raise ValueError(
-        f"unknown optimizer {spec!r}: use one of {', '.join(OPTIMIZERS)} or onert codes 1, 2"
-    )
+    return OPTIMIZER_TABLE.resolve(spec)
 
 
 def get_optimizer(
