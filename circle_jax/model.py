@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import ir
+from .aliases import param_aliases, resolve_param_names
 from .io.reader import read_model
 from .io.writer import export_model
 from .lower import Lowered, ParamKey
@@ -68,6 +69,15 @@ class Model:
             if k == 0:
                 readers[name] = [op.index for op in self.operators if i in op.inputs]
         return readers
+
+    @property
+    def aliases(self) -> dict[str, str]:
+        """Param name -> short readable alias (``op3.bias``; see `circle_jax.aliases`)."""
+        return param_aliases(self.ir, self.param_keys)
+
+    def resolve_params(self, names: Iterable[str]) -> frozenset[str]:
+        """The param names meant by ``names``, each a param name or an alias."""
+        return resolve_param_names(self.ir, self.param_keys, names)
 
     def export(
         self,

@@ -149,7 +149,8 @@ class History:
 
 
 def select_trainable(model: Model, spec: Any) -> frozenset[str]:
-    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``)."""
+    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
+    names may be aliases such as ``op3.bias``, see `circle_jax.aliases`)."""
     names = set(model.params)
     if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
         return frozenset(names)
@@ -165,11 +166,7 @@ def select_trainable(model: Model, spec: Any) -> frozenset[str]:
     if all(isinstance(s, (int, np.integer)) for s in chosen):  # operator indices (circle+)
         readers = model.param_operators()
         return frozenset(n for n, ops in readers.items() if chosen.intersection(ops))
-    unknown = sorted(chosen - names)
-    if unknown:
-        raise ValueError(f"unknown weight name(s) {unknown}; the model's params are "
-                         f"{sorted(names)}")
-    return frozenset(chosen)
+    return model.resolve_params(chosen)  # names or aliases (op3.bias)
 
 
 class Trainer:

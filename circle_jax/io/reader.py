@@ -10,6 +10,7 @@ import numpy as np
 from .. import ir
 from ..errors import CircleFormatError
 from ..ir import as_numpy_dtype
+from .nnpackage import nnpackage_model_path
 from .schema import (
     CIRCLE_IDENTIFIER,
     OPERATOR_NAMES,
@@ -27,10 +28,15 @@ def read_bytes(
     what: str = "model",
     error: type[Exception] = CircleFormatError,
 ) -> tuple[bytes, str]:
-    """The bytes of a file given as a path or bytes, and a name for messages."""
+    """The bytes of a file given as a path or bytes, and a name for messages.
+
+    A model path may be an nnpackage directory (its MANIFEST names the model file).
+    """
     if isinstance(source, (bytes, bytearray, memoryview)):
         return bytes(source), f"<{what} bytes>"
     path = os.fspath(source)
+    if what == "model" and os.path.isdir(path):
+        path = nnpackage_model_path(path)
     try:
         with open(path, "rb") as f:
             return f.read(), path
