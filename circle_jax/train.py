@@ -45,7 +45,8 @@ Batch = tuple[tuple[jax.Array, ...], jax.Array]
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Everything that defines a training run; fields left ``None`` take circle+ defaults.
+    """Everything that defines a training run; fields left ``None`` take the model's circle+
+    values (epochs included), then built-in defaults (5 epochs, batch 32, lr 0.001, mse, sgd).
 
     ``loss``/``optimizer``/``reduction`` accept names or onert_train's numeric codes.
     ``trainable``: "all", "none", an int N (the last N operators in Circle order, onert's
@@ -55,7 +56,7 @@ class TrainConfig:
     step's batch of ``batch_size`` is split into k micro-batches inside the step).
     """
 
-    epochs: int = 5
+    epochs: int | None = None
     batch_size: int | None = None
     learning_rate: float | None = None
     loss: str | int | None = None
@@ -84,12 +85,14 @@ class TrainConfig:
             info = decode_traininfo(model.ir.metadata["CIRCLE_TRAINING"])
         n_ops = len(model.operators)
         defaults: dict[str, Any] = {
-            "batch_size": 32, "learning_rate": 0.001, "loss": "mse",
+            "epochs": 5, "batch_size": 32, "learning_rate": 0.001, "loss": "mse",
             "reduction": "sum_over_batch_size", "from_logits": False, "optimizer": "sgd",
             "trainable": "all",
         }
         if info is not None:
             ops = tuple(info.trainable_ops)
+            if info.epochs > 0:
+                defaults["epochs"] = info.epochs
             defaults.update(
                 batch_size=info.batch_size, learning_rate=info.learning_rate, loss=info.loss,
                 reduction=info.reduction, from_logits=info.from_logits,

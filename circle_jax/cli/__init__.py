@@ -1,0 +1,78 @@
+"""``circle-jax`` (subcommands: train, info, run, export, traininfo) and ``onert-train-jax``
+(onert_train's command line verbatim: ``sed s/onert_train/onert-train-jax/`` migrates a
+script).
+
+Each subcommand is a module with ``NAME``, ``HELP``, ``add_arguments(parser)`` and
+``run(args) -> int``, listed once in `COMMANDS`. Errors print one line ``E: <what is
+wrong>`` and exit non-zero; no output file is left half-written (every write is atomic).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from collections.abc import Callable, Sequence
+from types import ModuleType
+
+from . import export, info, run, train, traininfo
+from .common import CliError, Parser
+
+#: the subcommands of ``circle-jax``, in --help order (one module each)
+COMMANDS: tuple[ModuleType, ...] = (train, info, run, export, traininfo)
+
+__all__ = ["COMMANDS", "CliError", "build_parser", "main", "onert_train_main"]
+
+
+def _version(prog: str) -> str:
+    from circle_jax import __version__
+
+    return f"{prog} {__version__}"
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """``circle-jax``'s parser: one subparser per module of `COMMANDS`."""
+    parser = Parser(prog="circle-jax", allow_abbrev=False, description=(
+        "Train and run Circle/TFLite models with JAX; `train` takes onert_train's command "
+        "line (so does the onert-train-jax program)."))
+    parser.add_argument("--version", action="version", version=_version("circle-jax"))
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND",
+                                parser_class=Parser)
+    for command in COMMANDS:
+        p = sub.add_parser(command.NAME, help=command.HELP, description=command.HELP,
+                           allow_abbrev=False)
+        command.add_arguments(p)
+        p.set_defaults(handler=command.run)
+    return parser
+
+
+def build_onert_train_parser(prog: str = "onert-train-jax") -> argparse.ArgumentParser:
+    """onert_train's command line (``MODEL [options]``), no subcommand."""
+    parser = Parser(prog=prog, allow_abbrev=False, description=(
+        "onert_train's command line and output, trained by circle-jax (JAX/XLA)."))
+    parser.add_argument("--version", action="version",
+                        version=_version(prog) + " (circle-jax; onert_train's command line)")
+    train.add_arguments(parser)
+    parser.set_defaults(handler=train.run)
+    return parser
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    from circle_jax.errors import CircleJaxError
+
+    handler: Callable[[argparse.Namespace], int] = args.handler
+    try:
+        return handler(args)
+    except (CliError, CircleJaxError, ValueError, OSError) as e:
+        msg = str(e).splitlines()[0] if str(e) else type(e).__name__
+        print(f"E: {msg}", file=sys.stderr)
+        return 1
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """``circle-jax COMMAND ...``; returns the exit status."""
+    return _dispatch(build_parser().parse_args(argv))
+
+
+def onert_train_main(argv: Sequence[str] | None = None) -> int:
+    """``onert-train-jax MODEL [onert_train options]``; returns the exit status."""
+    return _dispatch(build_onert_train_parser().parse_args(argv))

@@ -1,0 +1,92 @@
+"""What every subcommand shares: the one-line error, the parser, model/data loading, checks
+on output paths and verbosity-gated messages on stderr."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any, NoReturn
+
+import numpy as np
+
+
+class CliError(Exception):
+    """A user error: printed as one ``E:`` line."""
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors are one ``E:`` line naming the --help to read."""
+
+    def error(self, message: str) -> NoReturn:
+        print(f"E: {message} (see {self.prog} --help)", file=sys.stderr)
+        raise SystemExit(2)
+
+
+class Log:
+    """Messages on stderr for verbosity ``level`` and above (onert_train's -v: 0 results
+    only, 1 also messages between phases, 2 everything)."""
+
+    def __init__(self, verbosity: int) -> None:
+        self.verbosity = verbosity
+
+    def __call__(self, level: int, message: str) -> None:
+        if self.verbosity >= level:
+            print(message, file=sys.stderr, flush=True)
+
+
+def load_model(path: str) -> Any:
+    """The loaded model at ``path`` (a .circle/.tflite file or an nnpackage directory)."""
+    import circle_jax as cj
+
+    if not os.path.exists(path):
+        raise CliError(f"model file {path!r} does not exist")
+    return cj.load(path)
+
+
+def read_data(path: str, specs: list[tuple[tuple[int, ...], Any]], names: list[str] | None,
+              raw: bool = False) -> list[np.ndarray]:
+    """Arrays for ``specs`` from a raw (onert_train's layout), .npy or .npz file."""
+    from circle_jax.io.rawdata import load_array_file, read_raw
+
+    if not os.path.exists(path):
+        raise CliError(f"data file {path!r} does not exist")
+    return read_raw(path, specs) if raw else load_array_file(path, specs, names)
+
+
+def check_outputs(outputs: dict[str, str | None], inputs: Sequence[str | None],
+                  allowed: dict[str, str | None] | None = None) -> None:
+    """Refuse, before any work, outputs that are inputs, repeat, or lie in no directory.
+
+    ``allowed[flag]`` is an input that output ``flag`` may rewrite (a checkpoint it resumes).
+    """
+    allowed = allowed or {}
+    seen: dict[str, str] = {}
+    for flag, path in outputs.items():
+        if not path:
+            continue
+        for src in inputs:
+            if src and src != allowed.get(flag) and _same_path(src, path):
+                raise CliError(f"refusing to write {flag} {path!r}: it is the input file "
+                               f"{src!r}; choose a different output path")
+        full = os.path.realpath(path)
+        if full in seen:
+            raise CliError(f"{seen[full]} and {flag} both write {path!r}; give different paths")
+        seen[full] = flag
+        _check_writable(flag, path, full)
+
+
+def _check_writable(flag: str, path: str, full: str) -> None:
+    if os.path.isdir(path):
+        raise CliError(f"cannot write {flag} {path!r}: it is a directory, expected a file")
+    directory = os.path.dirname(full)
+    if not os.path.isdir(directory):
+        raise CliError(f"cannot write {flag} {path!r}: directory {directory!r} does not exist")
+
+
+def _same_path(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return os.path.realpath(a) == os.path.realpath(b)

@@ -1,0 +1,156 @@
+"""The parsed training command line becomes one checked value, `TrainRun`; nothing edits the
+parsed arguments afterwards."""
+
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass, field
+from typing import Any
+
+from .common import CliError
+
+#: what ``--example`` sets where the flag is absent
+EXAMPLE_DEFAULTS: dict[str, Any] = {
+    "epochs": 20, "batch_size": 32, "learning_rate": 0.01, "loss": "categorical_crossentropy",
+    "optimizer": "adam", "validation_split": 0.2, "metric": 0,
+}
+
+
+@dataclass(frozen=True)
+class DataFiles:
+    """Where the training data comes from (``raw``: onert_train's headerless layout)."""
+
+    inputs: str | None
+    expected: str | None
+    inputs_raw: bool
+    expected_raw: bool
+
+
+@dataclass(frozen=True)
+class Outputs:
+    """Files written after (or, for checkpoints, during) training."""
+
+    circle: str | None = None
+    tflite: str | None = None
+    circleplus: str | None = None
+    checkpoint: str | None = None
+    wof: str | None = None
+    checkpoint_every_steps: int | None = None
+    checkpoint_order: str = "auto"
+
+    def by_flag(self) -> dict[str, str | None]:
+        return {"--export_circle": self.circle, "--export_tflite": self.tflite,
+                "--export_circleplus": self.circleplus,
+                "--export_checkpoint": self.checkpoint, "--export_wof": self.wof}
+
+
+@dataclass(frozen=True)
+class TrainRun:
+    """A whole ``train`` invocation: the model, data, training config, files and reporting.
+
+    ``train`` holds `circle_jax.TrainConfig` keyword arguments; ``None`` values take the
+    model's circle+ values, then the library's defaults (`TrainConfig.with_defaults`).
+    """
+
+    model: str | None
+    example: bool
+    data: DataFiles
+    train: dict[str, Any]
+    outputs: Outputs
+    resume: str | None = None
+    metric: int = -1
+    verbosity: int = 0
+    mem_poll: bool = False
+    output_sizes: tuple[tuple[int, int], ...] = ()
+    compile_cache: str | None = None
+    extra: dict[str, str] = field(default_factory=dict)
+
+    def input_files(self) -> list[str]:
+        """Every file the run reads (never overwritten by an output)."""
+        files = [self.model, self.data.inputs, self.data.expected, self.resume]
+        return [f for f in files if f]
+
+
+def train_run(ns: argparse.Namespace) -> TrainRun:
+    """Check the parsed flags and gather them into a `TrainRun`."""
+    train = _train_config(ns)
+    metric = -1 if ns.metric is None else ns.metric
+    if ns.example:
+        metric = EXAMPLE_DEFAULTS["metric"] if ns.metric is None else metric
+        train = {k: EXAMPLE_DEFAULTS[k] if train.get(k) is None and k in EXAMPLE_DEFAULTS
+                 else v for k, v in train.items()}
+    elif not ns.model:
+        raise CliError("no model given: MODEL is a .circle/.tflite file or an nnpackage "
+                       "directory (or --example)")
+    run = TrainRun(model=ns.model, example=ns.example, data=_data_files(ns), train=train,
+                   outputs=_outputs(ns), resume=ns.checkpoint, metric=metric,
+                   verbosity=ns.verbose_level or 0, mem_poll=bool(ns.mem_poll),
+                   output_sizes=ns.output_sizes or (), compile_cache=ns.compile_cache,
+                   extra=_extra(ns))
+    _check_files(run)
+    return run
+
+
+def _positive(ns: argparse.Namespace, name: str, flag: str, minimum: int = 1) -> None:
+    value = getattr(ns, name)
+    if value is not None and value < minimum:
+        raise CliError(f"{flag} must be >= {minimum}, got {value}")
+
+
+def _train_config(ns: argparse.Namespace) -> dict[str, Any]:
+    for name, flag in (("epoch", "--epoch"), ("batch_size", "--batch_size"),
+                       ("accumulate", "--accumulate"),
+                       ("checkpoint_every_steps", "--checkpoint_every_steps")):
+        _positive(ns, name, flag)
+    split = ns.validation_split
+    if split is not None and not 0.0 <= split < 1.0:
+        raise CliError(f"--validation_split must be in [0, 1), got {split}")
+    trainable: Any = ns.num_of_trainable_ops
+    if ns.trainable:
+        trainable = [n for value in ns.trainable for n in value.split(",") if n]
+    return dict(
+        epochs=ns.epoch, batch_size=ns.batch_size, learning_rate=ns.learning_rate,
+        loss=ns.loss, reduction=ns.loss_reduction_type, optimizer=ns.optimizer,
+        from_logits=True if ns.from_logits else None, trainable=trainable,
+        validation_split=split, shuffle=ns.shuffle, seed=ns.seed or 0,
+        drop_remainder=not ns.keep_remainder, accumulate=ns.accumulate or 1,
+        accumulate_mode=ns.accumulate_mode or "stream", precision=ns.precision,
+        loss_scale=ns.loss_scale or "none", on_overflow=ns.on_overflow or "skip",
+    )
+
+
+def _data_files(ns: argparse.Namespace) -> DataFiles:
+    for a, b in (("--load_input:raw", "--load_input"), ("--load_expected:raw", "--load_expected")):
+        if getattr(ns, a[2:].replace(":", "_")) and getattr(ns, b[2:]):
+            raise CliError(f"give {a} or {b}, not both")
+    return DataFiles(ns.load_input_raw or ns.load_input, ns.load_expected_raw or ns.load_expected,
+                     bool(ns.load_input_raw), bool(ns.load_expected_raw))
+
+
+def _outputs(ns: argparse.Namespace) -> Outputs:
+    if ns.checkpoint_every_steps is not None and not ns.export_checkpoint:
+        raise CliError("--checkpoint_every_steps needs --export_checkpoint FILE")
+    return Outputs(ns.export_circle, ns.export_tflite, ns.export_circleplus,
+                   ns.export_checkpoint, ns.export_wof, ns.checkpoint_every_steps,
+                   ns.checkpoint_order or "auto")
+
+
+def _extra(ns: argparse.Namespace) -> dict[str, str]:
+    """Parameter-block lines beyond onert_train's, for the settings it lacks."""
+    extra = {}
+    if (ns.accumulate or 1) > 1:
+        extra["accumulate"] = f"{ns.accumulate} ({ns.accumulate_mode or 'stream'})"
+    if ns.loss_scale not in (None, "none"):
+        extra["loss_scale"] = f"{ns.loss_scale} (on overflow: {ns.on_overflow or 'skip'})"
+    return extra
+
+
+def _check_files(run: TrainRun) -> None:
+    import os
+
+    from .common import check_outputs
+
+    check_outputs(run.outputs.by_flag(), run.input_files(),
+                  {"--export_checkpoint": run.resume})
+    if run.resume and not os.path.exists(run.resume):
+        raise CliError(f"checkpoint file {run.resume!r} does not exist")

@@ -1,0 +1,39 @@
+"""``info``: a model's summary, its params with their short aliases, unsupported operators."""
+
+from __future__ import annotations
+
+import argparse
+
+NAME = "info"
+HELP = "print a model's summary and its params' aliases (op3.bias)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help=".circle/.tflite file or nnpackage directory")
+
+
+def params_table(model: object, param_keys: dict) -> str:
+    """One line per param: alias, dtype/shape, tensor name (aliases work wherever names do)."""
+    from circle_jax.aliases import param_aliases
+
+    aliases = param_aliases(model, param_keys)  # type: ignore[arg-type]
+    lines = [f"\nparams ({len(param_keys)}; aliases are accepted wherever names are):"]
+    for name, (k, i) in param_keys.items():
+        t = model.subgraphs[k].tensors[i]  # type: ignore[attr-defined]
+        lines.append(f"  {aliases[name]:14} {t.dtype}{list(t.shape)!s:16} {name}")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from circle_jax.io.reader import read_model
+    from circle_jax.lower import param_table, unsupported_operators
+    from circle_jax.model import summarize
+
+    m = read_model(args.model)
+    keys = param_table(m)
+    print(summarize(m, keys))
+    print(params_table(m, keys))
+    missing = unsupported_operators(m)
+    if missing:
+        print(f"\nunsupported operators ({len(missing)}): " + "; ".join(missing))
+    return 0

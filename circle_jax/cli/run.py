@@ -1,0 +1,45 @@
+"""``run``: inference on data files; each output saved as ``output_<k>.npy``."""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import os
+
+import numpy as np
+
+from .common import CliError, load_model, read_data
+
+NAME = "run"
+HELP = "run inference; outputs saved as .npy"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help=".circle/.tflite file or nnpackage directory")
+    p.add_argument("--input", action="append", required=True, metavar="FILE",
+                   help=".npy/.npz/raw input (repeat per model input, or one .npz) (default: "
+                   "none, required)")
+    p.add_argument("--output_dir", default=".", metavar="DIR",
+                   help="where output_<k>.npy go (default: .)")
+
+
+def run(args: argparse.Namespace) -> int:
+    import jax
+
+    from circle_jax.io.atomic import atomic_write
+
+    model = load_model(args.model)
+    specs = [(s.shape[1:], s.dtype) for s in model.inputs]
+    if len(args.input) == 1:
+        xs = read_data(args.input[0], specs, [s.name for s in model.inputs])
+    elif len(args.input) == len(specs):
+        xs = [read_data(f, [s], None)[0] for f, s in zip(args.input, specs)]
+    else:
+        raise CliError(f"the model has {len(specs)} inputs, got {len(args.input)} --input files")
+    outs = jax.jit(model.apply)(model.params, *xs)
+    os.makedirs(args.output_dir, exist_ok=True)
+    for k, (spec, value) in enumerate(zip(model.outputs, outs)):
+        path = os.path.join(args.output_dir, f"output_{k}.npy")
+        atomic_write(path, functools.partial(np.save, arr=np.asarray(value)))
+        print(f"output {k} {spec.name!r}: {list(np.shape(value))} -> {path}")
+    return 0

@@ -1,0 +1,282 @@
+"""``train``: onert_train's command line and output (also the ``onert-train-jax`` program).
+
+Parsing gives a `TrainRun`; this module loads the model and data, calls `circle_jax.fit`
+(or the checkpointing driver), writes the files and prints onert_train's output through
+`onert_output`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from . import onert_output as out
+from .cache import cache_dir, enable_compile_cache
+from .common import CliError, Log, load_model, read_data
+from .config import TrainRun, train_run
+from .train_args import add_circle_jax_arguments, add_onert_train_arguments
+
+NAME = "train"
+HELP = "train a model (onert_train's flags, codes and output)"
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    add_onert_train_arguments(p)
+    add_circle_jax_arguments(p)
+
+
+def run(ns: argparse.Namespace) -> int:
+    return train(train_run(ns))
+
+
+@dataclass
+class Clock:
+    """Wall-clock marks of a run, in milliseconds, and resident memory per phase (``-m``)."""
+
+    t0: float = field(default_factory=time.perf_counter)
+    marks: dict[str, float] = field(default_factory=dict)
+    epoch_ends: list[float] = field(default_factory=list)
+    rss_kb: dict[str, int] = field(default_factory=dict)
+
+    def mark(self, phase: str) -> None:
+        """Note the time and, for onert's phase names, the resident memory now."""
+        self.marks[phase] = time.perf_counter()
+        if phase.isupper():
+            self.rss_kb[phase] = _memory_kb("VmRSS")
+
+    def ms(self, start: str, end: str) -> float:
+        return (self.marks[end] - self.marks[start]) * 1000
+
+
+def train(run: TrainRun) -> int:
+    """Train as ``run`` says, printing onert_train's output; 0 on success."""
+    from circle_jax.train import TrainConfig
+
+    log = Log(run.verbosity)
+    cache = enable_compile_cache(cache_dir(run.compile_cache))
+    log(1, f"compile cache: {cache}")
+    if run.verbosity >= 2:
+        import jax
+
+        jax.config.update("jax_log_compiles", True)
+        log(2, f"devices: {jax.devices()}")
+    clock = Clock()
+    clock.mark("start")
+    model = _model(run)
+    clock.mark("MODEL_LOAD")
+    log(1, f"loaded {run.model or 'the example'}: {len(model.operators)} operators, "
+        f"{len(model.params)} params, in {clock.ms('start', 'MODEL_LOAD'):.1f} ms")
+    xs, y = _data(run, model)
+    log(1, f"data: {y.shape[0]} samples, inputs {[list(a.shape[1:]) for a in xs]}, "
+        f"expected {list(y.shape[1:])}")
+    cfg = TrainConfig(**{k: v for k, v in run.train.items() if v is not None})
+    cfg = cfg.with_defaults(model)
+    _check(run, model, cfg)
+    print(out.parameter_block(**_parameters(run, model, cfg)), flush=True)
+    _log_trainable(log, model, cfg)
+    result = _fit(run, model, xs, y, cfg, clock, log)
+    clock.mark("EXECUTE")
+    _export(run, model, result, log)
+    print(out.timing_summary(_timing(clock, result.history, cache)))
+    if run.mem_poll:
+        print(out.memory_summary(clock.rss_kb, _memory_kb("VmHWM")))
+    if run.example and result.history.val_accuracy:
+        print(f"held-out accuracy (last 20% of the digits): "
+              f"{result.history.val_accuracy[-1]:.4f}")
+    return 0
+
+
+def _model(run: TrainRun) -> Any:
+    if not run.example:
+        return load_model(run.model or "")
+    import circle_jax as cj
+    from circle_jax.examples import branching_cnn
+
+    return cj.load(branching_cnn().to_bytes("circle"))
+
+
+def _data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarray]:
+    """(inputs, expected) from the data files (or the bundled digits for ``--example``)."""
+    if run.example and not run.data.inputs:
+        from circle_jax.examples import digits
+
+        x, y = digits()
+        return [x], y
+    d = run.data
+    if not d.inputs or not d.expected:
+        raise CliError("training data missing: give --load_input:raw FILE and "
+                       "--load_expected:raw FILE (or --load_input/--load_expected .npy/.npz)")
+    xs = read_data(d.inputs, [(s.shape[1:], s.dtype) for s in model.inputs],
+                   [s.name for s in model.inputs], raw=d.inputs_raw)
+    o = model.outputs[0]
+    sparse = run.train.get("loss") == "sparse_categorical_crossentropy"
+    ys = read_data(d.expected, [((), np.int32) if sparse else (o.shape[1:], o.dtype)], None,
+                   raw=d.expected_raw)
+    from circle_jax.io.rawdata import check_same_count
+
+    check_same_count(xs, ys)
+    return xs, ys[0]
+
+
+def _trainable_ops(cfg: Any) -> int:
+    """onert's num_of_trainable_ops for the parameter block (-1 all, 0 none, N)."""
+    spec = cfg.trainable
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        return spec
+    return {"all": -1, "none": 0}.get(spec, -2) if isinstance(spec, str) else len(spec)
+
+
+def _check(run: TrainRun, model: Any, cfg: Any) -> None:
+    """Refuse before compiling what would fail after training."""
+    n_ops, spec = len(model.operators), cfg.trainable
+    if isinstance(spec, int) and spec > n_ops:
+        raise CliError(f"--num_of_trainable_ops {spec} exceeds the model's {n_ops} operators")
+    for index, _ in run.output_sizes:
+        if index >= len(model.outputs):
+            raise CliError(f"--output_sizes: output {index} does not exist (the model has "
+                           f"{len(model.outputs)} outputs)")
+    if run.outputs.circleplus:
+        from circle_jax.state_io import traininfo_of
+        from circle_jax.train import Trainer
+
+        traininfo_of(Trainer(model, cfg))  # fails now rather than after training
+
+
+def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
+    import jax
+
+    from circle_jax.losses import get_reduction, loss_name
+    from circle_jax.optim import get_policy, optimizer_name
+
+    extra = {"backend": jax.default_backend(), **run.extra}
+    if cfg.precision:
+        extra["precision"] = str(get_policy(cfg.precision))
+    if not isinstance(cfg.trainable, (int, str)):
+        extra["trainable"] = ", ".join(sorted(model.aliases[n] for n in
+                                              model.resolve_params(cfg.trainable)))
+    return dict(learning_rate=cfg.learning_rate, batch_size=cfg.batch_size,
+                loss=loss_name(cfg.loss), reduction=get_reduction(cfg.reduction).value,
+                optimizer=optimizer_name(cfg.optimizer), trainable_ops=_trainable_ops(cfg),
+                extra=extra)
+
+
+def _log_trainable(log: Log, model: Any, cfg: Any) -> None:
+    if log.verbosity < 2:
+        return
+    from circle_jax.train import select_trainable
+
+    chosen = select_trainable(model, cfg.trainable)
+    for name, alias in model.aliases.items():
+        log(2, f"  {'train' if name in chosen else 'frozen':6} {alias:14} "
+            f"{list(model.params[name].shape)} {name}")
+
+
+class Reporter:
+    """Prints each epoch's line as it ends and keeps the transient stderr lines tidy."""
+
+    def __init__(self, run: TrainRun, epochs: int, clock: Clock, log: Log) -> None:
+        self.run, self.epochs, self.clock, self.log = run, epochs, clock, log
+        terminal = sys.stderr.isatty()
+        self.bar = out.progress_bar() if sys.stdout.isatty() else None
+        self.notice = out.CompileNotice("compiling the training epoch", terminal,
+                                        run.verbosity >= 1)
+
+    def _compiled(self, compile_ms: float | None = None) -> None:
+        if "PREPARE" not in self.clock.marks:
+            self.notice.stop(compile_ms)
+            self.clock.mark("PREPARE")
+
+    def progress(self, done: Any, total: Any) -> None:
+        self._compiled()  # the first progress report: the epoch runs, compiled
+        if self.bar is not None:
+            self.bar(done, total)
+
+    def on_epoch(self, epoch: int, h: Any) -> None:
+        self._compiled(h.compile_ms)
+        self.clock.epoch_ends.append(time.perf_counter())
+        if self.bar is not None:
+            out.clear_line()
+        metric = self.run.metric == 0
+        extra = {}
+        if self.run.train.get("loss_scale", "none") != "none":
+            extra = {"skipped": str(h.skipped[-1]), "loss_scale": f"{h.loss_scale[-1]:g}"}
+        print(out.epoch_line(out.EpochResult(
+            epoch + 1, self.epochs, h.ms_per_step[-1], h.loss[-1],
+            h.accuracy[-1] if metric else None, h.val_loss[-1] if h.val_loss else None,
+            h.val_accuracy[-1] if metric and h.val_loss else None, extra)), flush=True)
+
+
+def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,
+         log: Log) -> Any:
+    """Train, printing epoch lines as they end; the fit result."""
+    from circle_jax.train import fit
+
+    rep = Reporter(run, cfg.epochs, clock, log)
+    clock.mark("fit")
+    rep.notice.start()
+    o = run.outputs
+    try:
+        if o.checkpoint or run.resume:
+            from circle_jax.state_io import fit_checkpointed
+
+            return fit_checkpointed(model, xs, y, cfg, resume=run.resume, save=o.checkpoint,
+                                    every_steps=o.checkpoint_every_steps,
+                                    order=o.checkpoint_order, protect=run.input_files(),
+                                    on_epoch=rep.on_epoch)
+        return fit(model, xs, y, cfg, on_epoch=rep.on_epoch,
+                   progress=rep.progress if rep.bar is not None else None)
+    finally:
+        rep.notice.stop()
+
+
+def _timing(clock: Clock, history: Any, cache: str) -> out.Timing:
+    """The phases as onert_train names them. ``fit`` compiles the epoch before the first
+    one: that compile is PREPARE's (with reading the data); the rest of ``fit`` (setup,
+    epochs, validation) is EXECUTE, so epoch 1 also holds the setup and, with validation,
+    compiling the validation pass."""
+    compiled = clock.marks["fit"] + history.compile_ms / 1000
+    starts = [compiled, *clock.epoch_ends[:-1]]
+    epoch_ms = [(e - s) * 1000 for s, e in zip(starts, clock.epoch_ends)]
+    note = "includes one-time setup: data to the device, compiling the per-epoch metrics" + (
+        " and the validation pass" if history.val_loss else "")
+    return out.Timing(load_ms=clock.ms("start", "MODEL_LOAD"),
+                      prepare_ms=(compiled - clock.marks["MODEL_LOAD"]) * 1000,
+                      execute_ms=(clock.epoch_ends[-1] - compiled) * 1000,
+                      epoch_ms=epoch_ms, compile_ms=history.compile_ms, cache=cache,
+                      first_epoch_note=note)
+
+
+def _export(run: TrainRun, model: Any, result: Any, log: Log) -> None:
+    from circle_jax.io.atomic import atomic_write
+    from circle_jax.state_io import circleplus_metadata, save_wof
+
+    o, protect = run.outputs, run.input_files()
+    exports = [(o.circle, "circle", None), (o.tflite, "tflite", None)]
+    if o.circleplus:
+        exports.append((o.circleplus, "circle", circleplus_metadata(result.trainer)))
+    for path, fmt, meta in exports:
+        if path:
+            atomic_write(path, model.export(result.params, fmt, metadata=meta), protect=protect)
+            log(1, f"wrote {path}")
+    if o.wof:
+        save_wof(o.wof, model, result.params, result.trainer.trainable, protect=protect)
+        log(1, f"wrote {o.wof}")
+
+
+def _memory_kb(field_name: str) -> int:
+    """This process's VmRSS / VmHWM in KB (Linux), else the peak from getrusage."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith(field_name + ":"):
+                    return int(line.split()[1])
+    except OSError:
+        pass
+    import resource
+
+    return int(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss)

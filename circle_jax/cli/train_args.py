@@ -1,0 +1,143 @@
+"""The training command line: onert_train's flags exactly as onert_train parses them (names,
+arity, defaults, numeric codes), then circle-jax's additions. Every help text states its
+default; the code tables come from the library (`LOSS_TABLE`, `REDUCTION_TABLE`,
+`OPTIMIZER_TABLE`)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+from typing import Any
+
+from circle_jax.codes import CodeTable
+from circle_jax.losses.reduction import REDUCTION_TABLE
+from circle_jax.losses.registry import LOSS_TABLE
+from circle_jax.optim.optimizers import OPTIMIZER_TABLE
+
+CIRCLE_PLUS = "the model's circle+ value, else"
+
+
+def _table_type(table: CodeTable) -> Any:
+    def parse(text: str) -> str | int:
+        try:
+            return table.parse(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(
+                f"invalid {table.what} {text!r}: expected onert code {table.code_help(' or ')}"
+                f" or a name: {', '.join(table.spellings())}") from None
+
+    return parse
+
+
+def output_sizes(text: str) -> tuple[tuple[int, int], ...]:
+    """onert_train's --output_sizes: a JSON array of (output index, byte size) pairs."""
+    try:
+        values = json.loads(text)
+    except ValueError:
+        values = None
+    if (not isinstance(values, list) or len(values) % 2
+            or not all(isinstance(v, int) and not isinstance(v, bool) and v >= 0
+                       for v in values)):
+        raise argparse.ArgumentTypeError(
+            f"invalid --output_sizes {text!r}: expected a JSON array of (output index, byte "
+            "size) pairs, e.g. '[0, 40, 2, 80]'")
+    return tuple(zip(values[::2], values[1::2]))
+
+
+def _flag(group: Any, *names: str, default: str, help: str, **kw: Any) -> None:
+    """An option whose help ends with its default."""
+    group.add_argument(*names, help=f"{help} (default: {default})", **kw)
+
+
+def add_onert_train_arguments(p: argparse.ArgumentParser) -> None:
+    """onert_train's command line: PATH and its options, with onert_train's arity."""
+    p.add_argument("model", nargs="?", metavar="MODEL",
+                   help=".circle/.tflite file or nnpackage directory (its metadata/MANIFEST "
+                   "names the model)")
+    g = p.add_argument_group("onert_train options")
+    _flag(g, "--epoch", type=int, metavar="N", default=f"{CIRCLE_PLUS} 5",
+          help="epochs to train")
+    _flag(g, "--batch_size", type=int, metavar="N", default=f"{CIRCLE_PLUS} 32",
+          help="samples per step")
+    _flag(g, "--learning_rate", type=float, metavar="F", default=f"{CIRCLE_PLUS} 0.001",
+          help="learning rate")
+    for flag, table, default in (("--loss", LOSS_TABLE, "mse"),
+                                 ("--loss_reduction_type", REDUCTION_TABLE, "sum over batch size"),
+                                 ("--optimizer", OPTIMIZER_TABLE, "sgd")):
+        _flag(g, flag, type=_table_type(table), metavar="CODE|NAME",
+              default=f"{CIRCLE_PLUS} {default}",
+              help=f"{table.what}: onert code {table.code_help()}; or a name: "
+              f"{', '.join(table.spellings())}")
+    _flag(g, "--metric", type=int, choices=[-1, 0], default="-1", metavar="N",
+          help="metric: -1 (none), 0 (categorical accuracy: argmax, first max wins)")
+    _flag(g, "--validation_split", type=float, metavar="F", default="0.0",
+          help="the LAST fraction (0..1) of the samples validates instead of training")
+    _flag(g, "--num_of_trainable_ops", type=int, metavar="N", default=f"{CIRCLE_PLUS} -1",
+          help="-1 all, 0 none, N the last N operators in circle order")
+    _flag(g, "--load_input:raw", dest="load_input_raw", metavar="FILE", default="none",
+          help="input data: raw, the model's dtype, samples concatenated (planar for several "
+          "inputs)")
+    _flag(g, "--load_expected:raw", dest="load_expected_raw", metavar="FILE", default="none",
+          help="expected outputs, raw like --load_input:raw")
+    _flag(g, "--checkpoint", metavar="FILE", default="none",
+          help="load an onert checkpoint (weights, Adam m/v, step) before training")
+    _flag(g, "--export_circle", metavar="FILE", default="none", help="write the trained model")
+    _flag(g, "--export_circleplus", metavar="FILE", default="none",
+          help="write the trained model with its training parameters (circle+)")
+    _flag(g, "--export_checkpoint", metavar="FILE", default="none",
+          help="write an onert checkpoint after every epoch")
+    _flag(g, "-m", "--mem_poll", action="store_true", default="off",
+          help="print the process's memory (RSS at the end of each phase, peak) after the "
+          "timing summary")
+    _flag(g, "-v", "--verbose_level", type=int, choices=[0, 1, 2], default="0", metavar="N",
+          help="0 results only; 1 also messages between phases (loading, compiling, data, "
+          "files written) on stderr; 2 everything (trainable params, devices, XLA compiles)")
+    _flag(g, "--output_sizes", type=output_sizes, metavar="JSON", default="the model's sizes",
+          help="onert's output buffer sizes, a JSON array of (index, bytes) pairs such as "
+          "'[0, 40, 2, 80]'; checked against the model's outputs (circle-jax sizes outputs "
+          "from the model)")
+
+
+def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
+    """circle-jax's additions to onert_train's command line."""
+    g = p.add_argument_group("circle-jax additions")
+    _flag(g, "--example", action="store_true", default="off",
+          help="train the bundled branching CNN on the bundled 8x8 digits (20 epochs, batch 32, "
+          "adam, cce, metric 0, validation 0.2 unless given)")
+    _flag(g, "--load_input", metavar="FILE", default="none", help=".npy/.npz/raw input data")
+    _flag(g, "--load_expected", metavar="FILE", default="none",
+          help=".npy/.npz/raw expected data")
+    _flag(g, "--export_tflite", metavar="FILE", default="none",
+          help="write the trained model as .tflite (LiteRT runs it)")
+    _flag(g, "--export_wof", metavar="FILE", default="none",
+          help="write the trained weights as .wof")
+    _flag(g, "--checkpoint_every_steps", type=int, metavar="N", default="every epoch",
+          help="rewrite --export_checkpoint every N steps")
+    _flag(g, "--checkpoint_order", choices=["auto", "onert", "ascending"], default="auto",
+          help="entry order of --export_checkpoint: onert's (asks the onert wheel; "
+          "onert_train imports it), ascending tensor index, or auto (onert's when the wheel "
+          "can tell)")
+    _flag(g, "--trainable", action="append", metavar="NAMES", default="all params",
+          help="train only these params: names or aliases such as op3.bias (comma-separated, "
+          "repeatable; `circle-jax info MODEL` lists them); replaces --num_of_trainable_ops")
+    _flag(g, "--from_logits", action="store_true", default=f"{CIRCLE_PLUS} off",
+          help="the loss reads logits")
+    _flag(g, "--seed", type=int, default="0", help="shuffling seed")
+    _flag(g, "--shuffle", action="store_true", default="off (onert's sequential batches)",
+          help="shuffle the samples every epoch")
+    _flag(g, "--keep_remainder", action="store_true", default="off (onert drops it)",
+          help="train on a trailing partial batch")
+    _flag(g, "--accumulate", type=int, metavar="K", default="1",
+          help="micro-batches accumulated per update")
+    _flag(g, "--accumulate_mode", choices=["stream", "in_step"], default="stream",
+          help="stream: each step is a micro-batch; in_step: each batch splits into K")
+    _flag(g, "--precision", metavar="POLICY", default="float32",
+          help="precision policy, e.g. p=f32,c=bf16,o=f32")
+    _flag(g, "--loss_scale", metavar="none|dynamic|FLOAT", default="none",
+          help="loss scaling")
+    _flag(g, "--on_overflow", choices=["skip", "retry"], default="skip",
+          help="what a step with non-finite scaled gradients does")
+    _flag(g, "--compile_cache", metavar="DIR|off", default="$CIRCLE_JAX_CACHE, else "
+          "$XDG_CACHE_HOME/circle-jax/xla or ~/.cache/circle-jax/xla",
+          help="JAX's persistent compilation cache: a repeated run of the same model and "
+          "flags skips XLA's compile; 'off' disables it")
