@@ -65,9 +65,11 @@ class TrainRun:
     compile_cache: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
 
-    def input_files(self) -> list[str]:
-        """Every file the run reads (never overwritten by an output)."""
-        files = [self.model, self.data.inputs, self.data.expected, self.resume]
+    def input_files(self, resume: bool = True) -> list[str]:
+        """The files the run reads, which no output overwrites (``resume=False``: but the
+        checkpoint it resumes from, which --export_checkpoint may rewrite)."""
+        files = [self.model, self.data.inputs, self.data.expected,
+                 self.resume if resume else None]
         return [f for f in files if f]
 
 

@@ -226,7 +226,8 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
 
             return fit_checkpointed(model, xs, y, cfg, resume=run.resume, save=o.checkpoint,
                                     every_steps=o.checkpoint_every_steps,
-                                    order=o.checkpoint_order, protect=run.input_files(),
+                                    order=o.checkpoint_order,
+                                    protect=run.input_files(resume=False),
                                     on_epoch=rep.on_epoch)
         return fit(model, xs, y, cfg, on_epoch=rep.on_epoch,
                    progress=rep.progress if rep.bar is not None else None)

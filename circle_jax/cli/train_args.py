@@ -79,13 +79,13 @@ def add_onert_train_arguments(p: argparse.ArgumentParser) -> None:
           "inputs)")
     _flag(g, "--load_expected:raw", dest="load_expected_raw", metavar="FILE", default="none",
           help="expected outputs, raw like --load_input:raw")
-    _flag(g, "--checkpoint", metavar="FILE", default="none",
-          help="load an onert checkpoint (weights, Adam m/v, step) before training")
-    _flag(g, "--export_circle", metavar="FILE", default="none", help="write the trained model")
-    _flag(g, "--export_circleplus", metavar="FILE", default="none",
-          help="write the trained model with its training parameters (circle+)")
-    _flag(g, "--export_checkpoint", metavar="FILE", default="none",
-          help="write an onert checkpoint after every epoch")
+    for flag, text in (
+            ("--checkpoint", "load an onert checkpoint (weights, Adam m/v, step) before training"),
+            ("--export_circle", "write the trained model"),
+            ("--export_circleplus", "write the trained model with its training parameters "
+             "(circle+)"),
+            ("--export_checkpoint", "write an onert checkpoint after every epoch")):
+        _flag(g, flag, metavar="FILE", default="none", help=text)
     _flag(g, "-m", "--mem_poll", action="store_true", default="off",
           help="print the process's memory (RSS at the end of each phase, peak) after the "
           "timing summary")
@@ -104,13 +104,11 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
     _flag(g, "--example", action="store_true", default="off",
           help="train the bundled branching CNN on the bundled 8x8 digits (20 epochs, batch 32, "
           "adam, cce, metric 0, validation 0.2 unless given)")
-    _flag(g, "--load_input", metavar="FILE", default="none", help=".npy/.npz/raw input data")
-    _flag(g, "--load_expected", metavar="FILE", default="none",
-          help=".npy/.npz/raw expected data")
-    _flag(g, "--export_tflite", metavar="FILE", default="none",
-          help="write the trained model as .tflite (LiteRT runs it)")
-    _flag(g, "--export_wof", metavar="FILE", default="none",
-          help="write the trained weights as .wof")
+    for flag, text in (("--load_input", ".npy/.npz/raw input data"),
+                       ("--load_expected", ".npy/.npz/raw expected data"),
+                       ("--export_tflite", "write the trained model as .tflite (LiteRT runs it)"),
+                       ("--export_wof", "write the trained weights as .wof")):
+        _flag(g, flag, metavar="FILE", default="none", help=text)
     _flag(g, "--checkpoint_every_steps", type=int, metavar="N", default="every epoch",
           help="rewrite --export_checkpoint every N steps")
     _flag(g, "--checkpoint_order", choices=["auto", "onert", "ascending"], default="auto",
