@@ -53,6 +53,8 @@ ONERT_FLAGS = [
     (["-v", "2"], "verbose_level", 2),
     (["--verbose_level", "1"], "verbose_level", 1),
     (["--output_sizes", "[0, 40, 2, 80]"], "output_sizes", ((0, 40), (2, 80))),
+    (["--epoch=7"], "epoch", 7),  # boost's --name=value form
+    (["-v1"], "verbose_level", 1),
 ]
 
 
@@ -106,6 +108,21 @@ def test_bad_flags_are_one_error_line(argv, message, capsys) -> None:
     assert err.count("\n") == 1 and err.startswith("E: ") and "Traceback" not in err, err
     assert message in err, err
     assert "circle-jax circle-jax" not in err
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["--num_of_trainable_ops", "2", "--trainable", "op0.bias"],
+     "give --num_of_trainable_ops or --trainable, not both"),
+    (["--example"], "--example trains the bundled model"),
+    (["--validation_split", "1.5"], "--validation_split must be in [0, 1), got 1.5"),
+    (["--epoch", "0"], "--epoch must be >= 1, got 0"),
+    (["--checkpoint_every_steps", "2"], "--checkpoint_every_steps needs --export_checkpoint"),
+    (["--checkpoint", "missing.ckpt"], "checkpoint file 'missing.ckpt' does not exist"),
+])
+def test_inconsistent_flags_are_one_error_line(argv, message, capsys) -> None:
+    assert main(["train", "m.circle", *argv]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err == f"E: {err[3:]}" and message in err, err
 
 
 def test_help_states_every_default_and_onert_codes() -> None:

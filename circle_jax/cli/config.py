@@ -77,6 +77,8 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
     """Check the parsed flags and gather them into a `TrainRun`."""
     train = _train_config(ns)
     metric = -1 if ns.metric is None else ns.metric
+    if ns.example and ns.model:
+        raise CliError(f"--example trains the bundled model; drop {ns.model!r} or --example")
     if ns.example:
         metric = EXAMPLE_DEFAULTS["metric"] if ns.metric is None else metric
         train = {k: EXAMPLE_DEFAULTS[k] if train.get(k) is None and k in EXAMPLE_DEFAULTS
@@ -108,6 +110,8 @@ def _train_config(ns: argparse.Namespace) -> dict[str, Any]:
     if split is not None and not 0.0 <= split < 1.0:
         raise CliError(f"--validation_split must be in [0, 1), got {split}")
     trainable: Any = ns.num_of_trainable_ops
+    if ns.trainable and trainable is not None:
+        raise CliError("give --num_of_trainable_ops or --trainable, not both")
     if ns.trainable:
         trainable = [n for value in ns.trainable for n in value.split(",") if n]
     return dict(
