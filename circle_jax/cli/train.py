@@ -55,16 +55,21 @@ class Clock:
 
 def train(run: TrainRun) -> int:
     """Train as ``run`` says, printing onert_train's output; 0 on success."""
-    from circle_jax.train import TrainConfig
-
     log = Log(run.verbosity)
     cache = enable_compile_cache(cache_dir(run.compile_cache))
     log(1, f"compile cache: {cache}")
-    if run.verbosity >= 2:
-        import jax
+    if run.verbosity < 2:
+        return _train(run, log, cache)
+    import jax
 
-        jax.config.update("jax_log_compiles", True)
-        log(2, f"devices: {jax.devices()}")
+    log(2, f"devices: {jax.devices()}")
+    with jax.log_compiles(True):  # JAX logs each compile (and its time) on stderr
+        return _train(run, log, cache)
+
+
+def _train(run: TrainRun, log: Log, cache: str) -> int:
+    from circle_jax.train import TrainConfig
+
     clock = Clock()
     clock.mark("start")
     model = _model(run)
