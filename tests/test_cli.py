@@ -335,3 +335,14 @@ def test_code_tables_parse_codes_and_names() -> None:
     with pytest.raises(ValueError, match=r"unknown onert optimizer code 3: use 1 \(sgd\) or "
                                          r"2 \(adam\)"):
         OPTIMIZER_TABLE.parse("3")
+
+
+def test_wof_takes_aliases_like_names(files) -> None:
+    from circle_jax.io import wof_bytes
+
+    model = cj.load(files["model"])
+    assert wof_bytes(model, trainable=["op0.bias", "op3.weight"]) == \
+        wof_bytes(model, trainable=["conv/b", "fc/w"])
+    assert wof_bytes(model, trainable=["op0.bias"]) != wof_bytes(model, trainable=["op0.weight"])
+    with pytest.raises(ValueError, match=r"unknown weight name\(s\) \['op7\.bias'\]"):
+        wof_bytes(model, trainable=["op7.bias"])

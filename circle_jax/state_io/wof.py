@@ -25,18 +25,15 @@ from ._common import Source, _describe, _main_params, _nbytes
 
 def wof_bytes(model: Model, params: Mapping[str, Any] | None = None,
               trainable: Iterable[str] | None = None) -> bytes:
-    """The ``.wof`` bytes of ``params`` (default: the model's) for the ``trainable`` names.
+    """The ``.wof`` bytes of ``params`` (default: the model's) for the ``trainable`` names
+    (or aliases such as ``op3.bias``).
 
     Buffer ``k`` is tensor ``k`` of subgraph 0, filled for trainable float weights only
     (default: every param of subgraph 0), in the tensor's dtype.
     """
     params = model.params if params is None else params
     names = _main_params(model)
-    chosen = set(names.values()) if trainable is None else set(trainable)
-    unknown = sorted(chosen - set(model.params))
-    if unknown:
-        raise ValueError(f"unknown weight name(s) {unknown}; the model's params are "
-                         f"{sorted(model.params)}")
+    chosen = set(names.values()) if trainable is None else model.resolve_params(trainable)
     sg = model.ir.main
     buffers: list[np.ndarray | None] = [None] * len(sg.tensors)
     for i, name in names.items():
