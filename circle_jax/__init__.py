@@ -1,9 +1,14 @@
-"""circle-jax: Circle and TFLite models as pure, differentiable JAX functions."""
+"""circle-jax: Circle and TFLite models as pure, differentiable JAX functions.
+
+The package imports lazily (PEP 562): ``import circle_jax.formats`` reads and writes model
+files without importing JAX, and ``circle_jax.load`` imports the JAX layers on first use.
+"""
 
 from __future__ import annotations
 
-from . import io, losses, optim
-from .build import Builder, GraphBuilder
+import importlib
+from typing import TYPE_CHECKING, Any
+
 from .errors import (
     CircleFormatError,
     CircleJaxError,
@@ -11,17 +16,59 @@ from .errors import (
     TrainingError,
     UnsupportedOperatorError,
 )
-from .io.reader import read_model
-from .lower import lower, unsupported_operators
-from .model import Model, TensorSpec, load
-from .ops.registry import supported_operators
-from .train import FitResult, History, TrainConfig, Trainer, TrainState, fit, select_trainable
 
 __version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from . import checkpoints, formats, losses, optim
+    from .build import Builder, GraphBuilder
+    from .formats.reader import read_model
+    from .lower import unsupported_operators
+    from .model import Model, TensorSpec, load
+    from .ops.registry import supported_operators
+    from .train import (
+        FitResult,
+        History,
+        TrainConfig,
+        Trainer,
+        TrainState,
+        fit,
+        select_trainable,
+    )
+
+_SUBPACKAGES = ("checkpoints", "formats", "losses", "optim")
+
+# public name -> the module that defines it
+_LAZY = {
+    "Builder": ".build", "GraphBuilder": ".build",
+    "read_model": ".formats.reader",
+    "unsupported_operators": ".lower",
+    "Model": ".model", "TensorSpec": ".model", "load": ".model",
+    "supported_operators": ".ops.registry",
+    "FitResult": ".train", "History": ".train", "TrainConfig": ".train", "Trainer": ".train",
+    "TrainState": ".train", "fit": ".train", "select_trainable": ".train",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use."""
+    if name in _SUBPACKAGES:
+        value = importlib.import_module(f".{name}", __name__)
+    elif name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    else:
+        raise AttributeError(f"module 'circle_jax' has no attribute {name!r}")
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBPACKAGES))
+
 
 __all__ = [
     "Builder", "CircleFormatError", "CircleJaxError", "DataError", "FitResult", "GraphBuilder",
     "History", "Model", "TensorSpec", "TrainConfig", "TrainState", "Trainer", "TrainingError",
-    "UnsupportedOperatorError", "fit", "io", "load", "losses", "lower", "optim", "read_model",
-    "select_trainable", "supported_operators", "unsupported_operators",
+    "UnsupportedOperatorError", "checkpoints", "fit", "formats", "load", "losses", "optim",
+    "read_model", "select_trainable", "supported_operators", "unsupported_operators",
 ]

@@ -23,9 +23,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import ir
-from .io.reader import _options
-from .io.schema import OPERATOR_CODES, options_class, options_tag, schema, tensor_type
-from .io.writer import pack
+from .formats.reader import _options
+from .formats.schema import OPERATOR_CODES, options_class, options_tag, schema, tensor_type
+from .formats.writer import pack
 from .ops.common import is_static
 from .ops.registry import OpContext, lookup
 
@@ -260,7 +260,7 @@ class Builder:
 
     def save(self, path: str | os.PathLike, file_format: str | None = None) -> None:
         """Write the model; the format follows the extension unless given."""
-        from .io.atomic import atomic_write
+        from .formats.atomic import atomic_write
 
         path = os.fspath(path)
         fmt = file_format or ("tflite" if path.endswith(".tflite") else "circle")
@@ -278,13 +278,13 @@ def _options_object(op_type: str, tag: int, options: Mapping[str, Any]) -> Any:
             raise ValueError(f"{op_type} takes no options, got {sorted(options)}")
         return None
     obj = options_class(tag)()
-    from .io.schema import camel_case
+    from .formats.schema import camel_case
 
     valid = {k for k in vars(obj)}
     for key, value in options.items():
         attr = camel_case(key)
         if attr not in valid:
-            from .io.schema import snake_case
+            from .formats.schema import snake_case
 
             raise ValueError(
                 f"{op_type} has no option {key!r}; valid: {sorted(snake_case(v) for v in valid)}"

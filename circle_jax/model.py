@@ -13,8 +13,8 @@ import numpy as np
 
 from . import ir
 from .aliases import param_aliases, resolve_param_names
-from .io.reader import read_model
-from .io.writer import export_model
+from .formats.reader import read_model
+from .formats.writer import export_model
 from .lower import Lowered, ParamKey
 
 

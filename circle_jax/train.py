@@ -78,7 +78,7 @@ class TrainConfig:
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
-        from .io.traininfo import decode_traininfo
+        from .formats.traininfo import decode_traininfo
 
         info = None
         if "CIRCLE_TRAINING" in model.ir.metadata:

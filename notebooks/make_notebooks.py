@@ -61,12 +61,12 @@ len(data)"""),
     new_code_cell("""import os
 import tempfile
 
-from circle_jax import io
+from circle_jax import checkpoints
 
 path = os.path.join(tempfile.mkdtemp(), "run.ckpt")
 trainer = result.trainer
-io.save_checkpoint(path, model, trainer, result.state, epoch=len(h.loss))
-state, frozen = io.load_checkpoint(path, model, trainer)
+checkpoints.save_checkpoint(path, model, trainer, result.state, epoch=len(h.loss))
+state, frozen = checkpoints.load_checkpoint(path, model, trainer)
 resumed = fit(model, x, y, trainer.config, params=trainer.merge(state, frozen), state=state,
               epochs=2)
 print("resumed at update", int(state.opt_state.count), "->",

@@ -16,12 +16,7 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.cli import main
-from circle_jax.errors import CircleFormatError, TrainingError
-from circle_jax.examples import branching_cnn
-from circle_jax.io import Checkpoint, decode_checkpoint, encode_checkpoint
-from circle_jax.optim import AdamTFState
-from circle_jax.state_io import (
+from circle_jax.checkpoints import (
     ASCENDING_MARK,
     checkpoint_bytes,
     checkpoint_order,
@@ -34,6 +29,11 @@ from circle_jax.state_io import (
     read_checkpoint,
     save_checkpoint,
 )
+from circle_jax.cli import main
+from circle_jax.errors import CircleFormatError, TrainingError
+from circle_jax.examples import branching_cnn
+from circle_jax.formats import Checkpoint, decode_checkpoint, encode_checkpoint
+from circle_jax.optim import AdamTFState
 from circle_jax.train import Trainer, fit
 from tests.onert_peer import open_session, train_batch
 from tests.paths import shared_model

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
+from circle_jax.checkpoints import circleplus_metadata, traininfo_of
 from circle_jax.cli import main
 from circle_jax.examples import branching_cnn, digits
-from circle_jax.io import decode_traininfo
-from circle_jax.state_io import circleplus_metadata, traininfo_of
+from circle_jax.formats import decode_traininfo
 from circle_jax.train import TrainConfig, Trainer, fit
 from tests.paths import shared_model
 

@@ -311,7 +311,7 @@ def test_cli_functions_are_simple() -> None:
 
 def test_aliases_are_unique_on_every_shared_model() -> None:
     from circle_jax.aliases import alias_table, param_aliases
-    from circle_jax.io.reader import read_model
+    from circle_jax.formats.reader import read_model
     from circle_jax.lower import param_table
     from tests.paths import SHARED_MODELS
 
@@ -338,7 +338,7 @@ def test_code_tables_parse_codes_and_names() -> None:
 
 
 def test_wof_takes_aliases_like_names(files) -> None:
-    from circle_jax.io import wof_bytes
+    from circle_jax.checkpoints import wof_bytes
 
     model = cj.load(files["model"])
     assert wof_bytes(model, trainable=["op0.bias", "op3.weight"]) == \

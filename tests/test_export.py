@@ -13,7 +13,7 @@ import pytest
 import circle_jax as cj
 from circle_jax import ir
 from circle_jax.cli import main
-from circle_jax.io import atomic_write, export_model, read_model
+from circle_jax.formats import atomic_write, export_model, read_model
 from circle_jax.lower import param_table
 from tests.oracle import run_litert
 from tests.paths import SHARED_MODELS, shared_model

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from circle_jax.errors import CircleFormatError, DataError
-from circle_jax.io.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
+from circle_jax.formats.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
 from tests.onert_peer import open_session, train_batch
 from tests.paths import shared_model
 

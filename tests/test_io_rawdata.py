@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from circle_jax.errors import DataError
-from circle_jax.io.atomic import atomic_write
-from circle_jax.io.rawdata import (
+from circle_jax.formats.atomic import atomic_write
+from circle_jax.formats.rawdata import (
     check_same_count,
     load_array_file,
     read_raw,

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from circle_jax.errors import CircleFormatError
-from circle_jax.io.traininfo import (
+from circle_jax.formats.traininfo import (
     METADATA_NAME,
     TrainInfo,
     decode_traininfo,

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from circle_jax.errors import CircleFormatError
-from circle_jax.io.wof import decode_wof, encode_wof
+from circle_jax.formats.wof import decode_wof, encode_wof
 
 W = np.arange(6, dtype=np.float32).reshape(2, 3)
 B = np.array([-1.5, 2.25], np.float32)

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.io.reader import read_model
-from circle_jax.io.writer import export_model
+from circle_jax.formats.reader import read_model
+from circle_jax.formats.writer import export_model
 
 from .oracle import run_litert
 

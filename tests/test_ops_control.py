@@ -12,8 +12,8 @@ from flatbuffers import flexbuffers
 
 import circle_jax as cj
 from circle_jax.build import Builder, GraphBuilder
-from circle_jax.io.schema import schema
-from circle_jax.io.writer import pack
+from circle_jax.formats.schema import schema
+from circle_jax.formats.writer import pack
 from tests.oracle import ATOL, RTOL, assert_close, check_model_grads, run_circle_jax, run_litert
 from tests.paths import SHARED_MODELS as MODELS
 

@@ -2,7 +2,7 @@
 
 The builder does not write quantization parameters yet, so these models are finished by hand:
 ``Builder.to_object()`` gives circle-schema's ``ModelT``, the test sets ``tensor.quantization``
-and packs it with ``circle_jax.io.writer.pack``.
+and packs it with ``circle_jax.formats.writer.pack``.
 
 LiteRT's vectorized x86 QUANTIZE kernels round ties differently from TFLite's reference
 semantics (round half away from zero), which circle-jax implements: float -> int rounds ties to
@@ -24,7 +24,7 @@ from circle_schema.v0_10.circle.QuantizationParameters import QuantizationParame
 
 import circle_jax as cj
 from circle_jax.build import Builder
-from circle_jax.io.writer import pack
+from circle_jax.formats.writer import pack
 from tests.oracle import Const, assert_close, check_op, check_op_grads, run_circle_jax, run_litert
 
 rng = np.random.default_rng(7)

@@ -15,8 +15,8 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.build import Builder
-from circle_jax.io.schema import schema
-from circle_jax.io.writer import pack
+from circle_jax.formats.schema import schema
+from circle_jax.formats.writer import pack
 from tests.oracle import (
     ATOL,
     RTOL,

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.io.reader import read_model
-from circle_jax.io.writer import export_model
+from circle_jax.formats.reader import read_model
+from circle_jax.formats.writer import export_model
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
 ALL_MODELS = sorted(glob.glob(os.path.join(MODELS, "*.tflite")) +
@@ -95,7 +95,7 @@ def test_out_of_range_tensor_index_is_refused() -> None:
     b.op("RELU", [x], shapes=[(1, 4)])
     obj = b.to_object()
     obj.subgraphs[0].operators[0].inputs = [7]
-    from circle_jax.io.writer import pack
+    from circle_jax.formats.writer import pack
 
     with pytest.raises(cj.CircleFormatError, match=r"input tensor index 7 is out of range"):
         read_model(pack(obj, "circle"))

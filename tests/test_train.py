@@ -26,7 +26,7 @@ from circle_jax.build import Builder
 from circle_jax.cli import main
 from circle_jax.errors import DataError, TrainingError
 from circle_jax.examples import branching_cnn, digits
-from circle_jax.io.reader import read_model
+from circle_jax.formats.reader import read_model
 from circle_jax.losses import get_loss
 from circle_jax.train import Trainer, fit, select_trainable
 from tests.onert_peer import onert_fit

@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
+from circle_jax.checkpoints import load_wof, save_wof, wof_bytes
 from circle_jax.cli import main
 from circle_jax.errors import CircleFormatError
 from circle_jax.examples import branching_cnn
-from circle_jax.io import decode_wof, encode_wof
-from circle_jax.state_io import load_wof, save_wof, wof_bytes
+from circle_jax.formats import decode_wof, encode_wof
 from tests.paths import shared_model
 
 MNIST = "onert_micro_simple_mnist_model.circle"

@@ -48,7 +48,7 @@ def load_model(path: str) -> Any:
 def read_data(path: str, specs: list[tuple[tuple[int, ...], Any]], names: list[str] | None,
               raw: bool = False) -> list[np.ndarray]:
     """Arrays for ``specs`` from a raw (onert_train's layout), .npy or .npz file."""
-    from circle_jax.io.rawdata import load_array_file, read_raw
+    from circle_jax.formats.rawdata import load_array_file, read_raw
 
     if not os.path.exists(path):
         raise CliError(f"data file {path!r} does not exist")

@@ -24,8 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from circle_jax.io.atomic import atomic_write
-    from circle_jax.state_io import checkpoint_params, load_wof, save_wof
+    from circle_jax.checkpoints import checkpoint_params, load_wof, save_wof
+    from circle_jax.formats.atomic import atomic_write
 
     outputs = {"--circle": args.circle, "--tflite": args.tflite, "--wof": args.wof}
     if not any(outputs.values()):

@@ -25,7 +25,7 @@ def params_table(model: object, param_keys: dict) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from circle_jax.io.reader import read_model
+    from circle_jax.formats.reader import read_model
     from circle_jax.lower import param_table, unsupported_operators
     from circle_jax.model import summarize
 

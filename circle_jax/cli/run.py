@@ -26,7 +26,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     import jax
 
-    from circle_jax.io.atomic import atomic_write
+    from circle_jax.formats.atomic import atomic_write
 
     model = load_model(args.model)
     specs = [(s.shape[1:], s.dtype) for s in model.inputs]

@@ -122,7 +122,7 @@ def _data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarray]:
     sparse = run.train.get("loss") == "sparse_categorical_crossentropy"
     ys = read_data(d.expected, [((), np.int32) if sparse else (o.shape[1:], o.dtype)], None,
                    raw=d.expected_raw)
-    from circle_jax.io.rawdata import check_same_count
+    from circle_jax.formats.rawdata import check_same_count
 
     check_same_count(xs, ys)
     return xs, ys[0]
@@ -146,7 +146,7 @@ def _check(run: TrainRun, model: Any, cfg: Any) -> None:
             raise CliError(f"--output_sizes: output {index} does not exist (the model has "
                            f"{len(model.outputs)} outputs)")
     if run.outputs.circleplus:
-        from circle_jax.state_io import traininfo_of
+        from circle_jax.checkpoints import traininfo_of
         from circle_jax.train import Trainer
 
         traininfo_of(Trainer(model, cfg))  # fails now rather than after training
@@ -227,7 +227,7 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
     o = run.outputs
     try:
         if o.checkpoint or run.resume:
-            from circle_jax.state_io import fit_checkpointed
+            from circle_jax.checkpoints import fit_checkpointed
 
             return fit_checkpointed(model, xs, y, cfg, resume=run.resume, save=o.checkpoint,
                                     every_steps=o.checkpoint_every_steps,
@@ -258,8 +258,8 @@ def _timing(clock: Clock, history: Any, cache: str) -> out.Timing:
 
 
 def _export(run: TrainRun, model: Any, result: Any, log: Log) -> None:
-    from circle_jax.io.atomic import atomic_write
-    from circle_jax.state_io import circleplus_metadata, save_wof
+    from circle_jax.checkpoints import circleplus_metadata, save_wof
+    from circle_jax.formats.atomic import atomic_write
 
     o, protect = run.outputs, run.input_files()
     exports = [(o.circle, "circle", None), (o.tflite, "tflite", None)]

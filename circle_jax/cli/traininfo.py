@@ -22,7 +22,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def format_traininfo(m: Any) -> str:
     """The metadata's fields, one a line, and its circle_plus_gen JSON."""
-    from circle_jax.io.traininfo import decode_traininfo, traininfo_to_json
+    from circle_jax.formats.traininfo import decode_traininfo, traininfo_to_json
 
     info = decode_traininfo(m.metadata["CIRCLE_TRAINING"])
     lines = [f"{k:20} = {v}" for k, v in vars(info).items()]
@@ -32,7 +32,7 @@ def format_traininfo(m: Any) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from circle_jax.io.reader import read_model
+    from circle_jax.formats.reader import read_model
 
     m = read_model(args.model)
     if args.set is None:
@@ -50,9 +50,9 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _write(m: Any, args: argparse.Namespace) -> None:
-    from circle_jax.io.atomic import atomic_write
-    from circle_jax.io.traininfo import encode_traininfo, traininfo_from_json
-    from circle_jax.io.writer import export_model
+    from circle_jax.formats.atomic import atomic_write
+    from circle_jax.formats.traininfo import encode_traininfo, traininfo_from_json
+    from circle_jax.formats.writer import export_model
 
     with open(args.set) as f:
         try:

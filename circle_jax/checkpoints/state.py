@@ -42,10 +42,6 @@ model resumes from rounded float32 masters.
 
 from __future__ import annotations
 
-import functools
-import os
-import shutil
-import tempfile
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -56,9 +52,10 @@ import optax
 
 from .. import ir
 from ..errors import CircleFormatError, DataError, TrainingError
-from ..io.atomic import PathLike, atomic_write
-from ..io.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
-from ..io.reader import read_bytes
+from ..formats.atomic import PathLike, atomic_write
+from ..formats.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
+from ..formats.reader import read_bytes
+from ..interop.onert import onert_checkpoint_order
 from ..model import Model
 from ..optim import AccumulateState, AdamTFState
 from ..train import (
@@ -144,7 +141,7 @@ def _ordered(model: Model, order: Order) -> tuple[int, ...]:
 def make_checkpoint(model: Model, trainer: Trainer, state: TrainState,
                     frozen: Mapping[str, Any] | None = None, epoch: int = 0,
                     order: Order = "ascending") -> Checkpoint:
-    """The :class:`~circle_jax.io.checkpoint.Checkpoint` of a training state.
+    """The :class:`~circle_jax.formats.checkpoint.Checkpoint` of a training state.
 
     One entry per constant tensor of subgraph 0 in ``order`` ("ascending" tensor index,
     "onert" — see :func:`onert_order` —, "auto" — onert's when the onert wheel can tell,
@@ -230,86 +227,7 @@ def onert_order(model: Model) -> tuple[int, ...]:
     copy of the model whose float constants hold distinct marker values, exports a
     checkpoint and matches entries by content. Cached per model; needs ``onert``.
     """
-    found = _onert_order(model.ir.source)
-    if isinstance(found, str):
-        raise DataError(found)
-    return found
-
-
-@functools.lru_cache(maxsize=16)
-def _onert_order(source: bytes) -> tuple[int, ...] | str:
-    """onert's entry order, or why it cannot be had (cached either way)."""
-    try:
-        return _ask_onert(source)
-    except DataError as e:
-        return str(e)
-
-
-def _ask_onert(source: bytes) -> tuple[int, ...]:
-    try:
-        from onert.native import libnnfw_api_pybind as lib
-    except ImportError:
-        raise DataError("the onert checkpoint order needs the onert wheel (pip install onert); "
-                        "use order='ascending'") from None
-    from ..io.reader import read_model
-    from ..io.writer import export_model
-
-    m = read_model(source)
-    sg = m.main
-    consts = [t for t in sg.tensors if t.is_constant]
-    markers = {}
-    for j, t in enumerate(c for c in consts if c.is_float):
-        markers[t.index] = np.full(t.shape, j + 1, ir.as_numpy_dtype(t.dtype))
-    marked = export_model(m, {(0, i): a for i, a in markers.items()}, file_format="circle")
-    expected = {t.index: (markers[t.index] if t.index in markers else t.data).tobytes()
-                for t in consts}
-    cwd = os.getcwd()
-    tmp = tempfile.mkdtemp(prefix="cj-onert-")
-    try:
-        os.chdir(tmp)  # onert 0.1.0 garbles paths over 15 bytes: short relative names
-        with open("m.circle", "wb") as f:
-            f.write(marked)
-        s = lib.experimental.nnfw_session("m.circle", "train")
-        info = s.train_get_traininfo()
-        info.learning_rate = 0.001
-        info.batch_size = 1
-        info.loss_info.loss = lib.loss.MEAN_SQUARED_ERROR
-        info.loss_info.reduction_type = lib.loss_reduction.SUM_OVER_BATCH_SIZE
-        info.opt = lib.optimizer.SGD
-        info.num_of_trainable_ops = 0  # nothing changes: the markers come back as written
-        s.train_set_traininfo(info)
-        s.train_prepare()
-        keep = []  # onert keeps raw pointers to these arrays until train() returns
-        for k, i in enumerate(sg.inputs):
-            t = sg.tensors[i]
-            keep.append(np.zeros((1, *t.shape[1:]), ir.as_numpy_dtype(t.dtype)))
-            s.train_set_input(k, keep[-1])
-        for k, i in enumerate(sg.outputs):
-            t = sg.tensors[i]
-            keep.append(np.zeros((1, *t.shape[1:]), ir.as_numpy_dtype(t.dtype)))
-            s.train_set_expected(k, keep[-1])
-            keep.append(np.zeros((1, *t.shape[1:]), ir.as_numpy_dtype(t.dtype)))
-            s.train_set_output(k, keep[-1])
-        s.train(True)
-        s.train_export_checkpoint("c.ckpt")
-        with open("c.ckpt", "rb") as f:
-            ckpt = decode_checkpoint(f.read())
-    except Exception as e:
-        raise DataError(f"onert could not train this model to find its checkpoint order "
-                        f"({type(e).__name__}: {e}); use order='ascending'") from None
-    finally:
-        os.chdir(cwd)
-        shutil.rmtree(tmp, ignore_errors=True)
-    order = []
-    free = dict(expected)
-    for e, raw in enumerate(ckpt.tensors):
-        hit = [i for i, b in free.items() if b == raw.tobytes()]
-        if not hit:
-            raise DataError(f"onert's checkpoint entry {e} matches no constant tensor; "
-                            "use order='ascending'")
-        order.append(hit[0])
-        del free[hit[0]]
-    return tuple(order)
+    return onert_checkpoint_order(model.ir.source)
 
 
 def read_checkpoint(source: Source, model: Model, params: Mapping[str, Any] | None = None,

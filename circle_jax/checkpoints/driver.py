@@ -11,7 +11,7 @@ import jax
 import jax.numpy as jnp
 
 from ..errors import DataError
-from ..io.atomic import PathLike
+from ..formats.atomic import PathLike
 from ..model import Model
 from ..train import (
     FitResult,
@@ -25,7 +25,7 @@ from ..train import (
     record_epoch,
 )
 from ._common import Source, _stream_k
-from .checkpoint import Order, _restore, make_checkpoint, read_checkpoint, save_checkpoint
+from .state import Order, _restore, make_checkpoint, read_checkpoint, save_checkpoint
 
 
 def fit_checkpointed(

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from .. import ir
-from ..io.atomic import PathLike
+from ..formats.atomic import PathLike
 from ..model import Model
 from ..train import (
     Trainer,

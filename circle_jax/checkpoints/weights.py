@@ -15,10 +15,10 @@ import numpy as np
 
 from .. import ir
 from ..errors import CircleFormatError, DataError
-from ..io.atomic import PathLike, atomic_write
-from ..io.checkpoint import as_array
-from ..io.reader import read_bytes
-from ..io.wof import decode_wof, encode_wof
+from ..formats.atomic import PathLike, atomic_write
+from ..formats.checkpoint import as_array
+from ..formats.reader import read_bytes
+from ..formats.wof import decode_wof, encode_wof
 from ..model import Model
 from ._common import Source, _describe, _main_params, _nbytes
 

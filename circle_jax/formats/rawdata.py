@@ -14,7 +14,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from circle_jax.errors import DataError
-from circle_jax.io.atomic import atomic_write
+from circle_jax.formats.atomic import atomic_write
 
 Spec = tuple[tuple[int, ...], np.dtype]
 """One input of a model: its per-sample shape (no batch dimension) and its dtype."""

@@ -3,19 +3,19 @@
 
 from __future__ import annotations
 
-from ..io.traininfo import METADATA_NAME, TrainInfo, encode_traininfo
+from ..formats.traininfo import METADATA_NAME, TrainInfo, encode_traininfo
 from ..train import (
     Trainer,
 )
 
 
 def traininfo_of(trainer: Trainer) -> TrainInfo:
-    """The circle+ :class:`~circle_jax.io.traininfo.TrainInfo` of a trainer's configuration.
+    """The circle+ :class:`~circle_jax.formats.traininfo.TrainInfo` of a trainer's configuration.
 
     circle+ (and onert) express SGD or TF-style Adam with a constant learning rate, and
     trainable operators as "the last N": anything else raises ``ValueError``.
     """
-    from ..io.traininfo import LOSSES
+    from ..formats.traininfo import LOSSES
     from ..losses import get_reduction, loss_name
     from ..optim import optimizer_name
 

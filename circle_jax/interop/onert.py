@@ -1,0 +1,131 @@
+"""Asking the installed onert wheel how it lays out a model's checkpoint.
+
+onert stores one checkpoint entry per constant tensor of subgraph 0 in the order of its
+internal hash maps (a function of the tensor indices and count, not of the weights), and
+reads entries back by position without checks. The order is found by experiment: a copy
+of the model whose float constants hold distinct marker values trains one step with no
+trainable operator, and the exported checkpoint's entries are matched to tensors by
+content. The onert session runs in a child process, in a temporary working directory
+(onert 0.1.0 garbles model paths over 15 bytes, so it is given a short relative name), so
+neither a crash of onert nor its working directory touches the caller's process.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+from .. import ir
+from ..errors import DataError
+from ..formats.checkpoint import decode_checkpoint
+from ..formats.reader import read_model
+from ..formats.writer import export_model
+
+PROBE_TIMEOUT_S = 120
+"""The longest the onert child process may take to train its one step."""
+
+
+@functools.lru_cache(maxsize=16)
+def _cached_order(source: bytes) -> tuple[int, ...] | str:
+    try:
+        return _probe(source)
+    except DataError as e:
+        return str(e)
+
+
+def onert_checkpoint_order(source: bytes) -> tuple[int, ...]:
+    """The tensor index of each entry of the checkpoints onert writes for this model file.
+
+    Raises :class:`DataError` (one line) when the onert wheel is missing or cannot train
+    the model; answers are cached per model bytes, refusals too.
+    """
+    found = _cached_order(bytes(source))
+    if isinstance(found, str):
+        raise DataError(found)
+    return found
+
+
+def _probe(source: bytes) -> tuple[int, ...]:
+    m = read_model(source)
+    sg = m.main
+    consts = [t for t in sg.tensors if t.is_constant]
+    markers = {t.index: np.full(t.shape, j + 1, ir.as_numpy_dtype(t.dtype))
+               for j, t in enumerate(c for c in consts if c.is_float)}
+    marked = export_model(m, {(0, i): a for i, a in markers.items()}, file_format="circle")
+    expected = {t.index: (markers[t.index] if t.index in markers else t.data).tobytes()
+                for t in consts}
+    io_specs = {
+        role: [[list(sg.tensors[i].shape), str(ir.as_numpy_dtype(sg.tensors[i].dtype))]
+               for i in idx]
+        for role, idx in (("inputs", sg.inputs), ("outputs", sg.outputs))
+    }
+    with tempfile.TemporaryDirectory(prefix="cj-onert-") as tmp:
+        with open(os.path.join(tmp, "m.circle"), "wb") as f:
+            f.write(marked)
+        with open(os.path.join(tmp, "io.json"), "w") as f:
+            json.dump(io_specs, f)
+        try:
+            done = subprocess.run(
+                [sys.executable, "-m", __name__], cwd=tmp, capture_output=True, text=True,
+                timeout=PROBE_TIMEOUT_S, check=False)
+        except subprocess.TimeoutExpired:
+            raise DataError(f"onert took over {PROBE_TIMEOUT_S} s to train one step of this "
+                            "model to find its checkpoint order; use order='ascending'") from None
+        if done.returncode != 0:
+            why = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise DataError(f"onert could not train this model to find its checkpoint order "
+                            f"({why}); use order='ascending'")
+        with open(os.path.join(tmp, "c.ckpt"), "rb") as f:
+            ckpt = decode_checkpoint(f.read())
+    order = []
+    free = dict(expected)
+    for e, raw in enumerate(ckpt.tensors):
+        hit = [i for i, b in free.items() if b == raw.tobytes()]
+        if not hit:
+            raise DataError(f"onert's checkpoint entry {e} matches no constant tensor; "
+                            "use order='ascending'")
+        order.append(hit[0])
+        del free[hit[0]]
+    return tuple(order)
+
+
+def _train_one_frozen_step() -> None:
+    """The child's work, in its working directory: train ``m.circle`` one step with no
+    trainable operator (so the markers come back as written) and export ``c.ckpt``."""
+    try:
+        from onert.native import libnnfw_api_pybind as lib
+    except ImportError:
+        sys.exit("the onert checkpoint order needs the onert wheel (pip install onert)")
+    with open("io.json") as f:
+        specs = json.load(f)
+    s = lib.experimental.nnfw_session("m.circle", "train")
+    info = s.train_get_traininfo()
+    info.learning_rate = 0.001
+    info.batch_size = 1
+    info.loss_info.loss = lib.loss.MEAN_SQUARED_ERROR
+    info.loss_info.reduction_type = lib.loss_reduction.SUM_OVER_BATCH_SIZE
+    info.opt = lib.optimizer.SGD
+    info.num_of_trainable_ops = 0
+    s.train_set_traininfo(info)
+    s.train_prepare()
+    keep = []  # onert keeps raw pointers to these arrays until train() returns
+    for k, (shape, dtype) in enumerate(specs["inputs"]):
+        keep.append(np.zeros((1, *shape[1:]), dtype))
+        s.train_set_input(k, keep[-1])
+    for k, (shape, dtype) in enumerate(specs["outputs"]):
+        keep.append(np.zeros((1, *shape[1:]), dtype))
+        s.train_set_expected(k, keep[-1])
+        keep.append(np.zeros((1, *shape[1:]), dtype))
+        s.train_set_output(k, keep[-1])
+    s.train(True)
+    s.train_export_checkpoint("c.ckpt")
+
+
+if __name__ == "__main__":
+    _train_one_frozen_step()
