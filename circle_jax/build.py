@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from . import ir
-from .formats.reader import _options
+from .formats.reader import options_of
 from .formats.schema import OPERATOR_CODES, options_class, options_tag, schema, tensor_type
 from .formats.writer import pack
 from .ops.common import is_static
@@ -158,7 +158,7 @@ class GraphBuilder:
             for j in range(n)
         )
         op = ir.Operator(len(self.ops), op_type, OPERATOR_CODES[op_type], tuple(inputs), (),
-                         _options(opts), custom_code, custom_options)
+                         options_of(opts), custom_code, custom_options)
         ctx = OpContext(op, tuple(self._ir_tensor(i) for i in inputs), placeholder,
                         self.owner._abstract_subgraph)
         values = [None if i < 0 else self.tensors[i] for i in inputs]

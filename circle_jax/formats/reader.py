@@ -169,7 +169,8 @@ def _tensor(k: int, t: Any, buffers: list, sg: int, where: str) -> ir.Tensor:
     return ir.Tensor(k, name, shape, dtype, bidx, data, quant, sig, bool(t.isVariable))
 
 
-def _options(o: Any) -> ir.Options:
+def options_of(o: Any) -> ir.Options:
+    """The IR options of a circle-schema options object (None gives empty options)."""
     if o is None:
         return ir.Options()
     items = {}
@@ -211,7 +212,7 @@ def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, where: str) -> ir.S
                 code=code,
                 inputs=indices(op.inputs, f"operator {i} ({name}) input", optional=True),
                 outputs=indices(op.outputs, f"operator {i} ({name}) output"),
-                options=_options(options),
+                options=options_of(options),
                 custom_code=custom,
                 custom_options=custom_options,
                 version=version,
