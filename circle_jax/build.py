@@ -27,7 +27,7 @@ from .formats.reader import options_of
 from .formats.schema import OPERATOR_CODES, options_class, options_tag, schema, tensor_type
 from .formats.writer import pack
 from .ops.common import is_static
-from .ops.registry import OpContext, lookup
+from .ops.registry import OpContext, definition
 
 _ENUMS = {
     "padding": schema.Padding.Padding,
@@ -150,8 +150,8 @@ class GraphBuilder:
             dts = dtypes or ["float32"] * n
             return [(tuple(s), np.dtype(d).name) for s, d in zip(shapes, dts)]
         key = f"CUSTOM:{custom_code}" if op_type == "CUSTOM" else op_type
-        fn = lookup(key)
-        if fn is None:
+        d = definition(key)
+        if d is None:
             raise ValueError(f"cannot infer output shapes of {key}: pass shapes= and dtypes=")
         placeholder = tuple(
             ir.Tensor(-1, f"out{j}", (), np.dtype(dtypes[j]).name if dtypes else "float32", 0)
@@ -161,6 +161,9 @@ class GraphBuilder:
                          options_of(opts), custom_code, custom_options)
         ctx = OpContext(op, tuple(self._ir_tensor(i) for i in inputs), placeholder,
                         self.owner._abstract_subgraph)
+        if d.check is not None:  # the load-time checks of the operator's options
+            d.check(ctx)
+        fn = d.fn
         values = [None if i < 0 else self.tensors[i] for i in inputs]
         dynamic = [j for j, t in enumerate(values) if t is not None and t.data is None]
 

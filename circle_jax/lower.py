@@ -3,24 +3,29 @@
 Float constant tensors are parameters (looked up by name in ``params``), except those read
 only at inputs an operator needs static (``register(..., static_inputs=...)``, e.g. RANGE's
 bounds); every other constant stays a static numpy value, and operators whose inputs are all
-static are evaluated at lowering time (constant folding), so shape arithmetic never reaches
-the compiled graph.
+static are evaluated at lowering time (constant folding, unless registered with
+``fold=False``), so shape arithmetic never reaches the compiled graph.
+
+Each operator gets the reference implementation of ``circle_jax/ops`` or the fast one of
+``circle_jax/lowering``, as the :class:`~circle_jax.lowering.LoweringOptions` say. Building a
+:class:`Lowered` checks every operator's static options and input specs (the registered
+``check``) and raises one error listing every refusal.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import jax
 import numpy as np
 
 from . import ir
-from .errors import UnsupportedOperatorError
-from .ops.registry import OpContext, lookup, static_inputs
-
-# Operators that must never be folded (they carry control flow or state).
-_NO_FOLD = frozenset({"IF", "WHILE", "STABLEHLO_COMPOSITE", "CALL_ONCE", "VAR_HANDLE"})
+from .errors import CircleFormatError, UnsupportedOperatorError
+from .lowering import LoweringOptions, as_options, implementation
+from .ops.common import check_padding
+from .ops.registry import OpContext, OpDef, definition, lookup, static_inputs
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 
@@ -52,24 +57,72 @@ def unsupported_operators(model: ir.Model) -> list[str]:
     return missing
 
 
-def check_supported(model: ir.Model) -> None:
-    """Raise one error listing every unsupported operator of the model."""
-    missing = unsupported_operators(model)
-    if missing:
-        raise UnsupportedOperatorError(
-            f"{len(missing)} unsupported operator(s): " + "; ".join(missing)
-            + " (see circle_jax.supported_operators())"
-        )
+def _check_common(op: ir.Operator) -> None:
+    """Checks every operator gets: a known fused activation and padding code."""
+    act = op.options.get("fused_activation_function")
+    if act is not None and act not in range(ir.ACT_SIGN_BIT + 1):
+        raise ValueError(f"unknown fused activation code {act}")
+    if "padding" in op.options:
+        check_padding(op.options.padding)
 
 
 class Lowered:
-    """The lowered model: pure functions over (params, inputs), built once per IR."""
+    """The lowered model: pure functions over (params, inputs), built once per IR.
 
-    def __init__(self, model: ir.Model) -> None:
-        check_supported(model)
+    ``lowering``: "fast", "reference", a :class:`~circle_jax.lowering.LoweringOptions` or
+    None (the default: fast on CPU, reference on other backends).
+    """
+
+    def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None) -> None:
         self.model = model
+        self.options = as_options(lowering)
         self.params = param_table(model)
         self._param_name = {key: name for name, key in self.params.items()}
+        self._ops = self._parse()
+
+    def _parse(self) -> dict[tuple[int, int], tuple[OpDef, Callable[..., Any], OpContext]]:
+        """Every operator's definition, implementation and static context, after its checks;
+        one error lists every refusal (UnsupportedOperatorError if any is unsupported)."""
+        parsed, refusals, unsupported = {}, [], False
+        multi = len(self.model.subgraphs) > 1
+        for sg in self.model.subgraphs:
+            for op in sg.operators:
+                where = f"{op.key} (code {op.code}) at {f'subgraph {sg.index} ' if multi else ''}" \
+                    f"operator {op.index}"
+                d = definition(op.key)
+                if d is None:
+                    refusals.append(where)
+                    unsupported = True
+                    continue
+                ctx = OpContext(op, tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs),
+                                tuple(sg.tensors[i] for i in op.outputs), _no_subgraph,
+                                self.options)
+                try:
+                    _check_common(op)
+                    if d.check is not None:
+                        d.check(ctx)
+                except (ValueError, TypeError, NotImplementedError) as e:
+                    refusals.append(f"{where}: {e}")
+                    unsupported |= isinstance(e, NotImplementedError)
+                    continue
+                fn = implementation(op.key, self.options) or d.fn
+                parsed[(sg.index, op.index)] = (d, fn, ctx)
+        if refusals:
+            error = UnsupportedOperatorError if unsupported else CircleFormatError
+            what = "unsupported operator(s)" if unsupported else "invalid operator(s)"
+            raise error(f"{len(refusals)} {what}: " + "; ".join(refusals)
+                        + (" (see circle_jax.supported_operators())" if unsupported else ""))
+        return parsed
+
+    def with_options(self, **changes: Any) -> Lowered:
+        """The same model lowered with ``changes`` to its options (e.g. ``in_loop=True``)."""
+        new = object.__new__(Lowered)
+        new.model, new.params, new._param_name = self.model, self.params, self._param_name
+        new.options = replace(self.options, **changes)
+        new._ops = {key: (d, implementation(ctx.op.key, new.options) or d.fn,
+                          replace(ctx, lowering=new.options))
+                    for key, (d, _, ctx) in self._ops.items()}
+        return new
 
     def apply(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
         """Run subgraph 0: the model's outputs, in order, as a tuple."""
@@ -108,17 +161,11 @@ class Lowered:
             return self.run(j, params, args, keep=False)[0]
 
         for op in sg.operators:
-            statics = static_inputs(op.key)
-            args = [value(i, pos in statics) for pos, i in enumerate(op.inputs)]
-            ctx = OpContext(
-                op,
-                tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs),
-                tuple(sg.tensors[i] for i in op.outputs),
-                run_subgraph,
-            )
-            fn = lookup(op.key)
+            d, fn, ctx = self._ops[(k, op.index)]
+            args = [value(i, pos in d.static_inputs) for pos, i in enumerate(op.inputs)]
+            ctx = replace(ctx, run_subgraph=run_subgraph)
             try:
-                if op.type not in _NO_FOLD and args and all(_static(a) for a in args):
+                if d.fold and args and all(_static(a) for a in args):
                     with jax.ensure_compile_time_eval():
                         out = fn(ctx, *args)
                     out = jax.tree.map(np.asarray, out)
@@ -142,10 +189,16 @@ class Lowered:
         return outputs, named
 
 
+def _no_subgraph(j: int, args: Sequence[Any]) -> tuple[Any, ...]:
+    raise RuntimeError("subgraphs run only while the model is applied")
+
+
 def _static(x: Any) -> bool:
     return x is None or isinstance(x, (np.ndarray, np.generic))
 
 
-def lower(model: ir.Model) -> Callable[..., tuple[Any, ...]]:
-    """``apply(params, *inputs)`` for subgraph 0 of ``model``."""
-    return Lowered(model).apply
+def lower(model: ir.Model, lowering: str | LoweringOptions | None = None
+          ) -> Callable[..., tuple[Any, ...]]:
+    """``apply(params, *inputs)`` for subgraph 0 of ``model`` (``lowering``: see
+    :class:`Lowered`)."""
+    return Lowered(model, lowering).apply

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import os
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,6 +16,7 @@ from .aliases import param_aliases, resolve_param_names
 from .formats.reader import read_model
 from .formats.writer import export_model
 from .lower import Lowered, ParamKey
+from .lowering import LoweringOptions
 
 
 @dataclass(frozen=True)
@@ -32,11 +33,13 @@ class Model:
 
     ``apply`` is pure: it reads weights only from the ``params`` argument, so it can be
     differentiated, jitted and vmapped. ``params`` maps unique tensor names to arrays.
+    ``lowering`` chooses the operators' implementations (see :func:`load`).
     """
 
-    def __init__(self, model: ir.Model) -> None:
+    def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None) -> None:
         self.ir = model
-        self._lowered = Lowered(model)
+        self._lowered = Lowered(model, lowering)
+        self._variants: dict[tuple, Lowered] = {}
         self.param_keys: dict[str, ParamKey] = dict(self._lowered.params)
         self.params: dict[str, jax.Array] = {
             name: jnp.asarray(model.subgraphs[k].tensors[i].data)
@@ -49,6 +52,24 @@ class Model:
     def apply(self, params: Mapping[str, Any], *inputs: Any) -> tuple[jax.Array, ...]:
         """The model's outputs for ``inputs``, in the model's output order."""
         return self._lowered.apply(params, *(jnp.asarray(x) for x in inputs))
+
+    @property
+    def lowering(self) -> LoweringOptions:
+        """The options the operators were lowered with."""
+        return self._lowered.options
+
+    def lowered(self, **changes: Any) -> Callable[..., tuple[jax.Array, ...]]:
+        """``apply`` lowered with ``changes`` to :attr:`lowering`, e.g. ``in_loop=True`` for a
+        model traced inside a compiled loop body (a ``lax.scan`` over batches)."""
+        key = tuple(sorted(changes.items()))
+        if key not in self._variants:
+            self._variants[key] = self._lowered.with_options(**changes)
+        variant = self._variants[key]
+
+        def apply(params: Mapping[str, Any], *inputs: Any) -> tuple[jax.Array, ...]:
+            return variant.apply(params, *(jnp.asarray(x) for x in inputs))
+
+        return apply
 
     def intermediates(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, jax.Array]:
         """Every tensor of the main subgraph, keyed by tensor name (for oracle dumps)."""
@@ -119,9 +140,16 @@ def _spec(t: ir.Tensor) -> TensorSpec:
     return TensorSpec(t.name, t.shape, t.dtype)
 
 
-def load(source: str | os.PathLike | bytes) -> Model:
-    """Load a .circle or .tflite model (a path or the file's bytes)."""
-    return Model(read_model(source))
+def load(source: str | os.PathLike | bytes,
+         lowering: str | LoweringOptions | None = None) -> Model:
+    """Load a .circle or .tflite model (a path or the file's bytes).
+
+    ``lowering``: "fast" (the kernels of ``circle_jax.lowering``), "reference" (the plain
+    definitions of ``circle_jax.ops``), a :class:`~circle_jax.lowering.LoweringOptions`, or
+    None: fast on CPU, reference on other backends. Every operator's options are checked
+    here: one error lists every refusal.
+    """
+    return Model(read_model(source), lowering)
 
 
 def summarize(model: ir.Model, param_keys: Mapping[str, ParamKey] | None = None) -> str:

@@ -10,7 +10,7 @@ Frozen params are a separate argument that is never differentiated.
 
 from __future__ import annotations
 
-import contextlib
+import functools
 import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -26,7 +26,6 @@ from .errors import DataError, TrainingError
 from .hoisting import split_step
 from .losses import get_loss, get_reduction, loss_name
 from .model import Model
-from .ops.common import inside_loop
 from .optim import (
     LossScale,
     NoLossScale,
@@ -212,10 +211,12 @@ class Trainer:
                              "JAX: jax.config.update('jax_enable_x64', True) or "
                              "`with jax.enable_x64(True):`")
         self.trainable = select_trainable(model, config.trainable)
-        self._grads = scaled_value_and_grad(
-            self._loss, config.on_overflow, has_aux=True, micro_batches=self.micro_batches,
-            reduction=acc_reduction,
-        )
+        # Steps traced inside a compiled loop use the model lowered for loop bodies.
+        self._apply_in_loop = model.lowered(in_loop=True)
+        self._grads = {in_loop: scaled_value_and_grad(
+            functools.partial(self._loss, in_loop=in_loop), config.on_overflow, has_aux=True,
+            micro_batches=self.micro_batches, reduction=acc_reduction,
+        ) for in_loop in (False, True)}
         self._epoch = jax.jit(self._epoch_impl)
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._step = jax.jit(self.train_step)
@@ -249,18 +250,21 @@ class Trainer:
         return out
 
     # -- the pure step -----------------------------------------------------------------
-    def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array]) -> jax.Array:
+    def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array],
+                 in_loop: bool = False) -> jax.Array:
         p = self.policy
         params = {**p.cast_to_param(_grad_cast(trainable, p.grad_dtype)), **frozen}
-        out = self.model.apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[0]
+        apply = self._apply_in_loop if in_loop else self.model.apply
+        out = apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[0]
         return p.cast_to_output(out).astype(self.loss_dtype)
 
-    def _loss(self, trainable: dict, frozen: dict, batch: Batch) -> tuple[jax.Array, jax.Array]:
+    def _loss(self, trainable: dict, frozen: dict, batch: Batch,
+              in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
         x, y = batch
-        out = self._forward(trainable, frozen, x)
+        out = self._forward(trainable, frozen, x, in_loop)
         return self.loss_fn(out, y), _correct(out, y)
 
-    def train_step(self, state: TrainState, frozen: dict, batch: Batch
+    def train_step(self, state: TrainState, frozen: dict, batch: Batch, in_loop: bool = False
                    ) -> tuple[TrainState, StepMetrics]:
         """One pure training step on one batch (one micro-batch when streaming).
 
@@ -269,8 +273,9 @@ class Trainer:
         and ``fit`` reports the divergence. (Skipping there would only hide it, and the
         finiteness test and the state selection cost a quarter of a small model's step.)
         """
-        with inside_loop() if self.micro_batches > 1 else contextlib.nullcontext():
-            r = self._grads(state.loss_scale, state.params, frozen, batch)
+        # in_loop: traced in a loop body (an epoch's scan, or the in-step micro-batch scan)
+        r = self._grads[in_loop or self.micro_batches > 1](state.loss_scale, state.params,
+                                                           frozen, batch)
         updates, opt_state = self.tx.update(r.grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new = TrainState(params, opt_state, r.loss_scale, state.step + 1)
@@ -294,26 +299,25 @@ class Trainer:
         constant = isinstance(state.loss_scale, NoLossScale)
 
         def step(s: TrainState, fr: dict, batch: Batch) -> tuple[TrainState, tuple]:
-            s, m = self.train_step(s, fr, batch)
+            s, m = self.train_step(s, fr, batch, in_loop=True)
             return s, m[:2] if constant else m
 
-        with inside_loop():  # lowerings that suit loop bodies (see ops.common.inside_loop)
-            split = split_step(step, state, frozen, jax.tree.map(lambda a: a[0], (xs, ys)),
-                               steps) if self.hoist else None
-            if split is None:
-                data, run = (xs, ys), step
-            else:  # the batches' data-only work, for all of them at once (see hoisting)
-                data, run = split.precompute(frozen, (xs, ys)), split.step
+        split = split_step(step, state, frozen, jax.tree.map(lambda a: a[0], (xs, ys)),
+                           steps) if self.hoist else None
+        if split is None:
+            data, run = (xs, ys), step
+        else:  # the batches' data-only work, for all of them at once (see hoisting)
+            data, run = split.precompute(frozen, (xs, ys)), split.step
 
-            def body(s: TrainState, b: tuple) -> tuple[TrainState, tuple]:
-                i, batch = b
-                s, m = run(s, frozen, batch)
-                if report is not None:  # host callback ~40 times an epoch (terminals only)
-                    lax.cond((i + 1) % every == 0,
-                             lambda: jax.debug.callback(report, i + 1, steps), lambda: None)
-                return s, m
+        def body(s: TrainState, b: tuple) -> tuple[TrainState, tuple]:
+            i, batch = b
+            s, m = run(s, frozen, batch)
+            if report is not None:  # host callback ~40 times an epoch (terminals only)
+                lax.cond((i + 1) % every == 0,
+                         lambda: jax.debug.callback(report, i + 1, steps), lambda: None)
+            return s, m
 
-            state, m = lax.scan(body, state, (jnp.arange(steps), data))
+        state, m = lax.scan(body, state, (jnp.arange(steps), data))
         if constant:
             zeros = jnp.zeros([steps], jnp.int32)
             m = StepMetrics(*m, zeros, zeros, jnp.full([steps], state.loss_scale.loss_scale))
@@ -323,11 +327,10 @@ class Trainer:
                    ) -> tuple[jax.Array, jax.Array]:
         def body(_: None, b: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
             x, y = b
-            out = self._forward(trainable, frozen, x)  # the training forward, same dtypes
+            out = self._forward(trainable, frozen, x, in_loop=True)  # as in training
             return None, (self.loss_fn(out, y), jnp.sum(_correct(out, y)))
 
-        with inside_loop():
-            _, (losses, correct) = lax.scan(body, None, (xs, ys))
+        _, (losses, correct) = lax.scan(body, None, (xs, ys))
         return losses, correct
 
     # -- host-side driving ---------------------------------------------------------------

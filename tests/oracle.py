@@ -73,8 +73,9 @@ def run_litert(tflite: bytes, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]
 
 
-def run_circle_jax(data: bytes, feeds: Sequence[np.ndarray], jit: bool = True) -> list[np.ndarray]:
-    model = cj.load(data)
+def run_circle_jax(data: bytes, feeds: Sequence[np.ndarray], jit: bool = True,
+                   lowering: Any = None) -> list[np.ndarray]:
+    model = cj.load(data, lowering=lowering)
     fn = jax.jit(model.apply) if jit else model.apply
     return [np.asarray(o) for o in fn(model.params, *feeds)]
 
@@ -94,6 +95,7 @@ def check_op(
     *,
     rtol: float = RTOL,
     atol: float = ATOL,
+    lowering: Any = None,
     **op_kwargs: Any,
 ) -> list[np.ndarray]:
     """One conformance row: LiteRT vs circle-jax (jit and eager, .tflite and .circle bytes)."""
@@ -102,7 +104,7 @@ def check_op(
     want = run_litert(tflite, feeds)
     for data, label, jit in ((tflite, "tflite/jit", True), (tflite, "tflite/eager", False),
                              (circle, "circle/jit", True)):
-        got = run_circle_jax(data, feeds, jit=jit)
+        got = run_circle_jax(data, feeds, jit=jit, lowering=lowering)
         assert len(got) == len(want), f"{label}: {len(got)} outputs, LiteRT has {len(want)}"
         for k, (g, w) in enumerate(zip(got, want)):
             assert g.dtype == w.dtype, f"{label} output {k}: dtype {g.dtype} != LiteRT {w.dtype}"
@@ -118,12 +120,14 @@ def check_op_grads(
     eps: float = 1e-4,
     tol: float = 1e-5,
     output_index: int = 0,
+    lowering: Any = None,
     **op_kwargs: Any,
 ) -> None:
     """Gradients of the op (w.r.t. float inputs and constants) vs float64 finite differences,
     jitted and eager (see :func:`check_model_grads`)."""
     b, feeds = one_op_model(op_type, inputs, options, **op_kwargs)
-    check_model_grads(cj.load(b.to_bytes("circle")), feeds, output_index, eps=eps, tol=tol)
+    check_model_grads(cj.load(b.to_bytes("circle"), lowering=lowering), feeds, output_index,
+                      eps=eps, tol=tol)
 
 
 def check_model_grads(

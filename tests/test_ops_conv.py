@@ -15,7 +15,9 @@ from flatbuffers import flexbuffers
 
 import circle_jax as cj
 from circle_jax.build import Builder
-from circle_jax.ops import conv
+from circle_jax.lowering import LoweringOptions, conv, depthwise, matmul, transpose_conv
+from circle_jax.lowering.depthwise import channelwise, shift_sum
+from circle_jax.ops.conv import Geometry, parse_transpose_conv_bias_options
 from tests.oracle import Const, check_op, check_op_grads, one_op_model, run_litert
 
 MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
@@ -25,24 +27,30 @@ def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.nda
     return (rng.normal(size=shape) * scale).astype(np.float32)
 
 
+def _lw(method: str | None) -> LoweringOptions | None:
+    """Options forcing one convolution method (None: the default per-shape choice)."""
+    return None if method is None else LoweringOptions(force=method)
+
+
 def _run(op_type: str, inputs: list, options: dict | None = None, jit: bool = True,
-         **kwargs) -> np.ndarray:
+         lowering: LoweringOptions | None = None, **kwargs) -> np.ndarray:
     """circle-jax's output of a one-op model (for ops or options LiteRT cannot run)."""
     b, feeds = one_op_model(op_type, inputs, options, **kwargs)
-    model = cj.load(b.to_bytes("circle"))
+    model = cj.load(b.to_bytes("circle"), lowering=lowering)
     fn = jax.jit(model.apply) if jit else model.apply
     return np.asarray(fn(model.params, *feeds)[0])
 
 
-def _check_without_bias(op_type: str, x: np.ndarray, w: np.ndarray, options: dict) -> None:
+def _check_without_bias(op_type: str, x: np.ndarray, w: np.ndarray, options: dict,
+                        lowering: LoweringOptions | None = None) -> None:
     """LiteRT's conv kernels refuse an omitted bias ("Tensor at index 2 was optional but was
     expected"): compare circle-jax without bias to LiteRT with a zero bias."""
     zeros = np.zeros(w.shape[-1] if op_type == "CONV_3D" else w.shape[0 if op_type == "CONV_2D"
                                                                        else -1], np.float32)
-    want = check_op(op_type, [x, Const(w), Const(zeros)], options)[0]
+    want = check_op(op_type, [x, Const(w), Const(zeros)], options, lowering=lowering)[0]
     for jit in (True, False):
-        np.testing.assert_allclose(_run(op_type, [x, Const(w), None], options, jit=jit), want,
-                                   rtol=1e-5, atol=1e-5)
+        np.testing.assert_allclose(_run(op_type, [x, Const(w), None], options, jit=jit,
+                                        lowering=lowering), want, rtol=1e-5, atol=1e-5)
 
 
 # ----------------------------------------------------------------------------- FULLY_CONNECTED
@@ -80,9 +88,8 @@ def test_fully_connected_unsupported(options, match):
     x = b.input("x", (2, 5))
     w = b.constant("w", np.ones((3, 5), np.float32))
     b.output(b.op("FULLY_CONNECTED", [x, w, -1], options, shapes=[(2, 3)]))
-    model = cj.load(b.to_bytes("circle"))
-    with pytest.raises(NotImplementedError, match=match):
-        model(np.ones((2, 5), np.float32))
+    with pytest.raises(cj.UnsupportedOperatorError, match=match):  # refused at load
+        cj.load(b.to_bytes("circle"))
 
 
 def test_fused_relu_gradient_is_zero_at_the_kink():
@@ -137,16 +144,14 @@ def test_conv_2d(method, options, kernel):
     r = np.random.default_rng(4)
     x = _normal(r, 2, 7, 6, 3)
     w, b = _normal(r, 5, *kernel, 3), _normal(r, 5)
-    with conv.force_lowering(method):
-        check_op("CONV_2D", [x, Const(w), Const(b)], options)
+    check_op("CONV_2D", [x, Const(w), Const(b)], options, lowering=_lw(method))
 
 
 @pytest.mark.parametrize("method", ["xla", "im2col", "kn2row"])
 def test_conv_2d_without_bias(method):
     r = np.random.default_rng(5)
-    with conv.force_lowering(method):
-        _check_without_bias("CONV_2D", _normal(r, 1, 5, 5, 2), _normal(r, 4, 3, 3, 2),
-                            {"padding": "SAME", "stride_h": 1, "stride_w": 1})
+    _check_without_bias("CONV_2D", _normal(r, 1, 5, 5, 2), _normal(r, 4, 3, 3, 2),
+                        {"padding": "SAME", "stride_h": 1, "stride_w": 1}, _lw(method))
 
 
 @pytest.mark.parametrize("method, filter_in, c_out", [
@@ -155,16 +160,16 @@ def test_conv_2d_without_bias(method):
 ])
 def test_conv_2d_grouped(method, filter_in, c_out):
     if (method == "shift" and filter_in != 1) or method == "kn2row":
-        with pytest.raises(ValueError, match="cannot compute"), conv.force_lowering(method):
+        with pytest.raises(ValueError, match="cannot compute"):
             _run("CONV_2D", [np.zeros((1, 4, 4, 6), np.float32),
                              Const(np.zeros((c_out, 3, 3, filter_in), np.float32))],
-                 {"padding": "SAME", "stride_h": 1, "stride_w": 1})
+                 {"padding": "SAME", "stride_h": 1, "stride_w": 1}, lowering=_lw(method))
         return
     r = np.random.default_rng(6)
     x, w, b = _normal(r, 2, 6, 5, 6), _normal(r, c_out, 3, 3, filter_in), _normal(r, c_out)
-    with conv.force_lowering(method):  # LiteRT needs a bias for grouped convolutions
-        check_op("CONV_2D", [x, Const(w), Const(b)],
-                 {"padding": "SAME", "stride_h": 2, "stride_w": 1, "dilation_w_factor": 2})
+    check_op("CONV_2D", [x, Const(w), Const(b)],  # LiteRT needs a bias for grouped convs
+             {"padding": "SAME", "stride_h": 2, "stride_w": 1, "dilation_w_factor": 2},
+             lowering=_lw(method))
 
 
 @pytest.mark.parametrize("method, filter_in", [("xla", 3), ("im2col", 3), ("im2col", 1),
@@ -173,10 +178,9 @@ def test_conv_2d_grouped(method, filter_in, c_out):
 def test_conv_2d_grads(method, filter_in):
     r = np.random.default_rng(7)
     x, w, b = _normal(r, 1, 6, 5, 3), _normal(r, 6, 3, 2, filter_in), _normal(r, 6)
-    with conv.force_lowering(method):
-        check_op_grads("CONV_2D", [x, Const(w), Const(b)],
-                       {"padding": "SAME", "stride_h": 2, "stride_w": 1,
-                        "dilation_w_factor": 2})
+    check_op_grads("CONV_2D", [x, Const(w), Const(b)],
+                   {"padding": "SAME", "stride_h": 2, "stride_w": 1, "dilation_w_factor": 2},
+                   lowering=_lw(method))
 
 
 def test_conv_2d_kernel_larger_than_input_is_an_error():
@@ -214,8 +218,7 @@ def test_depthwise_conv_2d(method, options, m):
     r = np.random.default_rng(8)
     x = _normal(r, 2, 8, 7, 4)
     w, b = _normal(r, 1, 3, 3, 4 * m), _normal(r, 4 * m)
-    with conv.force_lowering(method):
-        check_op("DEPTHWISE_CONV_2D", [x, Const(w), Const(b)], options)
+    check_op("DEPTHWISE_CONV_2D", [x, Const(w), Const(b)], options, lowering=_lw(method))
 
 
 def test_depthwise_conv_2d_default_lowering_no_bias():
@@ -228,21 +231,20 @@ def test_depthwise_conv_2d_default_lowering_no_bias():
 def test_depthwise_conv_2d_grads(method):
     r = np.random.default_rng(10)
     x, w, b = _normal(r, 1, 6, 5, 3), _normal(r, 1, 3, 3, 6), _normal(r, 6)
-    with conv.force_lowering(method):
-        check_op_grads("DEPTHWISE_CONV_2D", [x, Const(w), Const(b)],
-                       {"padding": "SAME", "stride_h": 2, "stride_w": 1, "depth_multiplier": 2,
-                        "dilation_w_factor": 2})
+    check_op_grads("DEPTHWISE_CONV_2D", [x, Const(w), Const(b)],
+                   {"padding": "SAME", "stride_h": 2, "stride_w": 1, "depth_multiplier": 2,
+                    "dilation_w_factor": 2}, lowering=_lw(method))
 
 
 def test_depthwise_shift_chunked_weight_gradient(monkeypatch):
     """The batch-chunked weight gradient (a scan) equals the plain one, in every AD mode."""
-    monkeypatch.setattr(conv, "CHUNK_BYTES", 1)  # one image per chunk
+    monkeypatch.setattr(depthwise, "CHUNK_BYTES", 1)  # one image per chunk
     r = np.random.default_rng(11)
-    geom = ((3, 3), (1, 2), (1, 1), ((1, 1), (1, 1)))
+    geom = Geometry((3, 3), (1, 2), (1, 1), ((1, 1), (1, 1)))
     x, wk = jnp.asarray(_normal(r, 3, 4, 5, 2)), jnp.asarray(_normal(r, 9, 2))
     tx, twk = jnp.asarray(_normal(r, 3, 4, 5, 2)), jnp.asarray(_normal(r, 9, 2))
-    chunked = lambda u, k: conv._channelwise(u, k, geom)  # noqa: E731
-    plain = lambda u, k: conv._shift_sum(u, k, geom)  # noqa: E731
+    chunked = lambda u, k: channelwise(u, k, geom)  # noqa: E731
+    plain = lambda u, k: shift_sum(u, k, geom)  # noqa: E731
 
     @functools.partial(jax.jit, static_argnums=0)
     def derivatives(fn):
@@ -281,20 +283,19 @@ def test_depthwise_multiplier_mismatch_is_an_error():
 def test_conv_3d(method, options, bias):
     r = np.random.default_rng(12)
     x, w = _normal(r, 2, 5, 6, 5, 3), _normal(r, 2, 3, 2, 3, 4)
-    with conv.force_lowering(method):
-        if bias:
-            check_op("CONV_3D", [x, Const(w), Const(_normal(r, 4))], options)
-        else:
-            _check_without_bias("CONV_3D", x, w, options)
+    if bias:
+        check_op("CONV_3D", [x, Const(w), Const(_normal(r, 4))], options, lowering=_lw(method))
+    else:
+        _check_without_bias("CONV_3D", x, w, options, _lw(method))
 
 
 @pytest.mark.parametrize("method", ["im2col", "kn2row"])  # "xla" is lax's own gradient
 def test_conv_3d_grads(method):
     r = np.random.default_rng(13)
-    with conv.force_lowering(method):
-        check_op_grads("CONV_3D", [_normal(r, 1, 3, 4, 3, 2), Const(_normal(r, 2, 2, 3, 2, 3)),
-                                   Const(_normal(r, 3))],
-                       {"padding": "SAME", "stride_d": 1, "stride_h": 2, "stride_w": 1})
+    check_op_grads("CONV_3D", [_normal(r, 1, 3, 4, 3, 2), Const(_normal(r, 2, 2, 3, 2, 3)),
+                               Const(_normal(r, 3))],
+                   {"padding": "SAME", "stride_d": 1, "stride_h": 2, "stride_w": 1},
+                   lowering=_lw(method))
 
 
 # ----------------------------------------------------------------------------- TRANSPOSE_CONV
@@ -322,19 +323,17 @@ def test_transpose_conv(method, in_hw, kernel, strides, padding, out_hw, act):
     shape = Const(np.array([2, *out_hw, 4], np.int32))
     options = {"padding": padding, "stride_h": strides[0], "stride_w": strides[1],
                "fused_activation_function": act}
-    with conv.force_lowering(method):
-        check_op("TRANSPOSE_CONV", [shape, Const(w), x, Const(b) if act != "NONE" else None],
-                 options)
+    check_op("TRANSPOSE_CONV", [shape, Const(w), x, Const(b) if act != "NONE" else None],
+             options, lowering=_lw(method))
 
 
 @pytest.mark.parametrize("method", ["xla", "col2im"])
 def test_transpose_conv_grads(method):
     r = np.random.default_rng(15)
     shape = Const(np.array([1, 9, 8, 3], np.int32))
-    with conv.force_lowering(method):
-        check_op_grads("TRANSPOSE_CONV", [shape, Const(_normal(r, 3, 3, 4, 2)),
-                                          _normal(r, 1, 5, 4, 2), Const(_normal(r, 3))],
-                       {"padding": "SAME", "stride_h": 2, "stride_w": 2})
+    check_op_grads("TRANSPOSE_CONV", [shape, Const(_normal(r, 3, 3, 4, 2)),
+                                      _normal(r, 1, 5, 4, 2), Const(_normal(r, 3))],
+                   {"padding": "SAME", "stride_h": 2, "stride_w": 2}, lowering=_lw(method))
 
 
 def test_transpose_conv_batch_comes_from_the_input():
@@ -419,9 +418,8 @@ def test_convolution_2d_transpose_bias(method, in_hw, kernel, strides, same):
     want = _transpose_conv_reference(x, w, b, strides, same)
     inputs = [x, Const(w), Const(b)]
     kwargs = {"custom_code": "Convolution2DTransposeBias", "custom_options": opts}
-    with conv.force_lowering(method):
-        got = _run("CUSTOM", inputs, jit=method == "col2im", **kwargs)
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+    got = _run("CUSTOM", inputs, jit=method == "col2im", lowering=_lw(method), **kwargs)
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
     builtin = check_op("TRANSPOSE_CONV", [Const(np.array(want.shape, np.int32)), Const(w), x,
                                           Const(b)],
                        {"padding": "SAME" if same else "VALID", "stride_h": strides[0],
@@ -453,7 +451,7 @@ def test_convolution_2d_transpose_bias_bad_options(options, match):
 
 def test_transpose_conv_bias_options_layout_as_in_mediapipe_models():
     # The bytes converted MediaPipe models carry: SAME (TfLitePadding 1), stride 2 x 2.
-    assert conv.parse_transpose_conv_bias_options(bytes.fromhex("010000000200000002000000")) \
+    assert parse_transpose_conv_bias_options(bytes.fromhex("010000000200000002000000")) \
         == (1, 2, 2)
 
 
@@ -518,18 +516,19 @@ def test_dispatch_rule():
     assert choose((3, 3), 64, 64, 1, 1 * 8 * 8, (1, 1)) == "xla"  # ResNet-8 8x8x64: not kn2row
     assert choose((3, 3), 64, 64, 1, 16 * 16 * 16) == "xla"
     assert choose((3, 3), 16, 16, 1, 16 * 64 * 64) == "xla"  # im2col matrix too large
-    assert conv.choose_transpose_conv_lowering((4, 4), 8, 16 * 16 * 16) == "col2im"
-    assert conv.choose_transpose_conv_lowering((4, 4), 256, 16 * 128 * 128) == "xla"  # 1 GiB
+    choose_t = transpose_conv.choose_transpose_conv_lowering
+    assert choose_t((4, 4), 8, 16 * 16 * 16) == "col2im"
+    assert choose_t((4, 4), 256, 16 * 128 * 128) == "xla"  # 1 GiB
 
 
 def test_force_lowering_validates():
-    with pytest.raises(ValueError, match="unknown lowering"), conv.force_lowering("fft"):
-        pass
-    with conv.force_lowering("col2im"), pytest.raises(ValueError, match="cannot compute"):
+    with pytest.raises(ValueError, match="unknown lowering"):
+        LoweringOptions(force="fft")
+    with pytest.raises(ValueError, match="cannot compute"):
         _run("CONV_2D", [np.zeros((1, 4, 4, 2), np.float32),
                          Const(np.zeros((2, 3, 3, 2), np.float32))],
-             {"padding": "SAME", "stride_h": 1, "stride_w": 1}, shapes=[(1, 4, 4, 2)])
-    assert conv._forced is None
+             {"padding": "SAME", "stride_h": 1, "stride_w": 1}, shapes=[(1, 4, 4, 2)],
+             lowering=_lw("col2im"))
 
 
 # ----------------------------------------------------------------------------- derivatives
@@ -543,17 +542,17 @@ def test_matmul_weight_gradient_of_one_row(rows):
     with jax.enable_x64(True):
         x, w = jnp.asarray(r.standard_normal((rows, 5))), jnp.asarray(r.standard_normal((5, 3)))
         g = jnp.asarray(r.standard_normal((rows, 3)))
-        got = jax.grad(lambda x, w: jnp.sum(conv._matmul_2d(x, w) * g), (0, 1))(x, w)
+        got = jax.grad(lambda x, w: jnp.sum(matmul.matmul_2d(x, w) * g), (0, 1))(x, w)
         np.testing.assert_allclose(got[0], g @ w.T, rtol=1e-12)
         np.testing.assert_allclose(got[1], x.T @ g, rtol=1e-12)
         tx, tw = jnp.ones_like(x), jnp.ones_like(w)
-        np.testing.assert_allclose(jax.jvp(conv._matmul_2d, (x, w), (tx, tw))[1],
+        np.testing.assert_allclose(jax.jvp(matmul.matmul_2d, (x, w), (tx, tw))[1],
                                    tx @ w + x @ tw, rtol=1e-12)
 
         def hvp(f):
             return jax.jvp(jax.grad(lambda w: jnp.sum(jnp.tanh(f(x, w)))), (w,), (tw,))[1]
 
-        np.testing.assert_allclose(hvp(conv._matmul_2d), hvp(jnp.matmul), rtol=1e-10)
+        np.testing.assert_allclose(hvp(matmul.matmul_2d), hvp(jnp.matmul), rtol=1e-10)
 
 
 def test_one_row_weight_gradient_stays_a_matmul():
@@ -562,7 +561,7 @@ def test_one_row_weight_gradient_stays_a_matmul():
     r = np.random.default_rng(23)
     x, w = jnp.asarray(r.standard_normal((1, 128)), jnp.float32), jnp.asarray(
         r.standard_normal((128, 10)), jnp.float32)
-    step = jax.jit(jax.grad(lambda w: jnp.sum(jax.nn.softmax(conv._matmul_2d(x, w)) ** 2)))
+    step = jax.jit(jax.grad(lambda w: jnp.sum(jax.nn.softmax(matmul.matmul_2d(x, w)) ** 2)))
     hlo = step.lower(w).compile().as_text()
     producers = [line for line in hlo.splitlines()
                  if " = f32[128,10]" in line or " = f32[10,128]" in line]
@@ -576,7 +575,7 @@ def test_weight_gradient_rows_are_the_smaller_dimension(k, o):
     r = np.random.default_rng(24)
     x, w = jnp.asarray(r.standard_normal((1024, k)), jnp.float32), jnp.asarray(
         r.standard_normal((k, o)), jnp.float32)
-    step = jax.jit(jax.grad(lambda w: jnp.sum(jnp.tanh(conv._matmul_2d(x, w)))))
+    step = jax.jit(jax.grad(lambda w: jnp.sum(jnp.tanh(matmul.matmul_2d(x, w)))))
     dots = [line for line in step.lower(w).compile().as_text().splitlines()
             if " dot(" in line or "__ynn" in line]
     small, large = min(k, o), max(k, o)

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Any
 
 import jax
@@ -11,29 +9,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ir
-
-_loop_depth = 0
-
-
-@contextmanager
-def inside_loop() -> Iterator[None]:
-    """Mark operators traced in the block as the body of a compiled loop (``lax.scan``).
-
-    XLA CPU runs convolutions inside while-loop bodies in a slow layout (measured: a 3x3
-    32->64 conv step at batch 16 took 27 ms alone and 1054 ms/step inside a scan; as im2col +
-    matmul 14.5 ms/step), so lowerings may choose differently there.
-    """
-    global _loop_depth
-    _loop_depth += 1
-    try:
-        yield
-    finally:
-        _loop_depth -= 1
-
-
-def in_loop() -> bool:
-    """True while tracing inside :func:`inside_loop`."""
-    return _loop_depth > 0
 
 
 def clip_tf(x: jax.Array, lo: float, hi: float) -> jax.Array:
@@ -107,3 +82,25 @@ def padding_pairs(
 def output_dtype(ctx: Any, index: int = 0) -> np.dtype:
     """The declared dtype of an operator output."""
     return ir.as_numpy_dtype(ctx.outputs[index].dtype)
+
+
+def check_padding(padding: Any) -> None:
+    """Refuse a padding code other than SAME (0) or VALID (1)."""
+    if padding not in (None, ir.PAD_SAME, ir.PAD_VALID):
+        raise ValueError(f"padding {padding} is not SAME (0) or VALID (1)")
+
+
+def check_float_input(ctx: Any, index: int, what: str) -> None:
+    """Refuse a non-float tensor at input ``index`` (quantized or hybrid weights)."""
+    t = ctx.inputs[index] if index < len(ctx.inputs) else None
+    if t is not None and not np.issubdtype(ir.as_numpy_dtype(t.dtype), np.floating):
+        raise NotImplementedError(
+            f"{what} of dtype {t.dtype} (quantized/hybrid weights) is not supported; "
+            "dequantize the model first")
+
+
+def positive(values: dict[str, Any]) -> None:
+    """Refuse negative strides, dilations or filter sizes (0 or absent reads as 1)."""
+    bad = {k: v for k, v in values.items() if v is not None and int(v) < 0}
+    if bad:
+        raise ValueError("must be positive: " + ", ".join(f"{k}={v}" for k, v in bad.items()))

@@ -58,7 +58,7 @@ def _as_bool(cond: Any, what: str) -> Any:
     return c if c.dtype == jnp.bool_ else c != 0
 
 
-@register("IF")
+@register("IF", fold=False)
 def if_(ctx: OpContext, cond: Any, *operands: Any) -> tuple[Any, ...]:
     """Run subgraph then_subgraph_index or else_subgraph_index on the operands.
 
@@ -154,7 +154,7 @@ def _run_cond(ctx: OpContext, cond_k: int, state: Sequence[Any]) -> Any:
     return _as_bool(outs[0], "WHILE condition")
 
 
-@register("WHILE")
+@register("WHILE", fold=False)
 def while_(ctx: OpContext, *args: Any) -> tuple[Any, ...]:
     """Repeat subgraph body_subgraph_index while subgraph cond_subgraph_index returns true.
 
@@ -218,7 +218,7 @@ def _unrolled(ctx: OpContext, body_k: int, args: Sequence[Any], trips: int) -> t
     return tuple(state)
 
 
-@register("STABLEHLO_COMPOSITE")
+@register("STABLEHLO_COMPOSITE", fold=False)
 def stablehlo_composite(ctx: OpContext, *args: Any) -> tuple[Any, ...]:
     """Run the composite's decomposition subgraph (its attributes only name the pattern)."""
     k = ctx.options.decomposition_subgraph_index

@@ -11,25 +11,21 @@ exactly, computed in float32 like its kernels:
   ``round`` (half away from zero) with ``align_corners``, else ``floor``; clamped to
   ``in - 1`` (and to 0 with ``half_pixel_centers``).
 
-Both resizes are separable and are lowered one spatial axis at a time (an axis that maps
-every position onto itself is left alone). Per axis, bilinear is two static gathers blended,
-nearest one static gather (a broadcast-and-reshape for whole-number upscales); the backward
-pass multiplies by the static [out, in] resampling matrix instead of XLA's scatter-add.
-Measured on the 2-core CPU, jitted forward+backward
-(µs; gathers with autodiff / matmul both ways / gathers + matmul backward):
-[1,33,33,21]->257x257 align_corners (DeepLab v3) 8600 / 8000 / 4800;
-[4,32,32,16]->64x64 1150 / 1200 / 900; [16,8,8,16]->16x16 460 / 310 / 230.
+Both resizes are separable and are computed one spatial axis at a time (an axis that maps
+every position onto itself is left alone): per axis, bilinear is two gathers blended,
+nearest one gather. Faster lowerings: ``circle_jax/lowering/resize.py``.
 """
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from .. import ir
 from .common import static
 from .registry import OpContext, register
 
@@ -65,7 +61,7 @@ def nearest_indices(n_in: int, n_out: int, align_corners: bool, half_pixel: bool
 
 
 @dataclass(frozen=True)
-class _Axis:
+class AxisResampling:
     """A static resampling of one axis (hashable, so it can parameterise a custom VJP)."""
 
     bilinear: bool
@@ -91,71 +87,57 @@ class _Axis:
         return m
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(1, 2))
-def _resample(x: jax.Array, axis: int, spec: _Axis) -> jax.Array:
-    """Resample one axis: static gathers, weighted and summed."""
+def take(x: jax.Array, axis: int, idx: np.ndarray) -> jax.Array:
+    """x[..., idx, ...] along ``axis``."""
+    return jnp.take(x, jnp.asarray(idx), axis=axis)
+
+
+def resample(x: jax.Array, axis: int, spec: AxisResampling,
+             gather: Callable[[jax.Array, int, np.ndarray], jax.Array] = take) -> jax.Array:
+    """Resample one axis: gathers (``gather(x, axis, indices)``), weighted and summed."""
     shape = [1] * x.ndim
     shape[axis] = spec.n_out
     out = None
     for idx, w in spec.taps():
-        term = _gather(x, axis, idx)
+        term = gather(x, axis, idx)
         if w is not None:
             term = term * jnp.asarray(w.reshape(shape), x.dtype)
         out = term if out is None else out + term
     return out
 
 
-def _gather(x: jax.Array, axis: int, idx: np.ndarray) -> jax.Array:
-    """x[..., idx, ...] along ``axis``; a broadcast-and-reshape for whole-number upscales."""
-    n, m = x.shape[axis], len(idx)
-    factor = m // n
-    if m == factor * n and (idx == np.arange(m) // factor).all():
-        return jnp.repeat(x, factor, axis=axis, total_repeat_length=m)
-    return jnp.take(x, jnp.asarray(idx), axis=axis)
-
-
-def _resample_fwd(x, axis, spec):
-    return _resample(x, axis, spec), None
-
-
-def _resample_bwd(axis, spec, _, g):
-    # The transpose of a gather is a scatter-add, slow on XLA CPU; multiplying by the static
-    # resampling matrix is the same linear map and several times faster.
-    m = jnp.asarray(spec.matrix(), g.dtype)
-    dx = jnp.matmul(jnp.moveaxis(g, axis, -1), m, precision=jax.lax.Precision.HIGHEST)
-    return (jnp.moveaxis(dx, -1, axis),)
-
-
-_resample.defvjp(_resample_fwd, _resample_bwd)
-
-
-def _resize(ctx: OpContext, x: jax.Array, size: object, bilinear: bool) -> jax.Array:
+def axis_resamplings(ctx: OpContext, x: jax.Array, size: object,
+                     bilinear: bool) -> list[tuple[int, AxisResampling]]:
+    """The (axis, resampling) pairs of a resize of NHWC ``x`` to ``size``, identities left
+    out."""
     if np.ndim(x) != 4:
         raise ValueError(f"resize needs a 4-D NHWC input, got rank {np.ndim(x)}")
     hw = static(size, "resize size").astype(np.int64).ravel()
     if hw.shape != (2,) or (hw < 1).any():
         raise ValueError(f"resize size must be two positive ints, got {hw.tolist()}")
     flags = (bool(ctx.options.align_corners), bool(ctx.options.half_pixel_centers))
-    x = jnp.asarray(x)
-    for axis, n_out in zip((1, 2), hw.tolist()):
-        spec = _Axis(bilinear, x.shape[axis], n_out, *flags)
-        if not spec.is_identity():
-            x = _resample(x, axis, spec)
-    return x
+    specs = [(axis, AxisResampling(bilinear, x.shape[axis], n_out, *flags))
+             for axis, n_out in zip((1, 2), hw.tolist())]
+    return [(axis, spec) for axis, spec in specs if not spec.is_identity()]
 
 
-@register("RESIZE_BILINEAR")
-def resize_bilinear(ctx: OpContext, x: jax.Array, size: object) -> jax.Array:
-    """Bilinear resize with TFLite's coordinate rules (float inputs)."""
-    if not jnp.issubdtype(jnp.result_type(x), jnp.floating):
-        raise NotImplementedError(
-            f"RESIZE_BILINEAR of {jnp.result_type(x)} (quantized) is not supported")
+def check_resize(ctx: OpContext) -> None:
+    """Load-time checks: RESIZE_BILINEAR needs a float input and at most one of
+    align_corners and half_pixel_centers."""
+    if ctx.op.key != "RESIZE_BILINEAR":
+        return
+    x = ctx.inputs[0]
+    if x is not None and not np.issubdtype(ir.as_numpy_dtype(x.dtype), np.floating):
+        raise NotImplementedError(f"RESIZE_BILINEAR of {x.dtype} (quantized) is not supported")
     if ctx.options.align_corners and ctx.options.half_pixel_centers:
         raise ValueError("RESIZE_BILINEAR: align_corners and half_pixel_centers are exclusive")
-    return _resize(ctx, x, size, bilinear=True)
 
 
-@register("RESIZE_NEAREST_NEIGHBOR")
-def resize_nearest_neighbor(ctx: OpContext, x: jax.Array, size: object) -> jax.Array:
-    """Nearest-neighbour resize with TFLite's coordinate and rounding rules (any dtype)."""
-    return _resize(ctx, x, size, bilinear=False)
+@register("RESIZE_BILINEAR", "RESIZE_NEAREST_NEIGHBOR", check=check_resize)
+def resize(ctx: OpContext, x: jax.Array, size: object) -> jax.Array:
+    """Bilinear (float inputs) or nearest-neighbour (any dtype) resize with TFLite's
+    coordinate and rounding rules."""
+    x = jnp.asarray(x)
+    for axis, spec in axis_resamplings(ctx, x, size, ctx.op.key == "RESIZE_BILINEAR"):
+        x = resample(x, axis, spec)
+    return x

@@ -1,0 +1,45 @@
+"""Kernel taps as strided slices of a padded channels-last input (shared by the lowerings)."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator, Sequence
+
+import jax
+import jax.numpy as jnp
+from jax import lax
+
+from ..ops.conv import Geometry, out_sizes
+
+
+def offsets(kernel: Sequence[int]) -> Iterator[tuple[int, ...]]:
+    """Every tap of a kernel, in row-major order."""
+    return itertools.product(*(range(k) for k in kernel))
+
+
+def pad_spatial(x: jax.Array, pads: Sequence[tuple[int, int]]) -> jax.Array:
+    """Zero-pad the spatial dims of [N, *S, C]."""
+    if not any(lo or hi for lo, hi in pads):
+        return x
+    return jnp.pad(x, [(0, 0), *pads, (0, 0)])
+
+
+def tap(xp: jax.Array, offset: Sequence[int], g: Geometry, out: Sequence[int]) -> jax.Array:
+    """The strided slice of the padded input ``xp`` [N, *S, C] seen by the kernel tap at
+    ``offset``."""
+    start = [o * d for o, d in zip(offset, g.dilations, strict=True)]
+    limit = [b + (m - 1) * s + 1 for b, m, s in zip(start, out, g.strides, strict=True)]
+    return lax.slice(xp, (0, *start, 0), (xp.shape[0], *limit, xp.shape[-1]),
+                     (1, *g.strides, 1))
+
+
+def taps(x: jax.Array, g: Geometry) -> list[jax.Array]:
+    """The strided slice of the padded input seen by each kernel tap of ``g``."""
+    out = out_sizes(x.shape[1:-1], g)
+    xp = pad_spatial(x, g.pads)
+    return [tap(xp, offset, g, out) for offset in offsets(g.kernel)]
+
+
+def tangent_sum(terms: list[jax.Array], y: jax.Array) -> jax.Array:
+    """The sum of a jvp rule's tangent terms (zeros like ``y`` when every input's is zero)."""
+    return sum(terms[1:], terms[0]) if terms else jnp.zeros_like(y)
