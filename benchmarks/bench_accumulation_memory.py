@@ -29,7 +29,8 @@ activations to be live. ``stream`` rows compile a step on one micro-batch (the u
 k-th step): the memory floor, at the price of k dispatches per update. ``conv`` counts the
 ``convolution`` instructions left in the optimized HLO (0 when every convolution is lowered
 to matmuls). ``im2col convs`` rows force circle-jax's im2col lowering
-(``circle_jax.ops.conv.force_lowering``); ``scan unrolled`` rows patch the in-step scan to
+(``circle_jax.lowering.LoweringOptions(force=...)``); ``scan unrolled`` rows patch the
+in-step scan to
 ``unroll=True`` in their subprocess (an experiment, not a Trainer option).
 
 Models: ``conv4`` is nntrainer's SimpleShot Conv-4 backbone
@@ -150,7 +151,6 @@ def _unroll_in_step_scan() -> None:
 
 
 def worker(cfg: Config, steps: int, budget_s: float) -> dict:
-    import contextlib
     import gc
     import resource
     import statistics
@@ -162,7 +162,7 @@ def worker(cfg: Config, steps: int, budget_s: float) -> dict:
 
     import circle_jax as cj
     from circle_jax.examples import branching_cnn
-    from circle_jax.ops.conv import force_lowering
+    from circle_jax.lowering import LoweringOptions
     from circle_jax.train import Trainer
 
     def maxrss_kib() -> int:
@@ -170,10 +170,11 @@ def worker(cfg: Config, steps: int, budget_s: float) -> dict:
 
     if cfg.unroll:
         _unroll_in_step_scan()
+    lowering = LoweringOptions(force=cfg.lowering) if cfg.lowering else None
     if cfg.model == "conv4":
-        model = cj.load(CONV4)
+        model = cj.load(CONV4, lowering=lowering)
     else:
-        model = cj.load(branching_cnn(channels=64).to_bytes("circle"))
+        model = cj.load(branching_cnn(channels=64).to_bytes("circle"), lowering=lowering)
     rng = np.random.default_rng(0)
     x_shape = (cfg.batch,) + tuple(model.inputs[0].shape[1:])
     out_shape = jax.eval_shape(model.apply, model.params, jnp.zeros((1,) + x_shape[1:]))[0]
@@ -187,9 +188,7 @@ def worker(cfg: Config, steps: int, budget_s: float) -> dict:
     batch = ((x,), y)
 
     t = time.perf_counter()
-    forced = force_lowering(cfg.lowering) if cfg.lowering else contextlib.nullcontext()
-    with forced:  # the lowering is chosen while tracing
-        lowered = jax.jit(trainer.train_step).lower(state, frozen, batch)
+    lowered = jax.jit(trainer.train_step).lower(state, frozen, batch)
     compiled = lowered.compile()
     compile_s = time.perf_counter() - t
     ma = compiled.memory_analysis()

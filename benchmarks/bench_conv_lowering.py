@@ -1,4 +1,4 @@
-"""Time each convolution lowering of ``circle_jax.ops.conv`` (forward + backward) per shape.
+"""Time each convolution lowering of ``circle_jax.lowering`` (forward + backward) per shape.
 
     python benchmarks/bench_conv_lowering.py [--repeats N] [--quick]
 
@@ -6,7 +6,8 @@ For every case, each lowering computes ``jax.grad`` of the sum of the output wit
 the input AND the filter (what a training step needs), jitted; the time is the median over
 ``--repeats`` samples of the wall time until ``block_until_ready``. The last column marks the
 lowering the dispatch rule (``choose_conv_lowering`` / ``choose_transpose_conv_lowering``)
-picks, so the table shows whether the thresholds in ``circle_jax/ops/conv.py`` are right on
+picks, so the table shows whether the thresholds in ``circle_jax/lowering/conv.py`` and
+``circle_jax/lowering/transpose_conv.py`` are right on
 this machine. Not a test: numbers depend on the machine and its load.
 """
 
@@ -23,8 +24,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from circle_jax.ops import conv
+from circle_jax.lowering import TRANSPOSE_CONV_METHODS, conv, transpose_conv
 from circle_jax.ops.common import padding_pairs
+from circle_jax.ops.conv import Geometry, TransposeGeometry
 
 
 @dataclass(frozen=True)
@@ -78,7 +80,7 @@ CASES = [
 
 def methods(case: Case) -> tuple[str, ...]:
     if case.transpose:
-        return conv.TRANSPOSE_CONV_LOWERINGS
+        return TRANSPOSE_CONV_METHODS
     c_in = case.x[-1]
     if case.groups == c_in:
         return ("xla", "im2col", "shift")
@@ -88,7 +90,8 @@ def methods(case: Case) -> tuple[str, ...]:
 def chosen(case: Case) -> str:
     c_in = case.x[-1]
     if case.transpose:
-        return conv.choose_transpose_conv_lowering(case.kernel, case.c_out, math.prod(case.x[:3]))
+        return transpose_conv.choose_transpose_conv_lowering(case.kernel, case.c_out,
+                                                             math.prod(case.x[:3]))
     out_pixels = case.x[0] * math.prod(-(-d // case.stride) for d in case.x[1:3])
     return conv.choose_conv_lowering(case.kernel, c_in, case.c_out, case.groups, out_pixels,
                                      (case.stride, case.stride))
@@ -100,15 +103,17 @@ def step_fn(case: Case, method: str) -> Callable:
     if case.transpose:
         n, h, w_, _ = case.x
         out_hw = (h * case.stride, w_ * case.stride)
-        before = [p[0] for p in padding_pairs(0, out_hw, case.kernel, s)]
+        before = tuple(p[0] for p in padding_pairs(0, out_hw, case.kernel, s))
+        tg = TransposeGeometry(out_hw, s, before)
 
         def f(x, w):
-            return jnp.sum(conv.transpose_conv_2d(x, w, out_hw, s, before, method=method))
+            return jnp.sum(transpose_conv.transpose_conv_nd(x, w, tg, method))
     else:
-        pads = padding_pairs(0, case.x[1:3], case.kernel, s)
+        pads = tuple(tuple(p) for p in padding_pairs(0, case.x[1:3], case.kernel, s))
+        g = Geometry(tuple(case.kernel), s, (1, 1), pads)
 
         def f(x, w):
-            return jnp.sum(conv.conv_nd(x, w, s, (1, 1), pads, method=method))
+            return jnp.sum(conv.conv_nd(x, w, g, method))
 
     return jax.jit(jax.grad(f, argnums=(0, 1)))
 

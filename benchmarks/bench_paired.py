@@ -31,7 +31,7 @@ import numpy as np
 import circle_jax as cj
 import circle_jax.train as train
 from circle_jax.examples import branching_cnn, digits
-from circle_jax.ops.conv import force_lowering
+from circle_jax.lowering import LoweringOptions
 from circle_jax.train import Trainer, _batched
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "models")
@@ -69,11 +69,11 @@ def main() -> None:
     for name in args.variants.split(","):
         options, lowering = VARIANTS[name]
         train.CPU_COMPILER_OPTIONS = options
-        with force_lowering(lowering):
-            trainer = Trainer(model, loss=2, optimizer=1, learning_rate=0.01,
-                              batch_size=args.batch)
-            state, frozen = trainer.init()
-            epoch = trainer._compiled_epoch(state, frozen, xs, ys)
+        variant = cj.Model(model.ir, LoweringOptions(force=lowering) if lowering else None)
+        trainer = Trainer(variant, loss=2, optimizer=1, learning_rate=0.01,
+                          batch_size=args.batch)
+        state, frozen = trainer.init()
+        epoch = trainer._compiled_epoch(state, frozen, xs, ys)
         state, m = epoch(state, frozen, xs, ys)  # first execution, not timed
         jax.block_until_ready(m)
         runs.append({"name": name, "epoch": epoch, "state": state, "frozen": frozen, "ms": []})

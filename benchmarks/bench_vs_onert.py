@@ -128,13 +128,13 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     path, xf, yf = files
     x, y = np.load(xf), np.load(yf)
     if runtime == "circle-jax":
-        from circle_jax.ops.conv import force_lowering
+        from circle_jax.lowering import LoweringOptions
 
-        model = cj.load(path)
+        model = cj.load(path, lowering=None if lowering == "auto" else
+                        LoweringOptions(force=lowering))
         t = time.perf_counter()
-        with force_lowering(None if lowering == "auto" else lowering):  # traced in here
-            r = fit(model, x, y, epochs=epochs, batch_size=batch,
-                    learning_rate=LEARNING_RATE, loss=2, optimizer=1)
+        r = fit(model, x, y, epochs=epochs, batch_size=batch,
+                learning_rate=LEARNING_RATE, loss=2, optimizer=1)
         total = time.perf_counter() - t
         h = r.history
         ms, prepare, losses, steps = h.ms_per_step, h.compile_ms, h.loss, h.steps[0]
@@ -249,8 +249,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--json", metavar="FILE", help="also write the raw results here")
     ap.add_argument("--conv-lowering", default="auto", choices=["auto", "xla", "im2col"],
-                    help="force circle-jax's convolution lowering (circle_jax.ops.conv."
-                         "force_lowering); auto: its own per-shape choice")
+                    help="force circle-jax's convolution lowering (circle_jax.lowering."
+                         "LoweringOptions(force=...)); auto: its own per-shape choice")
     ap.add_argument("--runtimes", default="onert,circle-jax")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every (model, batch) this many times, the runtimes "

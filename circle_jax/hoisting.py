@@ -9,9 +9,8 @@ depends on the state it updates. Values and gradients are those of the unsplit s
 operations run, only earlier. (Vectorized over batches, the matmuls of a frozen prefix may
 round differently in the last bits: a frozen MobileNet's batch losses moved by 2e-6.)
 
-It pays where steps are dispatch-bound (many small XLA operations): the bundled example's
-steps are 16% / 14% faster at batch 1 / 16, those of a MobileNet training only its last
-three operators 21% faster at batch 1 (paired epochs). Partial evaluation is JAX-internal
+It pays where steps are dispatch-bound (many small XLA operations; benchmarks/README.md,
+finding 7). Partial evaluation is JAX-internal
 (``jax._src.interpreters.partial_eval``, the machinery behind ``jax.linearize``); where it
 is missing or fails, `split_step` returns None and epochs run the plain step.
 """
@@ -36,8 +35,7 @@ except ImportError:  # pragma: no cover - a JAX without them trains without hois
     partial_eval_jaxpr_nounits = None
 
 #: Largest precomputed values of one step: beyond, streaming them costs about what computing
-#: them in the loop does (paired epochs: ResNet-8 at batch 16, 1.7 MB per step, 3-6% slower;
-#: the bundled example, 42 KB per step at batch 16, 14% faster).
+#: them in the loop does (benchmarks/README.md, finding 7).
 MAX_STEP_BYTES = 64 << 10
 
 #: Largest total size of the precomputed values of one epoch (memory).
@@ -78,7 +76,7 @@ class SplitStep:
             return tuple(jaxpr_as_fun(self.batch_part)(*res2, *b))
 
         # Chunks of ``chunk`` steps vectorized; one step at a time unbatched (a vmap of one
-        # lowered 25% slower for a frozen MobileNet).
+        # step is slower).
         return lax.map(one, jax.tree.leaves(batches),
                        batch_size=None if self.chunk == 1 else self.chunk)
 

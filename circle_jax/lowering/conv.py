@@ -39,8 +39,9 @@ IM2COL_MAX_BYTES = 640 << 10
 #: Largest im2col matrix of a stride-1 convolution lowered as kn2row (when C_out <= C_in).
 KN2ROW_MAX_BYTES = 72 << 10
 
-#: Inside compiled loops (``LoweringOptions.in_loop``) XLA CPU's convolution is 10-70x
-#: slower, so im2col is used up to this matrix size (memory, not time, bounds it there).
+#: Inside compiled loops (``LoweringOptions.in_loop``) XLA CPU's convolution is far slower
+#: (benchmarks/README.md, finding 1), so im2col is used up to this matrix size (memory, not
+#: time, bounds it there).
 IM2COL_LOOP_MAX_BYTES = 256 << 20
 
 
