@@ -190,22 +190,27 @@ def _feeds(name: str, model: cj.Model) -> list[np.ndarray]:
             else np.zeros(shape, s.dtype) for s, shape in zip(model.inputs, shapes, strict=True)]
 
 
+#: Models whose reference runs eagerly, and why (every other one runs jitted).
+EAGER = {
+    # XLA CPU (JAX 0.10.2) miscompiles the jitted reference: it fuses several plain grouped
+    # convolutions and a reduce_window max into one loop fusion, and the pooled values come
+    # out wrong by up to 5 (eager and the default lowering agree; benchmarks/README.md).
+    "mediapipe_face_detection_short_range_fp16w.tflite",
+    "one_vscode_while_000.circle",  # its WHILE needs concrete trip counts: eager only
+}
+
+
 @pytest.mark.parametrize("name", SHARED)
 def test_reference_equals_default_on_shared_models(name):
     """Outputs of every shared model (and, for the small ones, the gradient of the sum of
-    the outputs w.r.t. every param) agree between the default and the reference lowering.
-
-    The reference runs eagerly: XLA CPU (JAX 0.10) miscompiles some jitted graphs of plain
-    grouped convolutions (the face detector's max pool after fused depthwise convolutions
-    came out wrong by 5), which is not what this test is about.
-    """
+    the outputs w.r.t. every param) agree between the default and the reference lowering."""
     path = MODELS / name
     fast, ref = cj.load(path), cj.load(path, lowering="reference")
     assert fast.lowering.fast and not ref.lowering.fast
     feeds = _feeds(name, fast)
-    eager = name.startswith("one_vscode_while")  # its WHILE needs concrete trip counts
-    got = (fast.apply if eager else jax.jit(fast.apply))(fast.params, *feeds)
-    want = ref.apply(ref.params, *feeds)
+    while_loop = name.startswith("one_vscode_while")
+    got = (fast.apply if while_loop else jax.jit(fast.apply))(fast.params, *feeds)
+    want = (ref.apply if name in EAGER else jax.jit(ref.apply))(ref.params, *feeds)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
     if name not in SMALL:
