@@ -15,8 +15,11 @@ from . import ir
 from .aliases import param_aliases, resolve_param_names
 from .formats.reader import read_model
 from .formats.writer import export_model
-from .lower import Lowered, ParamKey
+from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
+from .numerics import Numerics, get_numerics
+from .params_policy import ParamRole, classify_params, describe_roles
+from .untie import Rewrites, rewrite_params
 
 
 @dataclass(frozen=True)
@@ -33,11 +36,19 @@ class Model:
 
     ``apply`` is pure: it reads weights only from the ``params`` argument, so it can be
     differentiated, jitted and vmapped. ``params`` maps unique tensor names to arrays.
-    ``lowering`` chooses the operators' implementations (see :func:`load`).
+    ``lowering`` chooses the operators' implementations (see :func:`load`). ``numerics`` is
+    the profile training uses by default; ``param_roles`` says which params train under its
+    trainable policy, and why; ``rewrites`` lists the untied copies and added biases `load`
+    made (``original``: the model before them).
     """
 
-    def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None) -> None:
+    def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
+                 numerics: Numerics | str | None = None, rewrites: Rewrites | None = None,
+                 original: ir.Model | None = None) -> None:
         self.ir = model
+        self._original = original if rewrites else None
+        self.numerics = get_numerics(numerics)
+        self.rewrites = rewrites or Rewrites()
         self._lowered = Lowered(model, lowering)
         self._variants: dict[tuple, Lowered] = {}
         self.param_keys: dict[str, ParamKey] = dict(self._lowered.params)
@@ -45,6 +56,8 @@ class Model:
             name: jnp.asarray(model.subgraphs[k].tensors[i].data)
             for name, (k, i) in self.param_keys.items()
         }
+        self.param_roles: dict[str, ParamRole] = classify_params(
+            model, self.param_keys, self.numerics.trainable_policy)
         sg = model.main
         self.inputs = tuple(_spec(sg.tensors[i]) for i in sg.inputs)
         self.outputs = tuple(_spec(sg.tensors[i]) for i in sg.outputs)
@@ -80,6 +93,11 @@ class Model:
         return self.apply(self.params, *inputs)
 
     @property
+    def trainable_params(self) -> frozenset[str]:
+        """The params that train under the model's trainable policy."""
+        return frozenset(k for k, r in self.param_roles.items() if r.trainable)
+
+    @property
     def operators(self) -> tuple[ir.Operator, ...]:
         return self.ir.main.operators
 
@@ -109,24 +127,47 @@ class Model:
         """The model file's bytes with ``params`` written in (default: the model's own).
 
         Everything else (operators, tensors, names, metadata, signature defs) is preserved.
-        ``file_format`` is "circle" or "tflite" (TFL3, version 3: LiteRT runs it).
+        ``file_format`` is "circle" or "tflite" (TFL3, version 3: LiteRT runs it). Untied
+        copies and added biases (``rewrites``) are written as tensors with buffers of their
+        own, so the file computes the trained function; while every copy still equals the
+        param it was copied from and every added bias is zero, the input's own layout is
+        written instead (nothing was trained apart).
         """
         params = self.params if params is None else params
         unknown = sorted(set(params) - set(self.param_keys))
         if unknown:
             raise ValueError(f"unknown param name(s) {unknown}")
+        model, keys = self.ir, self.param_keys
+        if self._original is not None and not self._rewrites_matter(params):
+            model = self._original
+            keys = {k: v for k, v in param_table(model).items() if k in params}
         weights = {}
-        for name, value in params.items():
-            k, i = self.param_keys[name]
-            old, new = self.ir.subgraphs[k].tensors[i].data, np.asarray(value).astype(
-                self.ir.subgraphs[k].tensors[i].data.dtype)
+        for name, (k, i) in keys.items():
+            if name not in params:
+                continue
+            old = model.subgraphs[k].tensors[i].data
+            new = np.asarray(params[name]).astype(old.dtype)
             if old.tobytes() != new.tobytes():  # unchanged weights keep shared buffers shared
                 weights[(k, i)] = new
-        return export_model(self.ir, weights, file_format=file_format, metadata=metadata)
+        return export_model(model, weights, file_format=file_format, metadata=metadata)
+
+    def _rewrites_matter(self, params: Mapping[str, Any]) -> bool:
+        """Whether some untied copy differs from its origin or some added bias is nonzero."""
+        def value(name: str) -> np.ndarray:
+            return np.asarray(params.get(name, self.params[name]))
+
+        return (any(value(new).tobytes() != value(old).tobytes()
+                    for new, old in self.rewrites.untied.items())
+                or any(np.any(value(b) != 0) for b in self.rewrites.added_bias))
 
     def summary(self) -> str:
-        """A printable table of operators, tensors and parameter counts."""
-        return summarize(self.ir, self.param_keys)
+        """A printable table of operators, tensors, params and their trainability."""
+        shapes = {k: tuple(v.shape) for k, v in self.params.items()}
+        lines = [summarize(self.ir, self.param_keys), "", *self.numerics.describe(),
+                 describe_roles(self.param_roles, shapes)]
+        lines += [f"  untied copy {new} of {old}" for new, old in self.rewrites.untied.items()]
+        lines += [f"  added zero bias {name}" for name in self.rewrites.added_bias]
+        return "\n".join(lines)
 
     def __repr__(self) -> str:
         n = sum(int(np.prod(p.shape)) for p in self.params.values())
@@ -140,16 +181,36 @@ def _spec(t: ir.Tensor) -> TensorSpec:
     return TensorSpec(t.name, t.shape, t.dtype)
 
 
-def load(source: str | os.PathLike | bytes,
-         lowering: str | LoweringOptions | None = None) -> Model:
+def load(
+    source: str | os.PathLike | bytes,
+    lowering: str | LoweringOptions | None = None,
+    *,
+    numerics: Numerics | str | None = None,
+    tie_shared_weights: bool | None = None,
+    add_missing_bias: bool | None = None,
+    trainable_policy: str | None = None,
+) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
     ``lowering``: "fast" (the kernels of ``circle_jax.lowering``), "reference" (the plain
     definitions of ``circle_jax.ops``), a :class:`~circle_jax.lowering.LoweringOptions`, or
     None: fast on CPU, reference on other backends. Every operator's options are checked
     here: one error lists every refusal.
+
+    ``numerics`` names the profile ("onert", the default; "keras"; "onert-micro"; see
+    `circle_jax.numerics`); the other keywords override its fields. Unless tied, a trainable
+    constant read by several operators becomes one param per reader; with
+    ``add_missing_bias`` weighted operators without a bias get a zero one (see
+    `circle_jax.untie`). ``trainable_policy`` is "weights" (default) or "all_float".
     """
-    return Model(read_model(source), lowering)
+    prof = get_numerics(numerics).with_overrides(
+        tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
+        trainable_policy=trainable_policy)
+    original = read_model(source)
+    model, rewrites = rewrite_params(
+        original, untie=not prof.tie_shared_weights, add_bias=prof.add_missing_bias,
+        policy=prof.trainable_policy)
+    return Model(model, lowering, prof, rewrites, original)
 
 
 def summarize(model: ir.Model, param_keys: Mapping[str, ParamKey] | None = None) -> str:

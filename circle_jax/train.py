@@ -26,6 +26,7 @@ from .errors import DataError, TrainingError
 from .hoisting import split_step
 from .losses import get_loss, get_reduction, loss_name
 from .model import Model
+from .numerics_train import training_numerics
 from .optim import (
     LossScale,
     NoLossScale,
@@ -35,6 +36,7 @@ from .optim import (
     get_optimizer,
     get_policy,
     loss_scale_from_spec,
+    optimizer_name,
     scaled_value_and_grad,
     select_tree,
 )
@@ -53,6 +55,11 @@ class TrainConfig:
     ``accumulate``: k micro-batches per update; ``accumulate_mode`` "stream" (each step is
     one micro-batch of ``batch_size``, the update on every k-th step) or "in_step" (each
     step's batch of ``batch_size`` is split into k micro-batches inside the step).
+    ``numerics``: a profile name or `circle_jax.numerics.Numerics` for the loss and optimizer
+    choices (default: the profile the model was loaded with); explicit ``clip``,
+    ``from_logits`` and ``optimizer_kwargs["eps_placement"]`` override it.
+    ``trainable`` "all" / N selects among the params the model's trainable policy trains
+    (`circle_jax.params_policy`); names and aliases select exactly those params.
     """
 
     epochs: int | None = None
@@ -74,6 +81,7 @@ class TrainConfig:
     precision: Any = None
     loss_scale: Any = "none"
     on_overflow: str = "skip"
+    numerics: Any = None
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
@@ -153,7 +161,7 @@ class History:
 def select_trainable(model: Model, spec: Any) -> frozenset[str]:
     """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
     names may be aliases such as ``op3.bias``, see `circle_jax.aliases`)."""
-    names = set(model.params)
+    names = set(model.trainable_params)
     if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
         return frozenset(names)
     if spec == "none" or spec == 0:
@@ -161,13 +169,15 @@ def select_trainable(model: Model, spec: Any) -> frozenset[str]:
     if isinstance(spec, int) and not isinstance(spec, bool):
         first = len(model.operators) - spec
         readers = model.param_operators()
-        return frozenset(n for n, ops in readers.items() if any(i >= first for i in ops))
+        return frozenset(n for n, ops in readers.items()
+                         if n in names and any(i >= first for i in ops))
     if isinstance(spec, str):
         spec = [spec]
     chosen = set(spec)
     if all(isinstance(s, (int, np.integer)) for s in chosen):  # operator indices (circle+)
         readers = model.param_operators()
-        return frozenset(n for n, ops in readers.items() if chosen.intersection(ops))
+        return frozenset(n for n, ops in readers.items()
+                         if n in names and chosen.intersection(ops))
     return model.resolve_params(chosen)  # names or aliases (op3.bias)
 
 
@@ -184,13 +194,17 @@ class Trainer:
         #: (`circle_jax.hoisting`; set before the first epoch compiles)
         self.hoist = True
         reduction = get_reduction(config.reduction)
+        #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
+        self.numerics = training_numerics(
+            model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,
+            config.from_logits, config.clip, dict(config.optimizer_kwargs))
         loss_kwargs: dict[str, Any] = {"reduction": reduction}
         if loss_name(config.loss) != "mean_squared_error":
-            loss_kwargs["from_logits"] = bool(config.from_logits)
-            if config.clip is not None:
-                loss_kwargs["clip"] = config.clip
+            loss_kwargs["from_logits"] = self.numerics.from_logits
+            loss_kwargs["clip"] = self.numerics.clip
         self.loss_fn = get_loss(config.loss, **loss_kwargs)
-        inner = get_optimizer(config.optimizer, config.learning_rate, **config.optimizer_kwargs)
+        inner = get_optimizer(config.optimizer, config.learning_rate,
+                              **self.numerics.optimizer_kwargs)
         if config.accumulate_mode not in ("stream", "in_step"):
             raise ValueError(f"accumulate_mode must be 'stream' or 'in_step', got "
                              f"{config.accumulate_mode!r}")
@@ -211,8 +225,6 @@ class Trainer:
                              "JAX: jax.config.update('jax_enable_x64', True) or "
                              "`with jax.enable_x64(True):`")
         self.trainable = select_trainable(model, config.trainable)
-        # Steps traced inside a compiled loop use the model lowered for loop bodies.
-        self._apply_in_loop = model.lowered(in_loop=True)
         self._grads = {in_loop: scaled_value_and_grad(
             functools.partial(self._loss, in_loop=in_loop), config.on_overflow, has_aux=True,
             micro_batches=self.micro_batches, reduction=acc_reduction,
@@ -254,7 +266,7 @@ class Trainer:
                  in_loop: bool = False) -> jax.Array:
         p = self.policy
         params = {**p.cast_to_param(_grad_cast(trainable, p.grad_dtype)), **frozen}
-        apply = self._apply_in_loop if in_loop else self.model.apply
+        apply = self.numerics.apply_in_loop if in_loop else self.numerics.apply
         out = apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[0]
         return p.cast_to_output(out).astype(self.loss_dtype)
 

@@ -150,10 +150,17 @@ def make_data(index: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarra
     return x, np.eye(N_CLASSES, dtype=np.float32)[labels]
 
 
-def convert(model: keras.Model, shape: tuple[int, ...]) -> bytes:
+#: Cases also converted with batch 16 fixed in the signature (``<case>_b16.tflite``): their
+#: batch-1 graphs hold RESHAPEs that no batch-following rule can stretch to another batch size
+#: (the LSTM moves time first with a RESHAPE to [T, 1, F]; three_consumers reshapes the
+#: [1, 8] activation to [8] before the ADD).
+BATCH16_FILES = ("lstm", "three_consumers")
+
+
+def convert(model: keras.Model, shape: tuple[int, ...], batch: int = 1) -> bytes:
     """TF's own converter: float32, no optimisations, batch 1 in the signature."""
 
-    @tf.function(input_signature=[tf.TensorSpec([1, *shape], tf.float32)])
+    @tf.function(input_signature=[tf.TensorSpec([batch, *shape], tf.float32)])
     def serve(x):
         return model(x, training=False)
 
@@ -284,7 +291,12 @@ def main() -> None:
             arrays[f"{name}/init/{w.path}"] = v
         flat = convert(model, shape)
         (out / f"{name}.tflite").write_bytes(flat)
-        case = {"doc": build.__doc__, "note": NOTES[name], "input_shape": [1, *shape],
+        files = {"1": f"{name}.tflite", "16": f"{name}.tflite"}
+        if name in BATCH16_FILES:
+            files["16"] = f"{name}_b16.tflite"
+            (out / files["16"]).write_bytes(convert(model, shape, 16))
+        case = {"doc": build.__doc__, "note": NOTES[name], "files_by_batch": files,
+                "input_shape": [1, *shape],
                 "keras_weights": [[w.path, list(w.shape)] for w in model.weights],
                 "converter": describe(flat),
                 "litert_vs_keras_forward_max_abs": forward_gap(flat, model, x), "runs": {}}

@@ -36,13 +36,14 @@ class Log:
             print(message, file=sys.stderr, flush=True)
 
 
-def load_model(path: str) -> Any:
-    """The loaded model at ``path`` (a .circle/.tflite file or an nnpackage directory)."""
+def load_model(path: str, **options: Any) -> Any:
+    """The loaded model at ``path`` (a .circle/.tflite file or an nnpackage directory);
+    ``options`` are `circle_jax.load`'s keywords (numerics, tie_shared_weights, ...)."""
     import circle_jax as cj
 
     if not os.path.exists(path):
         raise CliError(f"model file {path!r} does not exist")
-    return cj.load(path)
+    return cj.load(path, **options)
 
 
 def read_data(path: str, specs: list[tuple[tuple[int, ...], Any]], names: list[str] | None,

@@ -64,6 +64,8 @@ class TrainRun:
     output_sizes: tuple[tuple[int, int], ...] = ()
     compile_cache: str | None = None
     extra: dict[str, str] = field(default_factory=dict)
+    #: `circle_jax.load` keywords: numerics, tie_shared_weights, add_missing_bias
+    load: dict[str, Any] = field(default_factory=dict)
 
     def input_files(self, resume: bool = True) -> list[str]:
         """The files the run reads, which no output overwrites (``resume=False``: but the
@@ -90,9 +92,16 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
                    outputs=_outputs(ns), resume=ns.checkpoint, metric=metric,
                    verbosity=ns.verbose_level or 0, mem_poll=bool(ns.mem_poll),
                    output_sizes=ns.output_sizes or (), compile_cache=ns.compile_cache,
-                   extra=_extra(ns))
+                   extra=_extra(ns), load=load_options(ns))
     _check_files(run)
     return run
+
+
+def load_options(ns: argparse.Namespace) -> dict[str, Any]:
+    """`circle_jax.load` keywords from --numerics, --tie_shared_weights, --add_missing_bias."""
+    return {"numerics": ns.numerics or "onert",
+            "tie_shared_weights": True if ns.tie_shared_weights else None,
+            "add_missing_bias": True if ns.add_missing_bias else None}
 
 
 def _positive(ns: argparse.Namespace, name: str, flag: str, minimum: int = 1) -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 
 from .common import CliError, check_outputs, load_model
+from .config import load_options
+from .train_args import add_load_arguments
 
 NAME = "export"
 HELP = "write a model (with weights from a .wof or checkpoint) as .circle, .tflite or .wof"
@@ -21,6 +23,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tflite", metavar="OUT",
                    help="write a .tflite file, LiteRT runs it (default: none)")
     p.add_argument("--wof", metavar="OUT", help="write the float weights as .wof (default: none)")
+    add_load_arguments(p.add_argument_group("loading (as the run that wrote the weights)"))
 
 
 def run(args: argparse.Namespace) -> int:
@@ -32,7 +35,7 @@ def run(args: argparse.Namespace) -> int:
         raise CliError("nothing to write: give --circle OUT, --tflite OUT and/or --wof OUT")
     inputs = [p for p in (args.model, args.load_wof, args.checkpoint) if p]
     check_outputs(outputs, inputs)
-    model = load_model(args.model)
+    model = load_model(args.model, **load_options(args))
     params = model.params
     if args.load_wof:
         params = load_wof(args.load_wof, model)

@@ -24,6 +24,22 @@ def params_table(model: object, param_keys: dict) -> str:
     return "\n".join(lines)
 
 
+def trainability(model: object, param_keys: dict) -> str:
+    """Each param trainable or frozen with the reason (default policy), and the shared
+    constants a default load unties."""
+    from circle_jax.params_policy import classify_params, describe_roles, shared_constants
+
+    roles = classify_params(model, param_keys)  # type: ignore[arg-type]
+    shapes = {n: model.subgraphs[k].tensors[i].shape  # type: ignore[attr-defined]
+              for n, (k, i) in param_keys.items()}
+    lines = [describe_roles(roles, shapes)]
+    by_key = {key: name for name, key in param_keys.items()}
+    for key, ops in shared_constants(model, param_keys, roles).items():  # type: ignore[arg-type]
+        lines.append(f"  shared: {by_key[key]} is read by operators {ops}: one param per "
+                     "reader (--tie_shared_weights keeps one)")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.reader import read_model
     from circle_jax.lower import param_table, unsupported_operators
@@ -33,6 +49,7 @@ def run(args: argparse.Namespace) -> int:
     keys = param_table(m)
     print(summarize(m, keys))
     print(params_table(m, keys))
+    print("\n" + trainability(m, keys))
     missing = unsupported_operators(m)
     if missing:
         print(f"\nunsupported operators ({len(missing)}): " + "; ".join(missing))

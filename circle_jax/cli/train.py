@@ -98,11 +98,11 @@ def _train(run: TrainRun, log: Log, cache: str) -> int:
 
 def _model(run: TrainRun) -> Any:
     if not run.example:
-        return load_model(run.model or "")
+        return load_model(run.model or "", **run.load)
     import circle_jax as cj
     from circle_jax.examples import branching_cnn
 
-    return cj.load(branching_cnn().to_bytes("circle"))
+    return cj.load(branching_cnn().to_bytes("circle"), **run.load)
 
 
 def _data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarray]:
@@ -158,7 +158,8 @@ def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
     from circle_jax.losses import get_reduction, loss_name
     from circle_jax.optim import get_policy, optimizer_name
 
-    extra = {"backend": jax.default_backend(), **run.extra}
+    extra = {"backend": jax.default_backend(), **run.extra,
+             **model.numerics.as_dict(), **_rewrites(model)}
     if cfg.precision:
         extra["precision"] = str(get_policy(cfg.precision))
     if not isinstance(cfg.trainable, (int, str)):
@@ -168,6 +169,16 @@ def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
                 loss=loss_name(cfg.loss), reduction=get_reduction(cfg.reduction).value,
                 optimizer=optimizer_name(cfg.optimizer), trainable_ops=_trainable_ops(cfg),
                 extra=extra)
+
+
+def _rewrites(model: Any) -> dict[str, str]:
+    """Parameter-block lines for the untied copies and added biases the load made."""
+    rw, out = model.rewrites, {}
+    if rw.untied:
+        out["untied_copies"] = str(len(rw.untied))
+    if rw.added_bias:
+        out["added_biases"] = str(len(rw.added_bias))
+    return out
 
 
 def _log_trainable(log: Log, model: Any, cfg: Any) -> None:

@@ -118,6 +118,7 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
     _flag(g, "--trainable", action="append", metavar="NAMES", default="all params",
           help="train only these params: names or aliases such as op3.bias (comma-separated, "
           "repeatable; `circle-jax info MODEL` lists them); replaces --num_of_trainable_ops")
+    add_load_arguments(g)
     _flag(g, "--from_logits", action="store_true", default=f"{CIRCLE_PLUS} off",
           help="the loss reads logits")
     _flag(g, "--seed", type=int, default="0", help="shuffling seed")
@@ -139,3 +140,15 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
           "$XDG_CACHE_HOME/circle-jax/xla or ~/.cache/circle-jax/xla",
           help="JAX's persistent compilation cache: a repeated run of the same model and "
           "flags skips XLA's compile; 'off' disables it")
+
+
+def add_load_arguments(g: Any) -> None:
+    """How the model is loaded: the numerics profile and its overrides (train and export)."""
+    _flag(g, "--numerics", choices=["onert", "keras", "onert-micro"], default="onert",
+          help="numerics profile: untied shared constants, added biases, CCE clip and "
+          "softmax treatment, Adam epsilon (README: What trains)")
+    _flag(g, "--tie_shared_weights", action="store_true", default="the profile's (onert: off)",
+          help="train a constant read by several operators as one weight, not one copy "
+          "per reading operator")
+    _flag(g, "--add_missing_bias", action="store_true", default="the profile's (onert: off)",
+          help="give weighted operators without a bias a zero one that trains")

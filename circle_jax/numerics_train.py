@@ -1,0 +1,81 @@
+"""How a numerics profile shapes a training run: the loss's clip and input, Adam's epsilon.
+
+The profile is ``TrainConfig.numerics`` when set, else the one the model was loaded with. Its
+load-time fields (untying, added biases, trainable policy) already shaped the model; here
+only the training fields apply, and only where the configuration leaves them unset.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+from typing import Any
+
+from .lower import Lowered
+from .model import Model
+from .numerics import Numerics, get_numerics
+
+_CCE = ("categorical_crossentropy", "sparse_categorical_crossentropy")
+_ADAMS = ("adam", "adamw")
+
+
+@dataclass(frozen=True)
+class TrainingNumerics:
+    """What the profile decided for one run.
+
+    Attributes:
+      numerics: the profile.
+      apply: the forward used for the loss (the model's, or one that returns the softmax's
+        input logits when CCE is computed from them).
+      apply_in_loop: the same lowered for loop bodies (``in_loop=True``: an epoch's scan).
+      from_logits: the loss reads logits.
+      clip: the probability clip for CCE on probabilities ("onert" or "keras").
+      optimizer_kwargs: the optimizer's keywords, with Adam's ``eps_placement`` filled in.
+    """
+
+    numerics: Numerics
+    apply: Callable[..., tuple[Any, ...]]
+    apply_in_loop: Callable[..., tuple[Any, ...]]
+    from_logits: bool
+    clip: Any
+    optimizer_kwargs: dict[str, Any]
+
+
+def softmax_logits_apply(model: Model, **changes: Any) -> Callable[..., tuple[Any, ...]] | None:
+    """``apply`` whose first output is the logits of the SOFTMAX producing output 0 (times
+    its beta), or None when output 0 is not a SOFTMAX's output; ``changes`` go to the
+    lowering options (``in_loop=True``)."""
+    sg = model.ir.main
+    out = sg.outputs[0]
+    op = next((o for o in sg.operators if out in o.outputs), None)
+    if op is None or op.type != "SOFTMAX":
+        return None
+    beta = float(op.options.beta or 1.0)
+    variant = replace(model.ir, subgraphs=(replace(sg, outputs=(op.inputs[0], *sg.outputs[1:])),
+                                           *model.ir.subgraphs[1:]))
+    lowered = Lowered(variant, model.lowering)
+    if changes:
+        lowered = lowered.with_options(**changes)
+
+    def apply(params: Any, *inputs: Any) -> tuple[Any, ...]:
+        outs = lowered.apply(params, *inputs)
+        return (outs[0] * beta if beta != 1.0 else outs[0], *outs[1:])
+
+    return apply
+
+
+def training_numerics(model: Model, loss: str, optimizer: str, spec: Any, from_logits: Any,
+                      clip: Any, optimizer_kwargs: dict[str, Any]) -> TrainingNumerics:
+    """The profile's choices for ``loss`` / ``optimizer``, explicit settings taking priority."""
+    prof = model.numerics if spec is None else get_numerics(spec)
+    kwargs = dict(optimizer_kwargs)
+    if optimizer in _ADAMS:
+        kwargs.setdefault("eps_placement", prof.adam_eps)
+    apply, in_loop = model.apply, model.lowered(in_loop=True)
+    if loss in _CCE and not from_logits and prof.softmax_cce == "logits":
+        logits = softmax_logits_apply(model)
+        if logits is not None:
+            apply, from_logits = logits, True
+            in_loop = softmax_logits_apply(model, in_loop=True)
+    return TrainingNumerics(prof, apply, in_loop, bool(from_logits),
+                            prof.cce_clip if clip is None else clip, kwargs)

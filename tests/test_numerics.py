@@ -1,0 +1,332 @@
+"""Numerics profiles against Keras's own ``model.fit`` and against onert, on real converter output.
+
+tests/data/keras holds seven small Keras models converted by TensorFlow's TFLite converter and
+the per-epoch losses Keras's ``model.fit`` reported for {mse, cce} x {sgd, adam} x batch
+{1, 16}, 3 epochs, lr 0.01 (``scripts/make_keras_models.py``, run by hand with tensorflow-cpu;
+``keras_losses.json`` says what the converter did to each model). The batch-1 files are read
+as Circle (identifier rewritten to CIR0 here).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.checkpoints import fit_checkpointed, load_wof, wof_bytes
+from circle_jax.formats import read_model
+from circle_jax.numerics_train import softmax_logits_apply
+from circle_jax.train import Trainer
+from tests.onert_peer import onert_fit, open_session, train_batch
+from tests.oracle import run_litert
+from tests.paths import shared_model
+
+KERAS = Path(__file__).parent / "data" / "keras"
+REF = json.loads((KERAS / "keras_losses.json").read_text())
+DATA = np.load(KERAS / "data.npz")
+LOSS_CODE, OPT_CODE = {"mse": 1, "cce": 2}, {"sgd": 1, "adam": 2}
+#: the models onert 0.1.0 trains (the others: see test_onert_refuses_the_other_cases)
+ONERT_TRAINS = ["branching_cnn", "mlp_zero_bias", "mlp_no_bias", "conv1d_stack"]
+
+
+def _bytes(case: str, batch: int = 1) -> bytes:
+    """The converted file for ``batch``; the batch-1 files as .circle (CIR0)."""
+    name = REF["cases"][case]["files_by_batch"][str(batch)]
+    data = bytearray((KERAS / name).read_bytes())
+    if name == f"{case}.tflite":
+        data[4:8] = b"CIR0"
+    return bytes(data)
+
+
+def _data(case: str) -> tuple[np.ndarray, np.ndarray]:
+    return DATA[f"{case}/x"], DATA[f"{case}/y"]
+
+
+def _fit(model: cj.Model, case: str, key: str) -> list[float]:
+    loss, opt, batch = key.split("/")
+    x, y = _data(case)
+    r = cj.fit(model, x, y, epochs=3, batch_size=int(batch), learning_rate=0.01, loss=loss,
+               optimizer=opt)
+    return r.history.loss
+
+
+@pytest.mark.parametrize("case", list(REF["cases"]))
+def test_keras_profile_reproduces_model_fit(case: str) -> None:
+    """``numerics="keras"`` gives Keras's per-epoch losses within 2e-4 (issue 10's bound) on
+    all 8 runs of every case; measured worst 2.7e-6 (float32 summation order, Adam).
+
+    mlp_no_bias (``Dense(use_bias=False)``) converts to the same file as mlp_zero_bias'
+    dropped zero biases, so it is loaded with ``add_missing_bias=False``.
+    """
+    kw = {"add_missing_bias": False} if case == "mlp_no_bias" else {}
+    models = {b: cj.load(_bytes(case, b), numerics="keras", **kw) for b in (1, 16)}
+    for key, want in REF["cases"][case]["runs"].items():
+        got = _fit(models[int(key.split("/")[2])], case, key)
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-4, err_msg=f"{case} {key}")
+
+
+def test_keras_profile_needs_its_parts() -> None:
+    """Without the added biases or the untying, Keras is missed by more than 1e-3 (measured
+    2.8e-2 and 1.4e-2 at epoch 3, batch 1, CCE, Adam)."""
+    for case, kw in (("mlp_zero_bias", {"add_missing_bias": False}),
+                     ("branching_cnn", {"tie_shared_weights": True})):
+        got = _fit(cj.load(_bytes(case), numerics="keras", **kw), case, "cce/adam/1")
+        want = REF["cases"][case]["runs"]["cce/adam/1"]
+        assert np.max(np.abs(np.subtract(got, want))) > 1e-3, (case, kw)
+
+
+def test_keras_profile_takes_cce_from_softmax_logits() -> None:
+    """On a saturated softmax the keras profile's CCE is the logits' value, as Keras's, while
+    onert's clips the probability at 1e-20 (the recorded data never saturates: there the two
+    agree to 2.4e-6)."""
+    model = cj.load(_bytes("mlp_zero_bias"), numerics="keras")
+    x, y = _data("mlp_zero_bias")
+    last = next(k for k, r in model.param_roles.items()
+                if r.reason == "weights of FULLY_CONNECTED #1")  # the FC feeding the SOFTMAX
+    params = {**model.params, last: model.params[last] * 200}
+    logits = np.asarray(softmax_logits_apply(model)(params, x)[0], np.float64)
+    logp = logits - logits.max(-1, keepdims=True)
+    logp -= np.log(np.exp(logp).sum(-1, keepdims=True))
+    want = float(np.mean(-np.sum(y * logp, -1)))
+    keras = Trainer(model, batch_size=32, loss="cce").evaluate(params, x, y)[0]
+    onert = Trainer(model, batch_size=32, loss="cce", numerics="onert").evaluate(params, x, y)[0]
+    assert want > 50  # saturated: some samples' target probability is below 1e-20
+    assert abs(keras - want) < 1e-4 * want
+    assert onert < want - 1
+
+
+def test_keras_reads_cce_from_softmax_logits() -> None:
+    """The recorded probe: Keras's CCE of a saturated softmax is the logits' value (80), not
+    the clipped probability's (16.1)."""
+    probe = REF["cce_on_softmax"]
+    assert probe["keras_uses"] == "from_logits"
+    assert abs(probe["keras_cce"] - probe["from_logits"]) < 1e-3
+
+
+@pytest.mark.parametrize("case", ONERT_TRAINS)
+def test_default_profile_matches_onert(case: str, tmp_path: Path) -> None:
+    """The default profile (onert) gives onert's per-epoch losses within 1e-3 (issue 10's
+    bound) on all 8 runs; measured worst 2.7e-6. On the models with a shared bias this needs
+    the untying (test_tied_shared_bias_misses_onert)."""
+    path = tmp_path / "m.circle"
+    path.write_bytes(_bytes(case))
+    model = cj.load(path)
+    x, y = _data(case)
+    for key in REF["cases"][case]["runs"]:
+        loss, opt, batch = key.split("/")
+        want = onert_fit(path, x, y, epochs=3, batch_size=int(batch), learning_rate=0.01,
+                         loss=LOSS_CODE[loss], optimizer=OPT_CODE[opt]).loss
+        np.testing.assert_allclose(_fit(model, case, key), want, rtol=0, atol=1e-3,
+                                   err_msg=f"{case} {key}")
+
+
+def test_tied_shared_bias_misses_onert(tmp_path: Path) -> None:
+    """One tied bias for three convolutions trains another function than onert's."""
+    path = tmp_path / "m.circle"
+    path.write_bytes(_bytes("branching_cnn"))
+    x, y = _data("branching_cnn")
+    want = onert_fit(path, x, y, epochs=3, batch_size=1, learning_rate=0.01, loss=1,
+                     optimizer=2).loss
+    got = {tie: _fit(cj.load(path, tie_shared_weights=tie), "branching_cnn", "mse/adam/1")
+           for tie in (False, True)}
+    assert np.max(np.abs(np.subtract(got[False], want))) < 1e-5
+    assert np.max(np.abs(np.subtract(got[True], want))) > 1e-3
+
+
+@pytest.mark.parametrize("case,why", [("layernorm", "Neg"), ("lstm", "subgraphs"),
+                                      ("three_consumers", "broadcast")])
+def test_onert_refuses_the_other_cases(case: str, why: str, tmp_path: Path) -> None:
+    """onert 0.1.0 trains none of these (NEG is not trainable, WHILE needs several subgraphs,
+    ADD's backward refuses broadcasting); when it does, add the case to ONERT_TRAINS."""
+    path = tmp_path / "m.circle"
+    path.write_bytes(_bytes(case))
+    x, y = _data(case)
+    with pytest.raises(Exception):  # noqa: B017 - the binding raises a bare RuntimeError
+        onert_fit(path, x[:1], y[:1], epochs=1, batch_size=1, learning_rate=0.01)
+
+
+# --------------------------------------------------------------------------- the policy
+
+def test_policy_freezes_scalars_and_loop_initial_values() -> None:
+    """LayerNorm's epsilon and an LSTM's initial states are frozen; gamma, beta, the loop
+    body's weights and the LSTM bias train; "all_float" trains every float constant."""
+    ln = cj.load(_bytes("layernorm"))
+    frozen = {k: r.reason for k, r in ln.param_roles.items() if not r.trainable}
+    assert list(frozen) == ["functional_4_1/layer_normalization_1/add/y"]
+    assert frozen["functional_4_1/layer_normalization_1/add/y"].startswith("scalar")
+    roles = {r.reason.split(" of ")[0] for r in ln.param_roles.values() if r.trainable}
+    assert roles == {"weights", "per-channel scale", "per-channel shift"}
+    assert cj.load(_bytes("layernorm"), trainable_policy="all_float").trainable_params == set(
+        ln.params)
+
+    lstm = cj.load(_bytes("lstm"))
+    frozen = [r.reason for r in lstm.param_roles.values() if not r.trainable]
+    assert len(frozen) == 2 and all("WHILE" in r for r in frozen)
+    assert sum("subgraph 2" in r.reason for r in lstm.param_roles.values() if r.trainable) == 3
+    trainer = Trainer(lstm, batch_size=1)
+    assert trainer.trainable == lstm.trainable_params
+    name = next(k for k, r in lstm.param_roles.items() if not r.trainable)
+    assert Trainer(lstm, batch_size=1, trainable=[name]).trainable == {name}  # by name: yes
+
+
+def test_info_lists_trainable_and_frozen_with_reasons() -> None:
+    text = cj.load(_bytes("layernorm"), numerics="keras").summary()
+    assert "frozen    functional_4_1/layer_normalization_1/add/y [] (1): scalar (ADD #5)" in text
+    assert "numerics = keras" in text and "added zero bias" in text
+
+
+# --------------------------------------------------------------------------- untie and export
+
+def test_untied_copies_train_apart_and_export_as_their_own_tensors(tmp_path: Path) -> None:
+    """Three convolutions share one zero bias: three params, trained apart, exported as three
+    tensors with three buffers; LiteRT (.tflite) and onert (.circle) compute the trained
+    function (measured max |diff| 6e-8)."""
+    from onert.infer import session
+
+    model = cj.load(_bytes("branching_cnn"))
+    copies = {"arith.constant1", "arith.constant1/op1", "arith.constant1/op2"}
+    assert copies <= set(model.params)
+    assert len(cj.load(_bytes("branching_cnn"), tie_shared_weights=True).params) == \
+        len(model.params) - 2
+    x, y = _data("branching_cnn")
+    r = cj.fit(model, x, y, epochs=1, batch_size=16, learning_rate=0.1, loss="cce")
+    assert len({np.asarray(r.params[c]).tobytes() for c in copies}) == 3
+    want = np.asarray(model.apply(r.params, x[:1])[0])
+    for fmt in ("tflite", "circle"):
+        data = model.export(r.params, fmt)
+        m = read_model(data)
+        biases = [op.inputs[2] for op in m.main.operators if op.type == "CONV_2D"]
+        assert len(set(biases)) == 3
+        assert len({m.main.tensors[i].buffer for i in biases}) == 3
+        (tmp_path / f"t.{fmt}").write_bytes(data)
+        got = (run_litert(data, [x[:1]])[0] if fmt == "tflite"
+               else session(str(tmp_path / "t.circle")).infer([x[:1]])[0])
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+    # one tied weight exported: onert's own export layout, not what onert trained
+    tied = cj.load(_bytes("branching_cnn"), tie_shared_weights=True)
+    m = read_model(tied.export(cj.fit(tied, x, y, epochs=1, batch_size=16,
+                                      learning_rate=0.1).params))
+    assert len({op.inputs[2] for op in m.main.operators if op.type == "CONV_2D"}) == 1
+
+
+def test_added_biases_train_and_export() -> None:
+    """add_missing_bias gives both FULLY_CONNECTEDs a zero bias that trains and is exported
+    (LiteRT runs the file: measured max |diff| 3e-8)."""
+    model = cj.load(_bytes("mlp_zero_bias"), add_missing_bias=True)
+    assert len(model.rewrites.added_bias) == 2
+    x, y = _data("mlp_zero_bias")
+    r = cj.fit(model, x, y, epochs=1, batch_size=16, learning_rate=0.1, loss="cce")
+    assert all(np.any(np.asarray(r.params[b]) != 0) for b in model.rewrites.added_bias)
+    data = model.export(r.params, "tflite")
+    assert all(op.inputs[2] >= 0 for op in read_model(data).main.operators
+               if op.type == "FULLY_CONNECTED")
+    np.testing.assert_allclose(run_litert(data, [x[:1]])[0],
+                               np.asarray(model.apply(r.params, x[:1])[0]), rtol=1e-5, atol=1e-6)
+
+
+def test_wof_and_checkpoint_hold_one_entry_per_copy(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """.wof buffers and checkpoint entries follow the model as loaded: one per untied copy,
+    the tensors of the exported file. Loading the input file again (same options) reads them
+    back; onert, given the exported file, imports the checkpoint and continues as circle-jax
+    does (measured 1e-7). (onert's own checkpoint of the TIED file also holds one entry per
+    reading operator: it unties internally.)"""
+    monkeypatch.chdir(tmp_path)  # onert 0.1.0 garbles long paths
+    path = Path("m.circle")
+    path.write_bytes(_bytes("branching_cnn"))
+    model = cj.load(path)
+    x, y = _data("branching_cnn")
+    trainer = Trainer(model, epochs=1, batch_size=16, learning_rate=0.01, loss="cce",
+                      optimizer="adam")
+    first = fit_checkpointed(model, x, y, trainer=trainer, save="cj.ckpt",
+                             order="onert")
+    wof = wof_bytes(model, first.params)
+    exported = model.export(first.params)
+    assert int.from_bytes(wof[4:8], "little") == len(read_model(exported).main.tensors)
+    again = cj.load(path)
+    back = load_wof(wof, again)
+    for k in model.trainable_params:
+        assert np.asarray(back[k]).tobytes() == np.asarray(first.params[k]).tobytes(), k
+    ours = fit_checkpointed(model, x, y, trainer=trainer, resume="cj.ckpt")
+    Path("t.circle").write_bytes(exported)
+    s = open_session("t.circle", batch_size=16, learning_rate=0.01, loss=2,
+                     optimizer=2)
+    s.train_import_checkpoint("cj.ckpt")
+    losses = [train_batch(s, [np.ascontiguousarray(x[i:i + 16])],
+                          [np.ascontiguousarray(y[i:i + 16])])[0] for i in (0, 16)]
+    assert abs(np.mean(losses) - ours.history.loss[0]) < 1e-5
+
+
+# --------------------------------------------------------------------------- shared models
+
+@pytest.mark.parametrize("name,shape,untied", [
+    ("aeq_toy_transformer_kv_cache_2sig.tflite", None, 2),
+    ("oww_melspectrogram.tflite", (1, 1760), 1),
+    ("tflite_support_audio_classifier_float.tflite", None, 6),
+    ("aeq_sdpa_composite.tflite", None, 0),  # its shared float constant is a frozen scalar
+])
+def test_shared_models_with_shared_constants_train_under_defaults(name: str, shape,
+                                                                  untied: int) -> None:
+    """Every shared model with a float constant read by several operators (trainable ones
+    untied by default) takes 3 SGD steps (lr 1e-3, mean square of output 0) with finite
+    losses and weights."""
+    model = cj.load(shared_model(name))
+    assert len(model.rewrites.untied) == untied
+    rng = np.random.default_rng(0)
+    feeds = []
+    for spec in model.inputs:
+        dims, dt = shape or spec.shape, np.dtype(spec.dtype)
+        feeds.append(rng.integers(0, 10, dims).astype(dt) if dt.kind in "iu"
+                     else rng.uniform(-1, 1, dims).astype(dt))
+    train = {k: v for k, v in model.params.items() if k in model.trainable_params}
+    frozen = {k: v for k, v in model.params.items() if k not in train}
+
+    @jax.jit
+    def step(p: dict) -> tuple[jax.Array, dict]:
+        def loss(q: dict) -> jax.Array:
+            return jnp.mean(jnp.square(model.apply({**q, **frozen}, *feeds)[0]))
+
+        value, grads = jax.value_and_grad(loss)(p)
+        return value, jax.tree.map(lambda w, g: w - 1e-3 * g, p, grads)
+
+    for _ in range(3):
+        value, train = step(train)
+        assert np.isfinite(float(value))
+    assert all(np.all(np.isfinite(np.asarray(v))) for v in train.values())
+
+
+# --------------------------------------------------------------------------- command line
+
+def test_cli_numerics_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                            capsys: pytest.CaptureFixture) -> None:
+    """``--numerics keras`` prints Keras's losses (4 decimals) and the profile's fields in the
+    parameter block; ``--tie_shared_weights`` names the change; ``info`` lists the roles."""
+    from circle_jax.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    x, y = _data("branching_cnn")
+    np.save("x.npy", x)
+    np.save("y.npy", y)
+    Path("m.circle").write_bytes(_bytes("branching_cnn"))
+    common = ["train", "m.circle", "--load_input", "x.npy", "--load_expected", "y.npy",
+              "--epoch", "3", "--batch_size", "16", "--learning_rate", "0.01", "--loss", "2",
+              "--optimizer", "1"]
+    assert main([*common, "--numerics", "keras"]) == 0
+    out = capsys.readouterr().out
+    for epoch, want in enumerate(REF["cases"]["branching_cnn"]["runs"]["cce/sgd/16"], 1):
+        assert f"Epoch {epoch}/3" in out and f"loss: [0] {want:.4f}" in out
+    assert "- numerics             = keras" in out and "numerics.softmax_cce = logits" in out
+    assert "untied_copies        = 2" in out and "added_biases         = 1" in out
+    assert main([*common, "--epoch", "1", "--tie_shared_weights"]) == 0
+    out = capsys.readouterr().out
+    assert "numerics             = onert+tie_shared_weights=True" in out
+    assert "untied_copies" not in out
+    assert main(["info", "m.circle"]) == 0
+    out = capsys.readouterr().out
+    assert "shared: arith.constant1 is read by operators [0, 1, 2]" in out
+    assert "5 trainable tensors (520 weights), 0 frozen" in out
