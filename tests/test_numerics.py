@@ -330,3 +330,19 @@ def test_cli_numerics_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     out = capsys.readouterr().out
     assert "shared: arith.constant1 is read by operators [0, 1, 2]" in out
     assert "5 trainable tensors (520 weights), 0 frozen" in out
+
+
+def test_onert_micro_profile_fields() -> None:
+    """onert-micro: shared constants stay tied (its .wof has one buffer per tensor), Adam puts
+    eps inside the square root, CCE clips at 1e-20; explicit settings override the profile."""
+    model = cj.load(_bytes("branching_cnn"), numerics="onert-micro")
+    assert not model.rewrites and "arith.constant1/op1" not in model.params
+    t = Trainer(model, batch_size=16, loss="cce", optimizer="adam")
+    assert t.numerics.optimizer_kwargs == {"eps_placement": "onert_micro"}
+    assert t.numerics.clip == "onert" and not t.numerics.from_logits
+    t = Trainer(model, batch_size=16, loss="cce", optimizer="adam", clip="keras",
+                optimizer_kwargs={"eps_placement": "tf"}, numerics="keras")
+    assert t.numerics.optimizer_kwargs == {"eps_placement": "tf"} and t.numerics.clip == "keras"
+    assert t.numerics.from_logits  # keras: CCE from the SOFTMAX's logits
+    with pytest.raises(ValueError, match="unknown numerics profile"):
+        cj.load(_bytes("branching_cnn"), numerics="pytorch")
