@@ -346,3 +346,18 @@ def test_wof_takes_aliases_like_names(files) -> None:
     assert wof_bytes(model, trainable=["op0.bias"]) != wof_bytes(model, trainable=["op0.weight"])
     with pytest.raises(ValueError, match=r"unknown weight name\(s\) \['op7\.bias'\]"):
         wof_bytes(model, trainable=["op7.bias"])
+
+
+def test_aliases_of_a_shared_constant_name_each_readers_copy(capsys) -> None:
+    """A constant read by three convolutions: `info` shows one alias per reader; the loaded
+    (untied, onert's default) model gives each reader's alias its own copy."""
+    path = os.path.join(os.path.dirname(__file__), "data", "keras", "branching_cnn.tflite")
+    assert main(["info", path]) == 0
+    out = capsys.readouterr().out
+    assert re.search(r"^  op0\.bias +float32\[4\] +arith\.constant1 \(also op1\.bias, "
+                     r"op2\.bias\)$", out, re.M), out
+    model = cj.load(path)
+    assert model.resolve_params(["op0.bias", "op1.bias", "op2.bias"]) == {
+        "arith.constant1", "arith.constant1/op1", "arith.constant1/op2"}
+    tied = cj.load(path, tie_shared_weights=True)
+    assert tied.resolve_params(["op1.bias"]) == {"arith.constant1"}

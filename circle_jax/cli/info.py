@@ -14,13 +14,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def params_table(model: object, param_keys: dict) -> str:
     """One line per param: alias, dtype/shape, tensor name (aliases work wherever names do)."""
-    from circle_jax.aliases import param_aliases
+    from circle_jax.aliases import alias_table, param_aliases
 
     aliases = param_aliases(model, param_keys)  # type: ignore[arg-type]
+    others: dict[str, list[str]] = {}
+    for alias, name in alias_table(model, param_keys).items():  # type: ignore[arg-type]
+        if alias != aliases[name]:
+            others.setdefault(name, []).append(alias)
     lines = [f"\nparams ({len(param_keys)}; aliases are accepted wherever names are):"]
-    for name, (k, i) in param_keys.items():
+    for name in aliases:  # in operator order
+        k, i = param_keys[name]
         t = model.subgraphs[k].tensors[i]  # type: ignore[attr-defined]
-        lines.append(f"  {aliases[name]:14} {t.dtype}{list(t.shape)!s:16} {name}")
+        also = f" (also {', '.join(others[name])})" if name in others else ""
+        lines.append(f"  {aliases[name]:14} {t.dtype}{list(t.shape)!s:16} {name}{also}")
     return "\n".join(lines)
 
 
