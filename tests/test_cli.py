@@ -361,3 +361,18 @@ def test_aliases_of_a_shared_constant_name_each_readers_copy(capsys) -> None:
         "arith.constant1", "arith.constant1/op1", "arith.constant1/op2"}
     tied = cj.load(path, tie_shared_weights=True)
     assert tied.resolve_params(["op1.bias"]) == {"arith.constant1"}
+
+
+def test_non_finite_data_is_refused_before_compiling(files, tmp_path, capsys) -> None:
+    x = np.frombuffer(open(files["x"], "rb").read(), "<f4").copy()
+    per = x.size // 16
+    x[5 * per + 3] = np.nan
+    bad = tmp_path / "x_nan.raw"
+    bad.write_bytes(x.astype("<f4").tobytes())
+    argv = ["train", files["model"], "--load_input:raw", str(bad), "--load_expected:raw",
+            files["y"], "--epoch", "1", "--batch_size", "4"]
+    assert main(argv) == 1
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("E: "), err
+    assert "x_nan.raw" in err and "sample 5 holds NaN" in err, err
+    assert "Epoch" not in out

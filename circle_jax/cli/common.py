@@ -48,12 +48,15 @@ def load_model(path: str, **options: Any) -> Any:
 
 def read_data(path: str, specs: list[tuple[tuple[int, ...], Any]], names: list[str] | None,
               raw: bool = False) -> list[np.ndarray]:
-    """Arrays for ``specs`` from a raw (onert_train's layout), .npy or .npz file."""
-    from circle_jax.formats.rawdata import load_array_file, read_raw
+    """Arrays for ``specs`` from a raw (onert_train's layout), .npy or .npz file; refused
+    before any compiling when a sample holds NaN or infinity."""
+    from circle_jax.formats.rawdata import check_finite, load_array_file, read_raw
 
     if not os.path.exists(path):
         raise CliError(f"data file {path!r} does not exist")
-    return read_raw(path, specs) if raw else load_array_file(path, specs, names)
+    arrays = read_raw(path, specs) if raw else load_array_file(path, specs, names)
+    check_finite(arrays, f"data file {path!r}")
+    return arrays
 
 
 def check_outputs(outputs: dict[str, str | None], inputs: Sequence[str | None],

@@ -9,12 +9,16 @@ sample is one element of every input: sum over inputs of prod(shape) * itemsize.
 from __future__ import annotations
 
 import os
-from collections.abc import Sequence
+import zipfile
+import zlib
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 
 import numpy as np
 
 from circle_jax.errors import DataError
 from circle_jax.formats.atomic import atomic_write
+from circle_jax.formats.reader import check_regular_file, read_regular_file
 
 Spec = tuple[tuple[int, ...], np.dtype]
 """One input of a model: its per-sample shape (no batch dimension) and its dtype."""
@@ -57,8 +61,7 @@ def read_raw(
         data, name = bytes(source), "raw data"
     else:
         name = f"raw data file {os.fspath(source)!r}"
-        with open(source, "rb") as f:
-            data = f.read()
+        data = read_regular_file(os.fspath(source), "raw data", DataError)
     per = sum(_sample_bytes(s, d) for s, d in sp)
     if per == 0:
         raise DataError(f"inputs {_describe(sp)} take 0 bytes per sample; cannot count samples")
@@ -136,10 +139,12 @@ def load_array_file(
                 f"{p!r} is a .npy file holding one array, but the model has {len(sp)} inputs; "
                 "use a .npz file with one array per input"
             )
-        arr = np.load(p, allow_pickle=False)
+        with _numpy_file(p, "a .npy array saved by numpy.save"):
+            arr = np.load(p, allow_pickle=False)
         return [_fit(arr, *sp[0], f"array in {p!r}")]
     if ext == ".npz":
-        with np.load(p, allow_pickle=False) as z:
+        with _numpy_file(p, "a .npz archive saved by numpy.savez"), \
+                np.load(p, allow_pickle=False) as z:
             keys = list(z.files)
             positional = [f"arr_{i}" for i in range(len(sp))]
             if names is not None and sorted(keys) == sorted(names) and len(names) == len(sp):
@@ -157,6 +162,47 @@ def load_array_file(
         _count(out, f"arrays in {p!r}")
         return out
     return read_raw(p, sp)
+
+
+@contextmanager
+def _numpy_file(path: str, expected: str) -> Iterator[None]:
+    """Turn numpy's errors for an unreadable, empty, truncated or pickled file into one
+    DataError line naming the file and what was expected."""
+    if check_regular_file(path, "data", DataError) == 0:
+        raise DataError(f"{path!r} is empty; expected {expected}")
+    try:
+        yield
+    except DataError:
+        raise
+    except ValueError as e:
+        if "pickle" in str(e):
+            raise DataError(f"{path!r} holds Python objects (pickled data), which circle-jax "
+                            f"never loads; expected {expected} of numbers") from None
+        raise DataError(f"{path!r} is not {expected}: {e}") from None
+    except (EOFError, zipfile.BadZipFile, zlib.error, KeyError) as e:
+        raise DataError(f"{path!r} is truncated or corrupt ({type(e).__name__}: {e}); "
+                        f"expected {expected}") from None
+    except OSError as e:
+        raise DataError(f"cannot read {path!r}: {e.strerror or e}") from None
+
+
+def first_non_finite(array: np.ndarray) -> int | None:
+    """The index of the first sample (along axis 0) holding a NaN or infinity, or None."""
+    a = np.asarray(array)
+    if not np.issubdtype(a.dtype, np.inexact) or a.ndim == 0:
+        return None
+    bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
+    return int(np.argmax(bad)) if bad.any() else None
+
+
+def check_finite(arrays: Sequence[np.ndarray], what: str) -> None:
+    """DataError naming ``what`` and the first sample with a NaN or infinity, if any."""
+    for k, a in enumerate(arrays):
+        i = first_non_finite(a)
+        if i is not None:
+            part = f" (array {k})" if len(arrays) > 1 else ""
+            raise DataError(f"{what}{part}: sample {i} holds NaN or infinity; "
+                            "expected finite numbers")
 
 
 def _count(arrays: Sequence[np.ndarray], what: str) -> int:

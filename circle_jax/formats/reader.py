@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import stat
 from typing import Any
 
 import numpy as np
@@ -37,9 +38,38 @@ def read_bytes(
     path = os.fspath(source)
     if what == "model" and os.path.isdir(path):
         path = nnpackage_model_path(path)
+    return read_regular_file(path, what, error), path
+
+
+MAX_FILE_BYTES = 8 << 30
+"""The largest file read whole (8 GiB): a bound on what one file may make circle-jax allocate."""
+
+
+def check_regular_file(path: str, what: str, error: type[Exception] = CircleFormatError,
+                       limit: int = MAX_FILE_BYTES) -> int:
+    """The size of ``path`` if it is a regular file of at most ``limit`` bytes; anything else
+    (missing, a directory, a device such as /dev/zero, a pipe, a larger file) is refused with
+    one line."""
+    try:
+        st = os.stat(path)
+    except OSError as e:
+        raise error(f"cannot read {what} file {path!r}: {e.strerror}") from None
+    if not stat.S_ISREG(st.st_mode):
+        raise error(f"cannot read {what} file {path!r}: not a regular file "
+                    "(expected a file, not a directory, device or pipe)")
+    if st.st_size > limit:
+        raise error(f"cannot read {what} file {path!r}: {st.st_size} bytes is over the "
+                    f"{limit}-byte limit for one file")
+    return st.st_size
+
+
+def read_regular_file(path: str, what: str, error: type[Exception] = CircleFormatError,
+                      limit: int = MAX_FILE_BYTES) -> bytes:
+    """The bytes of a regular file of at most ``limit`` bytes (see :func:`check_regular_file`)."""
+    check_regular_file(path, what, error, limit)
     try:
         with open(path, "rb") as f:
-            return f.read(), path
+            return f.read(limit + 1)[:limit]
     except OSError as e:
         raise error(f"cannot read {what} file {path!r}: {e.strerror}") from None
 

@@ -1,0 +1,97 @@
+"""Bad data files are refused with one line naming the file and what was expected: empty,
+truncated, pickled and non-numeric .npy/.npz, devices and directories, non-finite samples."""
+
+from __future__ import annotations
+
+import os
+import pickle
+
+import numpy as np
+import pytest
+
+from circle_jax.errors import CircleFormatError, DataError
+from circle_jax.formats.rawdata import check_finite, first_non_finite, load_array_file, read_raw
+from circle_jax.formats.reader import read_bytes
+
+SPEC = [((3,), np.float32)]
+
+
+def _one_line(e: pytest.ExceptionInfo) -> str:
+    msg = str(e.value)
+    assert "\n" not in msg and len(msg) < 300, msg
+    assert "allow_pickle" not in msg, msg
+    return msg
+
+
+def test_empty_npy(tmp_path):
+    p = tmp_path / "x.npy"
+    p.write_bytes(b"")
+    with pytest.raises(DataError) as e:
+        load_array_file(p, SPEC)
+    assert "is empty" in _one_line(e)
+
+
+def test_truncated_npy(tmp_path):
+    p = tmp_path / "x.npy"
+    np.save(p, np.zeros((4, 3), np.float32))
+    p.write_bytes(p.read_bytes()[:-5])
+    with pytest.raises(DataError) as e:
+        load_array_file(p, SPEC)
+    assert "x.npy" in _one_line(e)
+
+
+def test_pickled_npy_never_suggests_allow_pickle(tmp_path):
+    p = tmp_path / "x.npy"
+    np.save(p, np.array([{"a": 1}, None], dtype=object), allow_pickle=True)
+    with pytest.raises(DataError) as e:
+        load_array_file(p, SPEC)
+    assert "pickled" in _one_line(e)
+
+
+def test_plain_pickle_as_npy(tmp_path):
+    p = tmp_path / "x.npy"
+    p.write_bytes(pickle.dumps([1, 2, 3]))
+    with pytest.raises(DataError) as e:
+        load_array_file(p, SPEC)
+    _one_line(e)
+
+
+@pytest.mark.parametrize("cut", [10, 60, -20])
+def test_truncated_npz(tmp_path, cut):
+    p = tmp_path / "x.npz"
+    np.savez(p, np.ones((4, 3), np.float32))
+    p.write_bytes(p.read_bytes()[:cut])
+    with pytest.raises(DataError) as e:
+        load_array_file(p, SPEC)
+    assert "x.npz" in _one_line(e)
+
+
+def test_garbage_npz(tmp_path):
+    p = tmp_path / "x.npz"
+    p.write_bytes(os.urandom(300))
+    with pytest.raises(DataError) as e:
+        load_array_file(p, SPEC)
+    _one_line(e)
+
+
+def test_devices_and_directories_are_refused(tmp_path):
+    with pytest.raises(DataError) as e:
+        read_raw("/dev/zero", SPEC)
+    assert "not a regular file" in _one_line(e)
+    with pytest.raises(CircleFormatError) as e:
+        read_bytes("/dev/zero")
+    assert "not a regular file" in _one_line(e)
+    with pytest.raises(DataError) as e:
+        load_array_file(tmp_path, SPEC)
+    _one_line(e)
+
+
+def test_first_non_finite_names_the_sample():
+    x = np.zeros((5, 2, 2), np.float32)
+    assert first_non_finite(x) is None
+    x[3, 1, 0] = np.inf
+    x[4, 0, 0] = np.nan
+    assert first_non_finite(x) == 3
+    assert first_non_finite(np.arange(4)) is None  # integers are always finite
+    with pytest.raises(DataError, match="'in.npy' \\(array 1\\): sample 3 holds NaN"):
+        check_finite([np.zeros((5, 1)), x], "'in.npy'")
