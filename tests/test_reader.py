@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.formats.reader import read_model
+from circle_jax.formats.reader import read_model, read_regular_file
 from circle_jax.formats.writer import export_model
 
 MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
@@ -104,6 +104,27 @@ def test_out_of_range_tensor_index_is_refused() -> None:
 def test_missing_file() -> None:
     with pytest.raises(cj.CircleFormatError, match="cannot read model file"):
         read_model("/nonexistent/model.circle")
+
+
+@pytest.mark.skipif(not hasattr(os, "mkfifo"), reason="FIFOs are POSIX (CI runs Linux)")
+def test_fifo_model_is_refused_without_blocking(tmp_path) -> None:
+    # A FIFO with no writer would block open() forever; the reader refuses it from stat().
+    fifo = tmp_path / "model.circle"
+    os.mkfifo(fifo)
+    with pytest.raises(cj.CircleFormatError, match="not a regular file") as e:
+        read_model(fifo)
+    assert "\n" not in str(e.value) and str(fifo) in str(e.value)
+
+
+def test_file_over_the_size_limit_is_refused(tmp_path) -> None:
+    # The limit is checked from the file's size before reading; a 64-byte file against a
+    # 16-byte limit shows the rule (the default limit is MAX_FILE_BYTES).
+    p = tmp_path / "big.circle"
+    p.write_bytes(bytes(64))
+    with pytest.raises(cj.CircleFormatError, match="64 bytes is over the 16-byte limit") as e:
+        read_regular_file(str(p), "model", limit=16)
+    assert "\n" not in str(e.value) and str(p) in str(e.value)
+    assert read_regular_file(str(p), "model", limit=64) == bytes(64)
 
 
 def test_unsupported_operators_listed_at_once() -> None:
