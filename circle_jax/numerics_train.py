@@ -7,7 +7,7 @@ only the training fields apply, and only where the configuration leaves them uns
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
@@ -65,17 +65,22 @@ def softmax_logits_apply(model: Model, **changes: Any) -> Callable[..., tuple[An
 
 
 def training_numerics(model: Model, loss: str, optimizer: str, spec: Any, from_logits: Any,
-                      clip: Any, optimizer_kwargs: dict[str, Any]) -> TrainingNumerics:
-    """The profile's choices for ``loss`` / ``optimizer``, explicit settings taking priority."""
+                      clip: Any, optimizer_kwargs: dict[str, Any],
+                      lowering: Mapping[str, Any] | None = None) -> TrainingNumerics:
+    """The profile's choices for ``loss`` / ``optimizer``, explicit settings taking priority;
+    the forwards lowered with the ``lowering`` changes to the model's options (``backend``:
+    the devices training runs on)."""
     prof = model.numerics if spec is None else get_numerics(spec)
     kwargs = dict(optimizer_kwargs)
     if optimizer in _ADAMS:
         kwargs.setdefault("eps_placement", prof.adam_eps)
-    apply, in_loop = model.apply, model.lowered(in_loop=True)
+    changes = dict(lowering or {})
+    apply = model.lowered(**changes) if changes else model.apply
+    in_loop = model.lowered(in_loop=True, **changes)
     if loss in _CCE and not from_logits and prof.softmax_cce == "logits":
-        logits = softmax_logits_apply(model)
+        logits = softmax_logits_apply(model, **changes)
         if logits is not None:
             apply, from_logits = logits, True
-            in_loop = softmax_logits_apply(model, in_loop=True)
+            in_loop = softmax_logits_apply(model, in_loop=True, **changes)
     return TrainingNumerics(prof, apply, in_loop, bool(from_logits),
                             prof.cce_clip if clip is None else clip, kwargs)

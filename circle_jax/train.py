@@ -22,6 +22,7 @@ import numpy as np
 import optax
 from jax import lax
 
+from .distributed import DataParallel, local
 from .errors import DataError, TrainingError
 from .hoisting import split_step
 from .losses import get_loss, get_reduction, loss_name
@@ -182,9 +183,12 @@ def select_trainable(model: Model, spec: Any) -> frozenset[str]:
 
 
 class Trainer:
-    """Compiled training and evaluation for one model and configuration."""
+    """Compiled training and evaluation for one model and configuration; ``placement``: the
+    device mesh that batches are sharded over (`circle_jax.distributed`; None: one device),
+    whose backend chooses the operator lowerings unless the model's lowering names one."""
 
-    def __init__(self, model: Model, config: TrainConfig | None = None, **overrides: Any):
+    def __init__(self, model: Model, config: TrainConfig | None = None, *,
+                 placement: DataParallel | None = None, **overrides: Any):
         config = replace(config or TrainConfig(), **overrides).with_defaults(model)
         self.model, self.config = model, config
         #: ``progress(done, total)`` is called from inside the compiled epoch (set it before
@@ -193,11 +197,14 @@ class Trainer:
         #: compute the steps' data-only work for a whole epoch before its loop
         #: (`circle_jax.hoisting`; set before the first epoch compiles)
         self.hoist = True
+        self.placement = placement
+        lowering = {} if placement is None or model.lowering.backend is not None else \
+            {"backend": placement.platform}
         reduction = get_reduction(config.reduction)
         #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
         self.numerics = training_numerics(
             model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,
-            config.from_logits, config.clip, dict(config.optimizer_kwargs))
+            config.from_logits, config.clip, dict(config.optimizer_kwargs), lowering)
         loss_kwargs: dict[str, Any] = {"reduction": reduction}
         if loss_name(config.loss) != "mean_squared_error":
             loss_kwargs["from_logits"] = self.numerics.from_logits
@@ -224,10 +231,13 @@ class Trainer:
             raise ValueError(f"precision {str(self.policy)!r} uses {wide[0]}, which needs 64-bit "
                              "JAX: jax.config.update('jax_enable_x64', True) or "
                              "`with jax.enable_x64(True):`")
+        if placement is not None:
+            placement.check_batch(config.batch_size, self.micro_batches)
         self.trainable = select_trainable(model, config.trainable)
         self._grads = {in_loop: scaled_value_and_grad(
             functools.partial(self._loss, in_loop=in_loop), config.on_overflow, has_aux=True,
             micro_batches=self.micro_batches, reduction=acc_reduction,
+            micro_batch_groups=1 if placement is None else placement.size,
         ) for in_loop in (False, True)}
         self._epoch = jax.jit(self._epoch_impl)
         self._compiled: dict[str, Callable[..., Any]] = {}
@@ -358,22 +368,28 @@ class Trainer:
         steps = n // b
         if steps == 0 and self.config.drop_remainder:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
-        xs, ys = _batched(x, y, b, steps)
+        xs, ys = self.placed(_batched(x, y, b, steps), batch_axis=1)
         state, metrics = self._compiled_epoch(state, frozen, xs, ys)(state, frozen, xs, ys)
         if not self.config.drop_remainder and n % b:
-            tail = (tuple(a[steps * b:] for a in x), y[steps * b:])
+            tail = self.placed((tuple(a[steps * b:] for a in x), y[steps * b:]))
             state, m = self._step(state, frozen, tail)
             metrics = jax.tree.map(lambda a, c: jnp.concatenate([a, c[None]]), metrics, m)
         return state, metrics
+
+    def placed(self, tree: Any, batch_axis: int | None = None) -> Any:
+        """``tree`` on the placement's devices (sharded on ``batch_axis``), or as it is."""
+        return tree if self.placement is None else self.placement.put(tree, batch_axis)
 
     def _compiled_epoch(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array
                         ) -> Callable[..., tuple[TrainState, StepMetrics]]:
         """The epoch compiled ahead of time for these shapes (cached), so that compile time
         is measured apart from steady-state steps."""
         args = (state, frozen, xs, ys)
-        key = str((jax.tree.structure(args), [(a.shape, a.dtype) for a in jax.tree.leaves(args)]))
+        key = str((jax.tree.structure(args), [(a.shape, a.dtype, getattr(a, "sharding", None))
+                                              for a in jax.tree.leaves(args)]))
         if key not in self._compiled:
-            self._compiled[key] = _compile(self._epoch.lower(state, frozen, xs, ys))
+            self._compiled[key] = _compile(self._epoch.lower(state, frozen, xs, ys),
+                                           self.placement)
         return self._compiled[key]
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
@@ -389,8 +405,8 @@ class Trainer:
             raise DataError("no samples to evaluate")
         b = min(batch_size or self.config.batch_size, n)
         steps = n // b
-        xs, ys = _batched(x, y, b, steps)
-        losses, correct = self._eval(*self.split_params(params), xs, ys)
+        xs, ys = self.placed(_batched(x, y, b, steps))
+        losses, correct = self._eval(*self.placed(self.split_params(params)), xs, ys)
         return float(jnp.mean(losses)), float(jnp.sum(correct)) / (steps * b)
 
 
@@ -401,9 +417,10 @@ class Trainer:
 CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
-def _compile(lowered: jax.stages.Lowered) -> Callable[..., Any]:
-    """Compile with ``CPU_COMPILER_OPTIONS`` on CPU; without them where this XLA lacks one."""
-    if jax.default_backend() == "cpu":
+def _compile(lowered: jax.stages.Lowered, placement: DataParallel | None) -> Callable[..., Any]:
+    """Compile with ``CPU_COMPILER_OPTIONS`` for CPU devices; without them where this XLA
+    lacks one."""
+    if (jax.default_backend() if placement is None else placement.platform) == "cpu":
         try:
             return lowered.compile(compiler_options=CPU_COMPILER_OPTIONS)
         except Exception as e:  # XLA's runtime error type moved between jaxlib versions
@@ -499,6 +516,8 @@ def fit(
     state: TrainState | None = None,
     on_epoch: Callable[[int, History], None] | None = None,
     progress: Callable[[Any, Any], None] | None = None,
+    devices: int | Sequence[jax.Device] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
     **overrides: Any,
 ) -> FitResult:
     """Train ``model`` on (x, y): epochs of compiled scans, onert's conventions by default.
@@ -508,8 +527,10 @@ def fit(
     (mean of the batches' pre-update losses), accuracy, validation loss, skipped steps,
     loss scale and ms/step. ``on_epoch(i, history)`` runs after each epoch (a logging point);
     ``progress(done, total)``, if given, is called from the compiled epoch about 40 times.
+    ``devices`` (N, or the devices) or ``mesh`` train data-parallel (`circle_jax.distributed`);
+    the returned params and state are then on this process's first device.
     """
-    trainer = Trainer(model, config, **overrides)
+    trainer = Trainer(model, config, placement=DataParallel.of(devices, mesh), **overrides)
     trainer.progress = progress
     cfg = trainer.config
     x_tr, y_tr, val = prepare_data(trainer, x, y)
@@ -517,10 +538,11 @@ def fit(
         state, frozen = trainer.init(params)
     else:
         _, frozen = trainer.init(params)
+    state, frozen = trainer.placed((state, frozen))
     hist = History()
     t0 = time.perf_counter()
-    trainer._compiled_epoch(state, frozen, *_batched(x_tr, y_tr, cfg.batch_size,
-                                                     y_tr.shape[0] // cfg.batch_size))
+    trainer._compiled_epoch(state, frozen, *trainer.placed(
+        _batched(x_tr, y_tr, cfg.batch_size, y_tr.shape[0] // cfg.batch_size), batch_axis=1))
     hist.compile_ms = (time.perf_counter() - t0) * 1000
     for epoch in range(cfg.epochs):
         t = time.perf_counter()
@@ -528,6 +550,7 @@ def fit(
         record_epoch(trainer, hist, epoch, state, frozen, m, t, int(y_tr.shape[0]), val)
         if on_epoch is not None:
             on_epoch(epoch, hist)
+    state, frozen = local((state, frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 
 

@@ -4,12 +4,13 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 
+from ..distributed import DataParallel, is_main_process, local
 from ..errors import DataError
 from ..formats.atomic import PathLike
 from ..model import Model
@@ -43,6 +44,8 @@ def fit_checkpointed(
     epochs: int | None = None,
     protect: PathLike | Iterable[PathLike] | None = None,
     on_epoch: Callable[[int, History], None] | None = None,
+    devices: int | Sequence[jax.Device] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
     **overrides: Any,
 ) -> FitResult:
     """``train.fit`` with onert checkpoints: resume from ``resume``, write ``save`` as it goes.
@@ -59,9 +62,11 @@ def fit_checkpointed(
     if trainer is None:
         if epochs is not None:
             overrides["epochs"] = epochs
-        trainer = Trainer(model, config, **overrides)
-    elif config is not None or overrides:
-        raise ValueError("give either a trainer or a config (and overrides), not both")
+        trainer = Trainer(model, config, placement=DataParallel.of(devices, mesh),
+                          **overrides)
+    elif config is not None or overrides or devices is not None or mesh is not None:
+        raise ValueError("give either a trainer or a config (and overrides, devices, mesh), "
+                         "not both")
     cfg = trainer.config
     n_epochs = cfg.epochs if epochs is None else epochs
     if every_steps is not None and every_steps < 1:
@@ -87,15 +92,16 @@ def fit_checkpointed(
                              f"of {k} micro-batches; use a multiple of {k}")
     hist = History()
     t0 = time.perf_counter()
+    state, frozen = trainer.placed((state, frozen))
     if chunk:
-        xb, yb = _batched(x_tr, y_tr, b, chunk)
+        xb, yb = trainer.placed(_batched(x_tr, y_tr, b, chunk), batch_axis=1)
         trainer._compiled_epoch(state, frozen, xb, yb)
     hist.compile_ms = (time.perf_counter() - t0) * 1000
 
     def checkpoint(s: TrainState, epochs_done: int) -> None:
-        if save is not None:
-            save_checkpoint(save, model, trainer, s, frozen, epoch=epochs_done, order=order,
-                            protect=protect)
+        if save is not None and is_main_process():
+            save_checkpoint(save, model, trainer, local(s), local(frozen), epoch=epochs_done,
+                            order=order, protect=protect)
 
     for epoch in range(n_epochs):
         t = time.perf_counter()
@@ -108,6 +114,7 @@ def fit_checkpointed(
         checkpoint(state, start + epoch + 1)
         if on_epoch is not None:
             on_epoch(epoch, hist)
+    state, frozen = local((state, frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 
 
@@ -126,12 +133,13 @@ def _chunked_epoch(trainer: Trainer, state: TrainState, frozen: dict, x: tuple, 
     xs, ys = _batched(x, y, b, steps)
     parts = []
     for i in range(0, steps, every):
-        part = (state, frozen, tuple(a[i:i + every] for a in xs), ys[i:i + every])
+        part = (state, frozen, *trainer.placed((tuple(a[i:i + every] for a in xs),
+                                                ys[i:i + every]), batch_axis=1))
         state, m = trainer._compiled_epoch(*part)(*part)
         parts.append(m)
         after_chunk(state)
     if not cfg.drop_remainder and n % b:
-        tail = (tuple(a[steps * b:] for a in x), y[steps * b:])
+        tail = trainer.placed((tuple(a[steps * b:] for a in x), y[steps * b:]))
         state, m = trainer._step(state, frozen, tail)
         parts.append(jax.tree.map(lambda a: a[None], m))
     metrics = jax.tree.map(lambda *a: jnp.concatenate(a), *parts)

@@ -63,6 +63,9 @@ class TrainRun:
     mem_poll: bool = False
     output_sizes: tuple[tuple[int, int], ...] = ()
     compile_cache: str | None = None
+    devices: int | None = None
+    #: (coordinator HOST:PORT, number of processes, this process's id) of a multi-process run
+    processes: tuple[str, int, int] | None = None
     extra: dict[str, str] = field(default_factory=dict)
     #: `circle_jax.load` keywords: numerics, tie_shared_weights, add_missing_bias
     load: dict[str, Any] = field(default_factory=dict)
@@ -92,7 +95,8 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
                    outputs=_outputs(ns), resume=ns.checkpoint, metric=metric,
                    verbosity=ns.verbose_level or 0, mem_poll=bool(ns.mem_poll),
                    output_sizes=ns.output_sizes or (), compile_cache=ns.compile_cache,
-                   extra=_extra(ns), load=load_options(ns))
+                   devices=ns.devices, processes=_processes(ns), extra=_extra(ns),
+                   load=load_options(ns))
     _check_files(run)
     return run
 
@@ -113,7 +117,8 @@ def _positive(ns: argparse.Namespace, name: str, flag: str, minimum: int = 1) ->
 def _train_config(ns: argparse.Namespace) -> dict[str, Any]:
     for name, flag in (("epoch", "--epoch"), ("batch_size", "--batch_size"),
                        ("accumulate", "--accumulate"),
-                       ("checkpoint_every_steps", "--checkpoint_every_steps")):
+                       ("checkpoint_every_steps", "--checkpoint_every_steps"),
+                       ("devices", "--devices")):
         _positive(ns, name, flag)
     split = ns.validation_split
     if split is not None and not 0.0 <= split < 1.0:
@@ -132,6 +137,23 @@ def _train_config(ns: argparse.Namespace) -> dict[str, Any]:
         accumulate_mode=ns.accumulate_mode or "stream", precision=ns.precision,
         loss_scale=ns.loss_scale or "none", on_overflow=ns.on_overflow or "skip",
     )
+
+
+def _processes(ns: argparse.Namespace) -> tuple[str, int, int] | None:
+    flags = {"--coordinator_address": ns.coordinator_address,
+             "--num_processes": ns.num_processes, "--process_id": ns.process_id}
+    given = [f for f, v in flags.items() if v is not None]
+    if not given:
+        return None
+    if len(given) < len(flags):
+        raise CliError(f"multi-process training needs {', '.join(flags)} together; "
+                       f"{', '.join(f for f in flags if f not in given)} missing")
+    _positive(ns, "num_processes", "--num_processes")
+    _positive(ns, "process_id", "--process_id", minimum=0)
+    if ns.process_id >= ns.num_processes:
+        raise CliError(f"--process_id {ns.process_id} must be below --num_processes "
+                       f"{ns.num_processes}")
+    return ns.coordinator_address, ns.num_processes, ns.process_id
 
 
 def _data_files(ns: argparse.Namespace) -> DataFiles:
@@ -155,6 +177,9 @@ def _extra(ns: argparse.Namespace) -> dict[str, str]:
     extra = {}
     if (ns.accumulate or 1) > 1:
         extra["accumulate"] = f"{ns.accumulate} ({ns.accumulate_mode or 'stream'})"
+    if ns.devices is not None or ns.num_processes is not None:
+        extra["devices"] = (f"{ns.devices or 'all'}"
+                            + (f" over {ns.num_processes} processes" if ns.num_processes else ""))
     if ns.loss_scale not in (None, "none"):
         extra["loss_scale"] = f"{ns.loss_scale} (on overflow: {ns.on_overflow or 'skip'})"
     return extra

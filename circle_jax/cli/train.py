@@ -8,9 +8,11 @@ Parsing gives a `TrainRun`; this module loads the model and data, calls `circle_
 from __future__ import annotations
 
 import argparse
+import contextlib
+import os
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
@@ -54,7 +56,22 @@ class Clock:
 
 
 def train(run: TrainRun) -> int:
-    """Train as ``run`` says, printing onert_train's output; 0 on success."""
+    """Train as ``run`` says, printing onert_train's output; 0 on success.
+
+    In a multi-process run every process trains its slice of each batch; process 0 alone
+    prints and writes files (the others' errors still go to stderr).
+    """
+    if run.processes is not None:
+        from circle_jax.distributed import initialize, is_main_process
+
+        initialize(*run.processes)
+        if not is_main_process():
+            with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
+                return _train_logged(replace(run, verbosity=0))
+    return _train_logged(run)
+
+
+def _train_logged(run: TrainRun) -> int:
     log = Log(run.verbosity)
     cache = enable_compile_cache(cache_dir(run.compile_cache))
     log(1, f"compile cache: {cache}")
@@ -244,9 +261,10 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
                                     every_steps=o.checkpoint_every_steps,
                                     order=o.checkpoint_order,
                                     protect=run.input_files(resume=False),
-                                    on_epoch=rep.on_epoch)
+                                    on_epoch=rep.on_epoch, devices=run.devices)
         return fit(model, xs, y, cfg, on_epoch=rep.on_epoch,
-                   progress=rep.progress if rep.bar is not None else None)
+                   progress=rep.progress if rep.bar is not None else None,
+                   devices=run.devices)
     finally:
         rep.notice.stop()
 
@@ -270,9 +288,12 @@ def _timing(clock: Clock, history: Any, cache: str) -> out.Timing:
 
 def _export(run: TrainRun, model: Any, result: Any, log: Log) -> None:
     from circle_jax.checkpoints import circleplus_metadata, save_wof
+    from circle_jax.distributed import is_main_process
     from circle_jax.formats.atomic import atomic_write
 
     o, protect = run.outputs, run.input_files()
+    if not is_main_process():  # one copy of the (replicated) result is written, by process 0
+        return
     exports = [(o.circle, "circle", None), (o.tflite, "tflite", None)]
     if o.circleplus:
         exports.append((o.circleplus, "circle", circleplus_metadata(result.trainer)))

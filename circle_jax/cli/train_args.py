@@ -136,6 +136,15 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
           help="loss scaling")
     _flag(g, "--on_overflow", choices=["skip", "retry"], default="skip",
           help="what a step with non-finite scaled gradients does")
+    _flag(g, "--devices", type=int, metavar="N", default="1 (all of them in a multi-process "
+          "run)", help="shard every batch over N devices (data parallel; the batch size must "
+          "be a multiple of N; CPU: XLA_FLAGS=--xla_force_host_platform_device_count=N)")
+    _flag(g, "--coordinator_address", metavar="HOST:PORT", default="none (one process)",
+          help="multi-process training: process 0's address, the same in every process")
+    _flag(g, "--num_processes", type=int, metavar="N", default="none",
+          help="multi-process training: how many processes take part")
+    _flag(g, "--process_id", type=int, metavar="K", default="none",
+          help="multi-process training: this process's id, 0..N-1 (0 prints and writes files)")
     _flag(g, "--compile_cache", metavar="DIR|off", default="$CIRCLE_JAX_CACHE, else "
           "$XDG_CACHE_HOME/circle-jax/xla or ~/.cache/circle-jax/xla",
           help="JAX's persistent compilation cache: a repeated run of the same model and "

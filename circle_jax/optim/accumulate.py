@@ -124,11 +124,14 @@ def is_update_step(state: AccumulateState, every_k: int) -> jax.Array:
     return state.mini_step == every_k - 1
 
 
-def split_batch(batch: Any, k: int) -> Any:
+def split_batch(batch: Any, k: int, groups: int = 1) -> Any:
     """Reshape every leaf ``(n, ...)`` of ``batch`` to ``(k, n // k, ...)``.
 
-    Micro-batch ``i`` is rows ``[i * n // k, (i + 1) * n // k)``. Raises ValueError when the
-    leaves disagree on ``n`` or ``n`` is not a multiple of ``k``.
+    Micro-batch ``i`` is rows ``[i * n // k, (i + 1) * n // k)``. With ``groups=g`` the rows
+    are first cut into g equal groups (the shards of a batch split over g devices) and
+    micro-batch ``i`` is the i-th k-th of every group, so each micro-batch stays split over
+    the devices. Raises ValueError when the leaves disagree on ``n`` or ``n`` is not a
+    multiple of ``k * groups``.
     """
     leaves = jax.tree.leaves(batch)
     if not leaves:
@@ -138,9 +141,18 @@ def split_batch(batch: Any, k: int) -> Any:
         got = ", ".join(sorted(map(str, sizes)))
         raise ValueError(f"batch leaves need one common leading (batch) size, got {got}")
     (n,) = sizes
-    if n % k:
-        raise ValueError(f"batch size {n} is not divisible into {k} equal micro-batches")
-    return jax.tree.map(lambda x: jnp.reshape(x, (k, n // k) + jnp.shape(x)[1:]), batch)
+    if n % (k * groups):
+        per = f" in each of {groups} groups" if groups > 1 else ""
+        raise ValueError(f"batch size {n} is not divisible into {k} equal micro-batches{per}")
+    if groups == 1:
+        return jax.tree.map(lambda x: jnp.reshape(x, (k, n // k) + jnp.shape(x)[1:]), batch)
+
+    def cut(x: jax.Array) -> jax.Array:
+        rest = jnp.shape(x)[1:]
+        x = jnp.reshape(x, (groups, k, n // (groups * k)) + rest)
+        return jnp.reshape(jnp.swapaxes(x, 0, 1), (k, n // k) + rest)
+
+    return jax.tree.map(cut, batch)
 
 
 def accumulate_in_step(
@@ -148,11 +160,13 @@ def accumulate_in_step(
     k: int,
     reduction: str = "mean",
     has_aux: bool = False,
+    groups: int = 1,
 ) -> Callable[..., Any]:
     """Turn ``grad_fn(params, batch, *args) -> (loss, grads)`` into a k-micro-batch version.
 
     The returned function has the same signature and output. It splits every leaf of
-    ``batch`` along axis 0 into ``k`` equal micro-batches (`split_batch`) and runs
+    ``batch`` along axis 0 into ``k`` equal micro-batches (`split_batch`, with ``groups``:
+    the devices the batch is sharded over) and runs
     ``grad_fn`` on each inside one ``lax.scan``. With ``reduction="mean"`` loss and grads are
     the mean over micro-batches, with ``"sum"`` their sum (see the module docstring).
     With ``has_aux=True`` ``grad_fn`` returns ``((loss, aux), grads)`` and so does the result,
@@ -161,7 +175,7 @@ def accumulate_in_step(
     _check_args(k, reduction)
 
     def fn(params, batch, *args):
-        micro = split_batch(batch, k)
+        micro = split_batch(batch, k, groups)
 
         def body(carry, mb):
             out = grad_fn(params, mb, *args)

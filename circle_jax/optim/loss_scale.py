@@ -313,6 +313,7 @@ def scaled_value_and_grad(
     has_aux: bool = False,
     micro_batches: int = 1,
     reduction: str = "mean",
+    micro_batch_groups: int = 1,
 ) -> Callable[..., ScaledGrads]:
     """Wrap ``loss_fn(params, *args)`` into ``fn(loss_scale, params, *args) -> ScaledGrads``.
 
@@ -326,6 +327,7 @@ def scaled_value_and_grad(
     micro-batches inside the step (`accumulate_in_step`): the scaled gradients of the
     micro-batches are combined (``reduction`` "mean" or "sum") before unscaling, so one
     micro-batch of activations is live at a time and loss scaling composes with it.
+    ``micro_batch_groups``: the devices a batch is sharded over (see `split_batch`).
     """
     try:
         policy = OverflowPolicy(on_overflow)
@@ -346,7 +348,8 @@ def scaled_value_and_grad(
     def attempt(loss_scale, params, *args):
         if micro_batches > 1:
             *rest, batch = args
-            grad_fn = accumulate_in_step(scaled_grads, micro_batches, reduction, has_aux=True)
+            grad_fn = accumulate_in_step(scaled_grads, micro_batches, reduction, has_aux=True,
+                                         groups=micro_batch_groups)
             (loss, aux), grads = grad_fn(params, batch, loss_scale, *rest)
             if aux is not None:
                 aux = jax.tree.map(lambda a: a.reshape((-1,) + a.shape[2:]), aux)
