@@ -22,7 +22,8 @@ import jax
 import numpy as np
 
 from . import ir
-from .errors import CircleFormatError, UnsupportedOperatorError
+from .errors import CircleFormatError, CircleJaxError, UnsupportedOperatorError
+from .graph_checks import check_arity, check_graph
 from .lowering import LoweringOptions, as_options, implementation
 from .ops.common import check_padding
 from .ops.registry import OpContext, OpDef, definition, lookup, static_inputs
@@ -64,6 +65,14 @@ def _check_common(op: ir.Operator) -> None:
         raise ValueError(f"unknown fused activation code {act}")
     if "padding" in op.options:
         check_padding(op.options.padding)
+    for key, value in op.options.items():
+        if key.startswith(_GEOMETRY) and isinstance(value, int) and value > MAX_GEOMETRY:
+            raise ValueError(f"{key} {value} is out of range (expected at most {MAX_GEOMETRY})")
+
+
+_GEOMETRY = ("stride", "dilation", "filter_", "depth_multiplier")
+MAX_GEOMETRY = 1 << 16
+"""The largest stride, dilation, filter size or depth multiplier an option may hold."""
 
 
 class Lowered:
@@ -83,7 +92,7 @@ class Lowered:
     def _parse(self) -> dict[tuple[int, int], tuple[OpDef, Callable[..., Any], OpContext]]:
         """Every operator's definition, implementation and static context, after its checks;
         one error lists every refusal (UnsupportedOperatorError if any is unsupported)."""
-        parsed, refusals, unsupported = {}, [], False
+        parsed, refusals, unsupported = {}, check_graph(self.model), False
         multi = len(self.model.subgraphs) > 1
         for sg in self.model.subgraphs:
             for op in sg.operators:
@@ -98,6 +107,7 @@ class Lowered:
                                 tuple(sg.tensors[i] for i in op.outputs), _no_subgraph,
                                 self.options)
                 try:
+                    check_arity(op, d.fn)
                     _check_common(op)
                     if d.check is not None:
                         d.check(ctx)
@@ -171,15 +181,15 @@ class Lowered:
                     out = jax.tree.map(np.asarray, out)
                 else:
                     out = fn(ctx, *args)
-            except (ValueError, TypeError, NotImplementedError) as e:
-                if str(e).startswith(f"operator {op.index} "):
-                    raise
-                raise type(e)(f"operator {op.index} ({op.key}) of subgraph {k}: {e}") from e
+            except CircleJaxError:
+                raise
+            except _FILE_FAULTS as e:
+                raise _refusal(e, f"operator {op.index} ({op.key}) of subgraph {k}") from e
             outs = out if isinstance(out, (tuple, list)) else (out,)
             if len(outs) != len(op.outputs):
-                raise ValueError(
-                    f"operator {op.index} ({op.key}) produced {len(outs)} outputs, "
-                    f"the model declares {len(op.outputs)}"
+                raise CircleFormatError(
+                    f"operator {op.index} ({op.key}) of subgraph {k} produced {len(outs)} "
+                    f"outputs, the model declares {len(op.outputs)}"
                 )
             for i, o in zip(op.outputs, outs):
                 if i >= 0:
@@ -187,6 +197,23 @@ class Lowered:
         outputs = tuple(value(i) for i in sg.outputs)
         named = {sg.tensors[i].name: v for i, v in env.items()} if keep else {}
         return outputs, named
+
+
+# What an operator raises while traced when the file's values make no sense for it.
+_FILE_FAULTS = (ValueError, TypeError, NotImplementedError, IndexError, KeyError,
+                ZeroDivisionError, OverflowError, AttributeError, RecursionError)
+
+
+def _refusal(e: Exception, where: str) -> CircleJaxError:
+    """One line (at most ~200 characters of the cause) naming the operator: unsupported
+    when the kernel says so, else a format error."""
+    cause = (str(e).splitlines() or [""])[0]
+    if len(cause) > 200:
+        cause = cause[:197] + "..."
+    if not isinstance(e, ValueError):
+        cause = f"{type(e).__name__}: {cause}"
+    kind = UnsupportedOperatorError if isinstance(e, NotImplementedError) else CircleFormatError
+    return kind(f"{where}: {cause}")
 
 
 def _no_subgraph(j: int, args: Sequence[Any]) -> tuple[Any, ...]:

@@ -13,7 +13,7 @@ import numpy as np
 
 from . import ir
 from .aliases import param_aliases, resolve_param_names
-from .formats.reader import read_model
+from .formats.reader import MAX_TENSOR_ELEMENTS, read_model
 from .formats.writer import export_model
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
@@ -189,8 +189,13 @@ def load(
     tie_shared_weights: bool | None = None,
     add_missing_bias: bool | None = None,
     trainable_policy: str | None = None,
+    max_elements: int = MAX_TENSOR_ELEMENTS,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
+
+    The whole graph is validated here: a malformed file raises one
+    :class:`~circle_jax.CircleFormatError` line; a tensor declaring more than
+    ``max_elements`` elements is refused before anything is allocated.
 
     ``lowering``: "fast" (the kernels of ``circle_jax.lowering``), "reference" (the plain
     definitions of ``circle_jax.ops``), a :class:`~circle_jax.lowering.LoweringOptions`, or
@@ -206,7 +211,7 @@ def load(
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
         trainable_policy=trainable_policy)
-    original = read_model(source)
+    original = read_model(source, max_elements=max_elements)
     model, rewrites = rewrite_params(
         original, untie=not prof.tie_shared_weights, add_bias=prof.add_missing_bias,
         policy=prof.trainable_policy)

@@ -45,6 +45,35 @@ MAX_FILE_BYTES = 8 << 30
 """The largest file read whole (8 GiB): a bound on what one file may make circle-jax allocate."""
 
 
+MAX_RANK = 16
+"""The highest tensor rank read (TFLite's kernels stop at 6; 16 leaves room for others)."""
+
+MAX_TENSOR_ELEMENTS = 1 << 28
+"""The most elements one tensor may declare (1 GiB of float32), zero dimensions counted as 1,
+so a file cannot make circle-jax allocate without bound; ``read_model(max_elements=)``."""
+
+
+def _check_shape(shape: tuple[int, ...], name: str, sg: int, where: str,
+                 max_elements: int) -> None:
+    def shown() -> str:
+        text = str(list(shape[:8]))
+        return text if len(shape) <= 8 else text[:-1] + ", ...]"
+
+    if len(shape) > MAX_RANK:
+        raise CircleFormatError(f"{where}: subgraph {sg} tensor {name[:60]!r} has rank "
+                                f"{len(shape)} {shown()}; expected at most {MAX_RANK}")
+    if any(d < -1 for d in shape):
+        raise CircleFormatError(f"{where}: subgraph {sg} tensor {name[:60]!r} has a negative "
+                                f"dimension {shown()}; expected sizes >= 0 (or -1: unknown)")
+    count = 1
+    for d in shape:
+        count *= max(d, 1)
+    if count > max_elements:
+        raise CircleFormatError(
+            f"{where}: subgraph {sg} tensor {name[:60]!r} declares shape {shown()}, over the "
+            f"budget of {max_elements} elements per tensor (read_model(max_elements=...))")
+
+
 def check_regular_file(path: str, what: str, error: type[Exception] = CircleFormatError,
                        limit: int = MAX_FILE_BYTES) -> int:
     """The size of ``path`` if it is a regular file of at most ``limit`` bytes; anything else
@@ -101,19 +130,23 @@ def unpack(buf: bytes, where: str = "<bytes>") -> Any:
         ) from None
 
 
-def read_model(source: str | os.PathLike | bytes) -> ir.Model:
-    """Read a .circle or .tflite model (path or bytes) into the IR."""
+def read_model(source: str | os.PathLike | bytes, *,
+               max_elements: int = MAX_TENSOR_ELEMENTS) -> ir.Model:
+    """Read a .circle or .tflite model (path or bytes) into the IR; a tensor declaring more
+    than ``max_elements`` elements is refused (:data:`MAX_TENSOR_ELEMENTS`)."""
     buf, where = read_bytes(source)
     m = unpack(buf, where)
-    return model_from_object(m, buf, where)
+    return model_from_object(m, buf, where, max_elements=max_elements)
 
 
-def model_from_object(m: Any, buf: bytes, where: str = "<bytes>") -> ir.Model:
+def model_from_object(m: Any, buf: bytes, where: str = "<bytes>", *,
+                      max_elements: int = MAX_TENSOR_ELEMENTS) -> ir.Model:
     """Convert circle-schema's ``ModelT`` into the validated IR."""
     buffers = [_buffer_bytes(b, buf, i, where) for i, b in enumerate(m.buffers or [])]
     opcodes = [_opcode(c) for c in (m.operatorCodes or [])]
     subgraphs = tuple(
-        _subgraph(k, sg, buffers, opcodes, where) for k, sg in enumerate(m.subgraphs or [])
+        _subgraph(k, sg, buffers, opcodes, where, max_elements)
+        for k, sg in enumerate(m.subgraphs or [])
     )
     if not subgraphs:
         raise CircleFormatError(f"{where}: the model has no subgraph (expected at least one)")
@@ -166,10 +199,12 @@ def _opcode(c: Any) -> tuple[int, str | None, int]:
     return int(code), (_text(c.customCode) if c.customCode is not None else None), int(c.version)
 
 
-def _tensor(k: int, t: Any, buffers: list, sg: int, where: str) -> ir.Tensor:
+def _tensor(k: int, t: Any, buffers: list, sg: int, where: str,
+            max_elements: int = MAX_TENSOR_ELEMENTS) -> ir.Tensor:
     dtype = numpy_dtype(t.type)
     shape = tuple(int(d) for d in (t.shape if t.shape is not None else ()))
     name = _text(t.name) or f"tensor_{sg}_{k}"
+    _check_shape(shape, name, sg, where, max_elements)
     bidx = _index(t.buffer, max(len(buffers), 1), f"tensor {name!r} buffer", where)
     raw = buffers[bidx] if bidx < len(buffers) else None
     data = None
@@ -215,8 +250,10 @@ def options_of(o: Any) -> ir.Options:
     return ir.Options(items)
 
 
-def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, where: str) -> ir.Subgraph:
-    tensors = tuple(_tensor(i, t, buffers, k, where) for i, t in enumerate(sg.tensors or []))
+def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, where: str,
+              max_elements: int = MAX_TENSOR_ELEMENTS) -> ir.Subgraph:
+    tensors = tuple(_tensor(i, t, buffers, k, where, max_elements)
+                    for i, t in enumerate(sg.tensors or []))
     n = len(tensors)
 
     def indices(values: Any, what: str, optional: bool = False) -> tuple[int, ...]:
