@@ -1,0 +1,32 @@
+"""Mutated copies of the real models (tests/fuzz.py's seeded mutator) are either loaded and
+run, or refused with a documented one-line error; never another exception, a crash, more
+than 4 GiB of memory or more than the time limit. A bounded sample runs here; the long
+mode is ``benchmarks/fuzz_long.py`` (its counts are in benchmarks/README.md)."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests import fuzz
+
+# Small models, so that each case takes well under a second once the worker is warm.
+SMALL = sorted(p.name for p in fuzz.MODELS.glob("*")
+               if p.suffix in (".tflite", ".circle") and p.stat().st_size < 100_000)
+PER_MODEL = 15
+
+
+def test_shared_models_are_there() -> None:
+    assert len(SMALL) >= 8, SMALL
+
+
+def test_mutations_are_deterministic_and_change_the_file() -> None:
+    data = (fuzz.MODELS / SMALL[0]).read_bytes()
+    assert fuzz.mutate(data, 3) == fuzz.mutate(data, 3)
+    assert sum(fuzz.mutate(data, s) != data for s in range(20)) >= 18
+
+
+def test_mutated_models_load_or_are_refused_in_one_line() -> None:
+    bad = [(case, result) for case, result in
+           fuzz.run_cases(fuzz.cases(SMALL, PER_MODEL, start=1000), timeout=30)
+           if result.startswith("bad")]
+    assert not bad, bad
