@@ -13,7 +13,6 @@ limit and a time limit, so a case that would exhaust memory or hang is reported,
 from __future__ import annotations
 
 import multiprocessing as mp
-import os
 import resource
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass

@@ -5,8 +5,6 @@ mode is ``benchmarks/fuzz_long.py`` (its counts are in benchmarks/README.md)."""
 
 from __future__ import annotations
 
-import pytest
-
 from tests import fuzz
 
 # Small models, so that each case takes well under a second once the worker is warm.
