@@ -93,8 +93,9 @@ def test_mesh_checkpoint_resumes_on_one_device(mesh_runs: dict) -> None:
 
 def test_cli_refuses_missing_devices_and_partial_flags(capsys: pytest.CaptureFixture) -> None:
     assert main(["train", "--example", "--epoch", "1", "--devices", "2"]) == 1
-    err = capsys.readouterr().err.strip()
-    assert err == ("E: 2 devices asked for, JAX sees 1 (cpu); on CPU set XLA_FLAGS="
+    out, err = capsys.readouterr()
+    assert out == ""  # refused before the parameter block
+    assert err.strip() == ("E: 2 devices asked for, JAX sees 1 (cpu); on CPU set XLA_FLAGS="
                    "--xla_force_host_platform_device_count=2 before JAX starts")
     assert main(["train", "--example", "--num_processes", "2"]) == 1
     err = capsys.readouterr().err.strip()

@@ -167,6 +167,13 @@ def _check(run: TrainRun, model: Any, cfg: Any) -> None:
         from circle_jax.train import Trainer
 
         traininfo_of(Trainer(model, cfg))  # fails now rather than after training
+    if run.devices is not None or run.processes is not None:
+        from circle_jax.distributed import DataParallel
+
+        place = DataParallel.of(run.devices)
+        if place is not None:  # the devices exist and the batch splits over them
+            place.check_batch(cfg.batch_size, cfg.accumulate
+                              if cfg.accumulate_mode == "in_step" else 1)
 
 
 def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
