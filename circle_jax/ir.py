@@ -13,6 +13,11 @@ from typing import Any
 
 import numpy as np
 
+MAX_TENSOR_ELEMENTS = 1 << 28
+"""The most elements one tensor may hold (1 GiB of float32): a file declaring a larger tensor
+is refused at load (zero dimensions counted as 1), and a loop growing a value past it is
+stopped, so no file makes circle-jax allocate without bound (``load(max_elements=)``)."""
+
 # Fused activation codes (ActivationFunctionType) and padding codes (Padding).
 ACT_NONE, ACT_RELU, ACT_RELU_N1_TO_1, ACT_RELU6, ACT_TANH, ACT_SIGN_BIT = range(6)
 PAD_SAME, PAD_VALID = 0, 1

@@ -10,7 +10,7 @@ import numpy as np
 
 from .. import ir
 from ..errors import CircleFormatError
-from ..ir import as_numpy_dtype
+from ..ir import MAX_TENSOR_ELEMENTS, as_numpy_dtype
 from .nnpackage import nnpackage_model_path
 from .schema import (
     CIRCLE_IDENTIFIER,
@@ -47,11 +47,6 @@ MAX_FILE_BYTES = 8 << 30
 
 MAX_RANK = 16
 """The highest tensor rank read (TFLite's kernels stop at 6; 16 leaves room for others)."""
-
-MAX_TENSOR_ELEMENTS = 1 << 28
-"""The most elements one tensor may declare (1 GiB of float32), zero dimensions counted as 1,
-so a file cannot make circle-jax allocate without bound; ``read_model(max_elements=)``."""
-
 
 def _check_shape(shape: tuple[int, ...], name: str, sg: int, where: str,
                  max_elements: int) -> None:

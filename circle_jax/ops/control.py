@@ -23,8 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from .. import ir
 from .common import is_static
 from .registry import OpContext, register
+
+# Most iterations a WHILE loop with concrete values runs in Python before it is refused.
+MAX_EAGER_TRIPS = 1_000_000
 
 # Most loop iterations the static trip-count probe follows before giving up (each one traces
 # the condition and body abstractly, at lowering time).
@@ -169,13 +173,17 @@ def while_(ctx: OpContext, *args: Any) -> tuple[Any, ...]:
     if any(a is None for a in args):
         raise ValueError("WHILE loop variables cannot be omitted (-1)")
     state = list(args)
-    while not any(_is_tracer(a) for a in state):
+    for _ in range(MAX_EAGER_TRIPS):
+        if any(_is_tracer(a) for a in state):
+            break
         c = _run_cond(ctx, cond_k, state)
         if not isinstance(c, bool):
             break
         if not c:
             return tuple(state)
-        state = list(ctx.run_subgraph(body_k, state))
+        state = _bounded(ctx.run_subgraph(body_k, state))
+    else:
+        raise ValueError(f"the WHILE loop did not end within {MAX_EAGER_TRIPS} iterations")
     invariant, stable, trips = _loop_plan(ctx, cond_k, body_k, state)
     if trips is not None and not stable:
         return _unrolled(ctx, body_k, state, trips)
@@ -214,8 +222,17 @@ def _unrolled(ctx: OpContext, body_k: int, args: Sequence[Any], trips: int) -> t
     """The loop unrolled in Python (static loop variables stay static, shapes may change)."""
     state = list(args)
     for _ in range(trips):
-        state = list(ctx.run_subgraph(body_k, state))
+        state = _bounded(ctx.run_subgraph(body_k, state))
     return tuple(state)
+
+
+def _bounded(values: Sequence[Any]) -> list[Any]:
+    """The loop variables, refused when one grew past ``ir.MAX_TENSOR_ELEMENTS``."""
+    for v in values:
+        if v is not None and np.size(v) > ir.MAX_TENSOR_ELEMENTS:
+            raise ValueError(f"a WHILE loop variable grew to shape {list(np.shape(v))[:8]}, "
+                             f"over {ir.MAX_TENSOR_ELEMENTS} elements")
+    return list(values)
 
 
 @register("STABLEHLO_COMPOSITE", fold=False)
