@@ -192,6 +192,10 @@ class Lowered:
                     f"outputs, the model declares {len(op.outputs)}"
                 )
             for i, o in zip(op.outputs, outs):
+                if o is not None and np.size(o) > ir.MAX_TENSOR_ELEMENTS:
+                    raise CircleFormatError(
+                        f"operator {op.index} ({op.key}) of subgraph {k} computes shape "
+                        f"{list(np.shape(o))[:8]}, over {ir.MAX_TENSOR_ELEMENTS} elements")
                 if i >= 0:
                     env[i] = o
         outputs = tuple(value(i) for i in sg.outputs)

@@ -222,6 +222,10 @@ def transpose_geometry(ctx: OpContext, x: Any, w: Any, output_shape: Any = None
             raise ValueError(f"output_shape channels {shape[3]} != filter outputs "
                              f"{jnp.shape(w)[0]}")
         strides = _ints(o.stride_h, o.stride_w)
+        for out, n, k, st in zip(shape[1:3], x.shape[1:3], kernel, strides, strict=True):
+            if not 1 <= out <= n * st + k:
+                raise ValueError(f"output_shape {shape} does not fit the input "
+                                 f"{list(x.shape)}: each spatial size must be 1..in*stride+kernel")
         pads = padding_pairs(o.padding or 0, tuple(shape[1:3]), kernel, strides)
         return TransposeGeometry(tuple(shape[1:3]), strides, tuple(p[0] for p in pads))
     padding, sw, sh = parse_transpose_conv_bias_options(ctx.op.custom_options)
