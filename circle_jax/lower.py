@@ -120,7 +120,7 @@ class Lowered:
         if refusals:
             error = UnsupportedOperatorError if unsupported else CircleFormatError
             what = "unsupported operator(s)" if unsupported else "invalid operator(s)"
-            raise error(f"{len(refusals)} {what}: " + "; ".join(refusals)
+            raise error(f"{len(refusals)} {what}: " + _first_refusals(refusals)
                         + (" (see circle_jax.supported_operators())" if unsupported else ""))
         return parsed
 
@@ -201,6 +201,22 @@ class Lowered:
         outputs = tuple(value(i) for i in sg.outputs)
         named = {sg.tensors[i].name: v for i, v in env.items()} if keep else {}
         return outputs, named
+
+
+MAX_MESSAGE = 1000
+"""The longest list of refusals one load error spells out (each cut at 160 characters); the
+rest are counted."""
+
+
+def _first_refusals(refusals: list[str]) -> str:
+    """As many refusals as fit in :data:`MAX_MESSAGE` characters, then how many more."""
+    shown: list[str] = []
+    for r in refusals:
+        if shown and len("; ".join([*shown, r])) > MAX_MESSAGE:
+            break
+        shown.append(r if len(r) <= 160 else r[:157] + "...")
+    rest = len(refusals) - len(shown)
+    return "; ".join(shown) + (f"; and {rest} more" if rest else "")
 
 
 # What an operator raises while traced when the file's values make no sense for it.

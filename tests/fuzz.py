@@ -71,7 +71,7 @@ def judge(data: bytes) -> str:
             np.asarray(o)
     except (cj.CircleFormatError, cj.UnsupportedOperatorError) as e:
         msg = str(e)
-        if "\n" in msg or len(msg) > 300:
+        if "\n" in msg or len(msg) > 1200:
             return f"bad: long message: {msg[:120]!r}"
         return "refused"
     except Exception as e:  # noqa: BLE001 - classifying every other outcome is the point

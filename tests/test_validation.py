@@ -32,7 +32,7 @@ def _refused(data: bytes, error=cj.CircleFormatError) -> str:
     with pytest.raises(error) as e:
         cj.load(data)
     msg = str(e.value)
-    assert "\n" not in msg and len(msg) < 400, msg
+    assert "\n" not in msg and len(msg) < 1200, msg
     return msg
 
 
@@ -100,3 +100,11 @@ def test_trace_errors_are_one_format_error_line():
         model(np.ones((1, 4), np.float32))
     msg = str(e.value)
     assert msg.startswith("operator 0 (RESHAPE) of subgraph 0: ") and "\n" not in msg, msg
+
+
+def test_many_refusals_make_one_bounded_line():
+    def edit(m):
+        m.subgraphs[0].operators[1].inputs = [2, 2, 2]
+        m.subgraphs[0].operators += [m.subgraphs[0].operators[1]] * 100
+    msg = _refused(_edit(edit))
+    assert msg.startswith("10") and "; and " in msg and "more" in msg and len(msg) < 1200, msg
