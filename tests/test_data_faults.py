@@ -95,3 +95,23 @@ def test_first_non_finite_names_the_sample():
     assert first_non_finite(np.arange(4)) is None  # integers are always finite
     with pytest.raises(DataError, match="'in.npy' \\(array 1\\): sample 3 holds NaN"):
         check_finite([np.zeros((5, 1)), x], "'in.npy'")
+
+
+def test_checksum_seal_detects_changes_and_leaves_foreign_files_alone():
+    from circle_jax.formats.checkpoint import Checkpoint, decode_checkpoint, encode_checkpoint
+    from circle_jax.formats.wof import decode_wof, encode_wof
+
+    w = np.arange(6, dtype=np.float32)
+    for encode, decode in ((lambda c: encode_checkpoint(Checkpoint([w], step=3), checksum=c),
+                            decode_checkpoint),
+                           (lambda c: encode_wof([None, w], checksum=c), decode_wof)):
+        sealed, plain = encode(True), encode(False)
+        assert len(sealed) == len(plain) + 8 and b"CJC1" in sealed
+        decode(sealed), decode(plain)  # both read
+        for pos in (len(sealed) - 9, 2, sealed.index(b"CJC1") + 5):  # data, header, the CRC
+            broken = bytearray(sealed)
+            broken[pos] ^= 0x10
+            with pytest.raises(CircleFormatError) as e:
+                decode(bytes(broken))
+            assert "checksum" in str(e.value) or "magic" in str(e.value) or \
+                "schema" in str(e.value), str(e.value)

@@ -198,10 +198,9 @@ def checkpoint_bytes(model: Model, trainer: Trainer, state: TrainState,
     onert writes 0 there and ignores it on import), so readers need not guess their order.
     """
     resolved = _ordered(model, order)
-    data = encode_checkpoint(make_checkpoint(model, trainer, state, frozen, epoch, resolved))
-    if resolved == constant_tensors(model):
-        data = data[:3] + bytes([ASCENDING_MARK]) + data[4:]
-    return data
+    mark = ASCENDING_MARK if resolved == constant_tensors(model) else 0
+    return encode_checkpoint(make_checkpoint(model, trainer, state, frozen, epoch, resolved),
+                             reserved=mark)
 
 
 def save_checkpoint(path: PathLike, model: Model, trainer: Trainer, state: TrainState,

@@ -50,6 +50,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from circle_jax.errors import CircleFormatError, DataError
+from circle_jax.formats import checksum as checksum_seal
 
 MAGIC = 429
 SCHEMA = 1
@@ -155,20 +156,25 @@ def as_array(raw: np.ndarray, dtype: np.dtype | str, shape: Sequence[int]) -> np
     return np.frombuffer(raw.tobytes(), dt).astype(dt.newbyteorder("=")).reshape(shape)
 
 
-def _section(entries: Sequence[np.ndarray], start: int) -> tuple[bytes, int]:
-    """An offset table + data starting at absolute ``start``; returns (bytes, end)."""
+def _section(entries: Sequence[np.ndarray], start: int, gap: int = 0) -> tuple[bytes, int]:
+    """An offset table (+ ``gap`` zero bytes) + data starting at absolute ``start``; returns
+    (bytes, end)."""
     n = len(entries)
-    pos = start + 4 * n
+    pos = start + 4 * n + gap
     offsets = []
     for e in entries:
         offsets.append(pos)
         pos += e.size
-    return struct.pack(f"<{n}I", *offsets) + b"".join(e.tobytes() for e in entries), pos
+    table = struct.pack(f"<{n}I", *offsets) + bytes(gap)
+    return table + b"".join(e.tobytes() for e in entries), pos
 
 
-def encode_checkpoint(ckpt: Checkpoint) -> bytes:
-    """Serialize ``ckpt`` exactly as onert lays a checkpoint out."""
-    tensors, end = _section(ckpt.tensors, HEADER_SIZE)
+def encode_checkpoint(ckpt: Checkpoint, checksum: bool = True, reserved: int = 0) -> bytes:
+    """Serialize ``ckpt`` as onert lays a checkpoint out; ``checksum`` adds circle-jax's seal
+    after the tensor offset table (:mod:`~circle_jax.formats.checksum`), which onert skips;
+    ``reserved`` is the header's reserved byte (onert writes 0 and ignores it)."""
+    gap = checksum_seal.SIZE if checksum else 0
+    tensors, end = _section(ckpt.tensors, HEADER_SIZE, gap)
     body = [tensors]
     opt1 = end
     opt2 = 0
@@ -179,8 +185,9 @@ def encode_checkpoint(ckpt: Checkpoint) -> bytes:
         body += [m, v]
     if end + FOOTER_SIZE > 0xFFFFFFFF:
         raise ValueError(f"checkpoint needs {end + FOOTER_SIZE} bytes; u32 offsets allow 4 GiB")
-    header = _HEADER.pack(MAGIC, SCHEMA, 0, opt1, opt2, end, len(ckpt.tensors))
-    return b"".join([header, *body, _FOOTER.pack(ckpt.step, ckpt.epoch)])
+    header = _HEADER.pack(MAGIC, SCHEMA, reserved, opt1, opt2, end, len(ckpt.tensors))
+    out = b"".join([header, *body, _FOOTER.pack(ckpt.step, ckpt.epoch)])
+    return checksum_seal.seal(out, HEADER_SIZE + 4 * len(ckpt.tensors)) if checksum else out
 
 
 def _read_section(buf: bytes, start: int, end: int, n: int, what: str) -> tuple[np.ndarray, ...]:
@@ -259,6 +266,8 @@ def decode_checkpoint(
             f"checkpoint tensor data ends at {tensors_end}, inside the {HEADER_SIZE}-byte header"
         )
     tensors = _read_section(buf, HEADER_SIZE, tensors_end, n, "tensor")
+    first = min(struct.unpack_from(f"<{n}I", buf, HEADER_SIZE), default=tensors_end)
+    checksum_seal.verify(buf, HEADER_SIZE + 4 * n, first, "checkpoint")
     m = v = None
     if adam:
         m = _read_section(buf, opt1, opt2, n, "Adam m")

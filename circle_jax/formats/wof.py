@@ -28,6 +28,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from circle_jax.errors import CircleFormatError
+from circle_jax.formats import checksum as checksum_seal
 
 MAGIC = 429
 SCHEMA = 1
@@ -45,14 +46,16 @@ def _raw(a: np.ndarray | bytes | bytearray | memoryview) -> bytes:
     return np.ascontiguousarray(arr).tobytes()
 
 
-def encode_wof(buffers: Sequence[np.ndarray | bytes | None]) -> bytes:
+def encode_wof(buffers: Sequence[np.ndarray | bytes | None], checksum: bool = True) -> bytes:
     """Serialize one buffer per tensor of subgraph 0 (``None`` = the tensor has no data).
 
-    Arrays are written as their raw little-endian bytes, packed in tensor order.
+    Arrays are written as their raw little-endian bytes, packed in tensor order, after the
+    offset table and (``checksum``) circle-jax's seal (:mod:`~circle_jax.formats.checksum`).
     """
     datas = [None if b is None else _raw(b) for b in buffers]
     n = len(datas)
-    pos = HEADER_SIZE + 4 * n
+    gap = checksum_seal.SIZE if checksum else 0
+    pos = HEADER_SIZE + 4 * n + gap
     offsets = []
     for d in datas:
         if d:
@@ -62,9 +65,10 @@ def encode_wof(buffers: Sequence[np.ndarray | bytes | None]) -> bytes:
             offsets.append(0)
     if pos > 0xFFFFFFFF:
         raise ValueError(f"weights take {pos} bytes; a .wof file holds at most 4 GiB (u32 offsets)")
-    parts = [_HEADER.pack(MAGIC, SCHEMA, 0, n), struct.pack(f"<{n}I", *offsets)]
+    parts = [_HEADER.pack(MAGIC, SCHEMA, 0, n), struct.pack(f"<{n}I", *offsets), bytes(gap)]
     parts += [d for d in datas if d]
-    return b"".join(parts)
+    out = b"".join(parts)
+    return checksum_seal.seal(out, HEADER_SIZE + 4 * n) if checksum else out
 
 
 def decode_wof(
@@ -113,6 +117,8 @@ def decode_wof(
                 f"before buffer {prev_k} at {prev}"
             )
         prev, prev_k = off, k
+    first = min((off for off in offsets if off), default=size)
+    checksum_seal.verify(buf, table_end, first, "wof file")
 
     data = np.frombuffer(buf, np.uint8)
     out: list[np.ndarray | None] = [None] * n
