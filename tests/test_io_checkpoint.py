@@ -189,7 +189,7 @@ def test_real_onert_checkpoint(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) 
     s.train_export_checkpoint(path.name)
     raw = path.read_bytes()
     ckpt = decode_checkpoint(raw, expected_count=len(constants))
-    assert encode_checkpoint(ckpt, checksum=False) == raw  # our writer lays it out exactly as onert does
+    assert encode_checkpoint(ckpt, checksum=False) == raw  # laid out exactly as onert does
     assert ckpt.is_adam and ckpt.step == 1 and ckpt.epoch == 0
 
     # every constant appears once; the float ones (trained) have Adam state, the shape has none
