@@ -53,6 +53,8 @@ def check_graph(model: ir.Model) -> list[str]:
         calls[sg.index] = set()
         for op in sg.operators:
             where = f"subgraph {sg.index} operator {op.index} ({op.key})"
+            if not any(i >= 0 for i in op.outputs):
+                refusals.append(f"{where} has no output (expected at least one)")
             late = [i for i in op.inputs if i >= 0 and i not in known]
             if late:
                 name = sg.tensors[late[0]].name[:60]

@@ -13,8 +13,10 @@ import numpy as np
 
 from . import ir
 from .aliases import param_aliases, resolve_param_names
+from .errors import CircleFormatError
 from .formats.reader import MAX_TENSOR_ELEMENTS, read_model
 from .formats.writer import export_model
+from .graph_checks import check_graph
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
@@ -212,6 +214,10 @@ def load(
         tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
         trainable_policy=trainable_policy)
     original = read_model(source, max_elements=max_elements)
+    refusals = check_graph(original)
+    if refusals:  # before the params are rewritten, which walks the graph
+        raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
+                                + "; ".join(refusals)[:1000])
     model, rewrites = rewrite_params(
         original, untie=not prof.tie_shared_weights, add_bias=prof.add_missing_bias,
         policy=prof.trainable_policy)

@@ -99,7 +99,7 @@ def role_of_read(sg: ir.Subgraph, t: ir.Tensor, op: ir.Operator, pos: int,
         return role
     if op.type in _PER_CHANNEL and len(op.inputs) == 2 and _per_channel(t):
         return _PER_CHANNEL[op.type]
-    if op.type == "DEQUANTIZE" and depth == 0:
+    if op.type == "DEQUANTIZE" and depth == 0 and op.outputs and op.outputs[0] >= 0:
         out = sg.tensors[op.outputs[0]]
         for nxt, p in readers(sg, out.index):
             r = role_of_read(sg, out, nxt, p, depth + 1)
