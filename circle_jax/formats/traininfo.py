@@ -247,6 +247,15 @@ def _enum_name(value: int, names: tuple[str, ...], what: str) -> str:
     return names[value]
 
 
+def _union_tag(root: _Table, slot: int, expected: int, which: str, what: str) -> int:
+    """The type tag of an options union: 0 (absent) or the one ``which`` implies."""
+    tag = root.scalar(slot, "<B", 0)
+    if tag not in (0, expected):
+        raise CircleFormatError(
+            f"{what}: {which} but its options union has tag {tag} (expected {expected})")
+    return tag
+
+
 def decode_traininfo(buf: bytes | bytearray | memoryview) -> TrainInfo:
     """Parse a ``ModelTraining`` FlatBuffer (identifier ``CTR0`` or ``CTR1``)."""
     buf = bytes(buf)
@@ -264,12 +273,8 @@ def decode_traininfo(buf: bytes | bytearray | memoryview) -> TrainInfo:
     root = _Table(buf, _unpack(buf, "<I", 0, what), what)
 
     optimizer = _enum_name(root.scalar(_S_OPTIMIZER, "<b", 0), OPTIMIZERS, "optimizer")
-    opt_type = root.scalar(_S_OPT_TYPE, "<B", 0)
-    if opt_type not in (0, _OPT_UNION[optimizer]):
-        raise CircleFormatError(
-            f"{what}: optimizer is {optimizer} but its options union has tag {opt_type} "
-            f"(expected {_OPT_UNION[optimizer]})"
-        )
+    opt_type = _union_tag(root, _S_OPT_TYPE, _OPT_UNION[optimizer], f"optimizer is {optimizer}",
+                          what)
     opt = root.table(_S_OPT, f"{what} optimizer options") if opt_type else None
     lr = beta_1 = beta_2 = epsilon = 0.0
     if opt is not None:
@@ -282,12 +287,7 @@ def decode_traininfo(buf: bytes | bytearray | memoryview) -> TrainInfo:
         beta_1, beta_2, epsilon = DEFAULT_BETA_1, DEFAULT_BETA_2, DEFAULT_EPSILON
 
     loss = _enum_name(root.scalar(_S_LOSSFN, "<b", 0), LOSSES, "loss function")
-    loss_type = root.scalar(_S_LOSS_TYPE, "<B", 0)
-    if loss_type not in (0, _LOSS_UNION[loss]):
-        raise CircleFormatError(
-            f"{what}: loss is {loss} but its options union has tag {loss_type} "
-            f"(expected {_LOSS_UNION[loss]})"
-        )
+    loss_type = _union_tag(root, _S_LOSS_TYPE, _LOSS_UNION[loss], f"loss is {loss}", what)
     from_logits = False
     if loss_type and loss != "mean_squared_error":
         loss_opt = root.table(_S_LOSS_OPT, f"{what} loss options")

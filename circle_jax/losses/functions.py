@@ -109,14 +109,10 @@ def _log_probabilities(pred: jax.Array, from_logits: bool, clip: ClipSpec) -> ja
     return jnp.log(p)
 
 
-def categorical_crossentropy(
-    pred: jax.Array,
-    target: jax.Array,
-    *,
-    from_logits: bool = False,
-    clip: ClipSpec = "keras",
-    reduction: str | int | Reduction = Reduction.SUM_OVER_BATCH_SIZE,
-) -> jax.Array:
+def categorical_crossentropy(pred: jax.Array, target: jax.Array, *, from_logits: bool = False,
+                             clip: ClipSpec = "keras",
+                             reduction: str | int | Reduction = Reduction.SUM_OVER_BATCH_SIZE,
+                             ) -> jax.Array:
     """Cross-entropy ``-sum(t * log p)`` over the last (class) axis, from one-hot/soft targets.
 
     Args:
@@ -141,12 +137,8 @@ def categorical_crossentropy(
 
 
 def sparse_categorical_crossentropy(
-    pred: jax.Array,
-    labels: jax.Array,
-    *,
-    from_logits: bool = False,
-    clip: ClipSpec = "keras",
-    reduction: str | int | Reduction = Reduction.SUM_OVER_BATCH_SIZE,
+        pred: jax.Array, labels: jax.Array, *, from_logits: bool = False,
+        clip: ClipSpec = "keras", reduction: str | int | Reduction = Reduction.SUM_OVER_BATCH_SIZE,
 ) -> jax.Array:
     """`categorical_crossentropy` with integer class labels instead of one-hot targets.
 

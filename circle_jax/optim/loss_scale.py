@@ -55,9 +55,21 @@ def _new(cls, **fields):
     return obj
 
 
+class _FixedScale:
+    """A scale that never changes: ``adjust`` keeps it, and it cannot back off."""
+
+    def adjust(self, grads_finite: jax.Array) -> Any:
+        """The same scale, whatever the step's gradients were."""
+        del grads_finite
+        return self
+
+    def can_back_off(self) -> jax.Array:
+        return jnp.zeros([], bool)
+
+
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False)
-class NoLossScale:
+class NoLossScale(_FixedScale):
     """No loss scaling: `scale` and `unscale` are the identity; ``loss_scale`` reads 1."""
 
     @property
@@ -69,13 +81,6 @@ class NoLossScale:
 
     def unscale(self, tree: Any) -> Any:
         return tree
-
-    def adjust(self, grads_finite: jax.Array) -> NoLossScale:
-        del grads_finite
-        return self
-
-    def can_back_off(self) -> jax.Array:
-        return jnp.zeros([], bool)
 
     def tree_flatten(self):
         return (), None
@@ -93,9 +98,23 @@ def _check_scale_value(value: Any) -> jax.Array:
     return jnp.asarray(value, jnp.float32)
 
 
+class _ScalesByLeaf:
+    """Scaling by the ``loss_scale`` leaf, shared by the static and dynamic scales."""
+
+    loss_scale: jax.Array
+
+    def scale(self, tree: Any) -> Any:
+        """``tree`` (the loss) multiplied by the loss scale."""
+        return _scale_tree(tree, self.loss_scale)
+
+    def unscale(self, tree: Any) -> Any:
+        """``tree`` (the gradients) divided by the loss scale."""
+        return _unscale_tree(tree, self.loss_scale)
+
+
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False, init=False)
-class StaticLossScale:
+class StaticLossScale(_ScalesByLeaf, _FixedScale):
     """Multiply the loss by a fixed ``loss_scale`` (float32 leaf) and the grads by its inverse.
 
     A power of two is exact: float32 gradients come out bit-identical to unscaled ones as
@@ -106,19 +125,6 @@ class StaticLossScale:
 
     def __init__(self, loss_scale: float | jax.Array):
         object.__setattr__(self, "loss_scale", _check_scale_value(loss_scale))
-
-    def scale(self, tree: Any) -> Any:
-        return _scale_tree(tree, self.loss_scale)
-
-    def unscale(self, tree: Any) -> Any:
-        return _unscale_tree(tree, self.loss_scale)
-
-    def adjust(self, grads_finite: jax.Array) -> StaticLossScale:
-        del grads_finite
-        return self
-
-    def can_back_off(self) -> jax.Array:
-        return jnp.zeros([], bool)
 
     def tree_flatten(self):
         return (self.loss_scale,), None
@@ -131,7 +137,7 @@ class StaticLossScale:
 
 @jax.tree_util.register_pytree_node_class
 @dataclasses.dataclass(frozen=True, eq=False, init=False)
-class DynamicLossScale:
+class DynamicLossScale(_ScalesByLeaf):
     """A loss scale that halves on overflow and doubles after a run of finite steps.
 
     Defaults are Keras' LossScaleOptimizer (PyTorch's GradScaler starts at 2**16).
@@ -178,12 +184,6 @@ class DynamicLossScale:
         object.__setattr__(self, "growth_factor", float(growth_factor))
         object.__setattr__(self, "backoff_factor", float(backoff_factor))
         object.__setattr__(self, "min_scale", float(min_scale))
-
-    def scale(self, tree: Any) -> Any:
-        return _scale_tree(tree, self.loss_scale)
-
-    def unscale(self, tree: Any) -> Any:
-        return _unscale_tree(tree, self.loss_scale)
 
     def adjust(self, grads_finite: jax.Array) -> DynamicLossScale:
         """The loss scale after a step whose gradients were (or were not) all finite."""
