@@ -13,7 +13,7 @@ import numpy as np
 
 from . import ir
 from .aliases import param_aliases, resolve_param_names
-from .errors import CircleFormatError
+from .errors import CircleFormatError, TrainingError
 from .formats.reader import MAX_TENSOR_ELEMENTS, read_model
 from .formats.writer import export_model
 from .graph_checks import check_graph
@@ -149,6 +149,9 @@ class Model:
                 continue
             old = model.subgraphs[k].tensors[i].data
             new = np.asarray(params[name]).astype(old.dtype)
+            if np.issubdtype(new.dtype, np.inexact) and not np.isfinite(new).all():
+                raise TrainingError(f"param {name!r} holds NaN or infinity; a model is "
+                                    "exported only with finite weights")
             if old.tobytes() != new.tobytes():  # unchanged weights keep shared buffers shared
                 weights[(k, i)] = new
         return export_model(model, weights, file_format=file_format, metadata=metadata)

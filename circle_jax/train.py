@@ -24,6 +24,7 @@ from jax import lax
 
 from .distributed import DataParallel, local
 from .errors import DataError, TrainingError
+from .formats.rawdata import check_finite
 from .hoisting import split_step
 from .losses import get_loss, get_reduction, loss_name
 from .model import Model
@@ -92,11 +93,9 @@ class TrainConfig:
         if "CIRCLE_TRAINING" in model.ir.metadata:
             info = decode_traininfo(model.ir.metadata["CIRCLE_TRAINING"])
         n_ops = len(model.operators)
-        defaults: dict[str, Any] = {
-            "epochs": 5, "batch_size": 32, "learning_rate": 0.001, "loss": "mse",
-            "reduction": "sum_over_batch_size", "from_logits": False, "optimizer": "sgd",
-            "trainable": "all",
-        }
+        defaults: dict[str, Any] = {"epochs": 5, "batch_size": 32, "learning_rate": 0.001,
+                                    "loss": "mse", "reduction": "sum_over_batch_size",
+                                    "from_logits": False, "optimizer": "sgd", "trainable": "all"}
         if info is not None:
             ops = tuple(info.trainable_ops)
             if info.epochs > 0:
@@ -410,10 +409,8 @@ class Trainer:
         return float(jnp.mean(losses)), float(jnp.sum(correct)) / (steps * b)
 
 
-#: XLA options for compiled epochs on CPU. XLA's classic elemental fusion emitters run these
-#: steps (pads, strided slices, selects) faster than its newer MLIR ones and compile with
-#: less memory (paired, benchmarks/bench_paired.py: the example 4% / 10% faster at batch
-#: 1 / 16, ResNet-8 2-9%, MNIST within 3%; MobileNet v1 peak RSS 549 vs 833 MiB).
+#: XLA options for compiled epochs on CPU: XLA's classic elemental fusion emitters, faster
+#: and leaner here than its MLIR ones (measurements: benchmarks/README.md).
 CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
@@ -561,6 +558,7 @@ def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tu
     if any(a.shape[0] != ys.shape[0] for a in xs):
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
+    check_finite([*xs], "the input data"), check_finite([ys], "the expected data")
     x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
     if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:
         raise DataError(f"{y_tr.shape[0]} training samples are fewer than one batch of "
@@ -595,5 +593,8 @@ def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState,
     x_val, y_val = val
     if y_val.shape[0]:
         vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
+        if not np.isfinite(vl):
+            raise TrainingError(f"epoch {epoch + 1}: the validation loss is {vl} (not finite); "
+                                "check the validation data and the learning rate")
         hist.val_loss.append(vl)
         hist.val_accuracy.append(va)

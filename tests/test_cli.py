@@ -376,3 +376,29 @@ def test_non_finite_data_is_refused_before_compiling(files, tmp_path, capsys) ->
     assert err.count("\n") == 1 and err.startswith("E: "), err
     assert "x_nan.raw" in err and "sample 5 holds NaN" in err, err
     assert "Epoch" not in out
+
+
+def test_an_internal_error_is_one_line_with_a_pointer_to_v2(files, capsys, monkeypatch) -> None:
+    from circle_jax.cli import info
+
+    def broken(args):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(info, "run", broken)
+    assert main(["info", files["model"]]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("E: internal error: KeyError"), err
+    assert "-v 2" in err and "Traceback" not in err
+
+
+def test_non_finite_validation_data_ends_the_run(files, tmp_path, capsys) -> None:
+    """NaN only in the validation split (the last samples): refused before compiling."""
+    x = np.frombuffer(open(files["x"], "rb").read(), "<f4").copy()
+    x[-1] = np.inf
+    bad = tmp_path / "x_val_inf.raw"
+    bad.write_bytes(x.astype("<f4").tobytes())
+    argv = ["train", files["model"], "--load_input:raw", str(bad), "--load_expected:raw",
+            files["y"], "--epoch", "1", "--batch_size", "4", "--validation_split", "0.25"]
+    assert main(argv) == 1
+    err = capsys.readouterr().err
+    assert "sample 15 holds NaN or infinity" in err and err.count("\n") == 1, err

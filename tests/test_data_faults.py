@@ -115,3 +115,63 @@ def test_checksum_seal_detects_changes_and_leaves_foreign_files_alone():
                 decode(bytes(broken))
             assert "checksum" in str(e.value) or "magic" in str(e.value) or \
                 "schema" in str(e.value), str(e.value)
+
+
+def test_no_file_is_written_from_or_read_with_non_finite_weights(tmp_path):
+    import jax.numpy as jnp
+
+    import circle_jax as cj
+    from circle_jax.checkpoints import (
+        load_checkpoint,
+        load_wof,
+        save_checkpoint,
+        save_wof,
+    )
+    from circle_jax.examples import branching_cnn
+    from circle_jax.formats.checkpoint import decode_checkpoint, encode_checkpoint
+    from circle_jax.train import Trainer
+
+    model = cj.load(branching_cnn().to_bytes("circle"))
+    trainer = Trainer(model, loss="cce", optimizer="adam", batch_size=4)
+    state, frozen = trainer.init(dict(model.params))
+    good = tmp_path / "good.ckpt"
+    save_checkpoint(good, model, trainer, state, frozen)
+    save_wof(tmp_path / "w.wof", model)
+    before = good.read_bytes()
+    name = next(iter(state.params))
+    bad_state = state._replace(params={**state.params,
+                                       name: state.params[name].at[0].set(jnp.nan)})
+    with pytest.raises(cj.TrainingError, match="NaN or infinite"):
+        save_checkpoint(good, model, trainer, bad_state, frozen)
+    assert good.read_bytes() == before  # the previous good file is kept
+    bad_params = {**model.params, name: bad_state.params[name]}
+    with pytest.raises(cj.TrainingError, match="NaN or infinite"):
+        save_wof(tmp_path / "w.wof", model, bad_params)
+    with pytest.raises(cj.TrainingError, match="NaN or infinity"):
+        model.export(bad_params)
+    # files holding NaN weights (a foreign writer, no seal) are refused on load
+    ckpt = decode_checkpoint(before)
+    tensors = [t.copy() for t in ckpt.tensors]
+    for t in tensors:
+        if t.size >= 4:
+            t[:4] = np.frombuffer(np.float32(np.nan).tobytes(), np.uint8)
+            break
+    nan_file = tmp_path / "nan.ckpt"
+    nan_file.write_bytes(encode_checkpoint(
+        type(ckpt)(tensors, ckpt.adam_m, ckpt.adam_v, ckpt.step, ckpt.epoch), checksum=False,
+        reserved=before[3]))
+    with pytest.raises(cj.DataError, match="NaN or infinite"):
+        load_checkpoint(nan_file, model, trainer)
+    assert load_wof(tmp_path / "w.wof", model).keys() == model.params.keys()
+
+
+def test_fit_refuses_non_finite_data_before_compiling():
+    import circle_jax as cj
+    from circle_jax.examples import branching_cnn, digits
+
+    model = cj.load(branching_cnn().to_bytes("circle"))
+    x, y = digits()
+    x, y = x[:40].copy(), y[:40]
+    x[-1] = np.nan  # only in the validation split (the last 20%)
+    with pytest.raises(cj.DataError, match="the input data: sample 39 holds NaN"):
+        cj.fit(model, x, y, epochs=1, batch_size=8, loss="cce", validation_split=0.2)

@@ -32,3 +32,15 @@ def _main_params(model: Model) -> dict[int, str]:
 def _stream_k(trainer: Trainer) -> int:
     cfg = trainer.config
     return cfg.accumulate if cfg.accumulate_mode == "stream" else 1
+
+
+def require_finite(value: np.ndarray, what: str, error: type[Exception]) -> np.ndarray:
+    """``value``, or ``error`` naming ``what`` when it holds a NaN or infinity (float only):
+    no file is written from, and no weights are read out of, a diverged state."""
+    a = np.asarray(value)
+    if np.issubdtype(a.dtype, np.inexact) and not np.isfinite(a).all():
+        bad = int(np.size(a) - np.count_nonzero(np.isfinite(a)))
+        raise error(f"{what} holds {bad} NaN or infinite value(s); a file is written and read "
+                    "only with finite weights (the previous file, if any, is kept)")
+    return a
+

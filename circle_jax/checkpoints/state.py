@@ -62,7 +62,7 @@ from ..train import (
     Trainer,
     TrainState,
 )
-from ._common import Source, _describe, _main_params, _nbytes, _stream_k
+from ._common import Source, _describe, _main_params, _nbytes, _stream_k, require_finite
 
 Order = str | Sequence[int]
 """A checkpoint entry order: "ascending", "onert", "auto" or the tensor index of each entry."""
@@ -178,10 +178,13 @@ def make_checkpoint(model: Model, trainer: Trainer, state: TrainState,
             value = frozen[name]
         else:
             value = t.data
-        tensors.append(np.asarray(value).astype(dt))
+        what = f"{_describe(t)} of the state to checkpoint"
+        tensors.append(require_finite(np.asarray(value).astype(dt), what, TrainingError))
         if moments and name is not None and name in state.params:
-            ms.append(np.asarray(moments[0].mu[name]).astype(dt))
-            vs.append(np.asarray(moments[0].nu[name]).astype(dt))
+            ms.append(require_finite(np.asarray(moments[0].mu[name]).astype(dt),
+                                     f"Adam m of {what}", TrainingError))
+            vs.append(require_finite(np.asarray(moments[0].nu[name]).astype(dt),
+                                     f"Adam v of {what}", TrainingError))
         else:
             ms.append(b"")
             vs.append(b"")
@@ -262,6 +265,16 @@ def read_checkpoint(source: Source, model: Model, params: Mapping[str, Any] | No
             _check_sizes(model, ckpt, found)
     except CircleFormatError as e:
         raise CircleFormatError(f"{where}: {e}") from None
+    sg = model.ir.main
+    for e, i in enumerate(found):
+        t = sg.tensors[i]
+        if t.is_float:
+            raw = [ckpt.tensors[e]] + ([ckpt.adam_m[e], ckpt.adam_v[e]] if ckpt.is_adam else [])
+            dt = np.dtype(ir.as_numpy_dtype(t.dtype)).newbyteorder("<")
+            for r in raw:
+                if r.size and r.size % dt.itemsize == 0:
+                    require_finite(np.frombuffer(r.tobytes(), dt), f"{where}: {_describe(t)}",
+                                   DataError)
     return ckpt, found
 
 

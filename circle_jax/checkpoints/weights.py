@@ -14,13 +14,13 @@ import jax.numpy as jnp
 import numpy as np
 
 from .. import ir
-from ..errors import CircleFormatError, DataError
+from ..errors import CircleFormatError, DataError, TrainingError
 from ..formats.atomic import PathLike, atomic_write
 from ..formats.checkpoint import as_array
 from ..formats.reader import read_bytes
 from ..formats.wof import decode_wof, encode_wof
 from ..model import Model
-from ._common import Source, _describe, _main_params, _nbytes
+from ._common import Source, _describe, _main_params, _nbytes, require_finite
 
 
 def wof_bytes(model: Model, params: Mapping[str, Any] | None = None,
@@ -39,7 +39,8 @@ def wof_bytes(model: Model, params: Mapping[str, Any] | None = None,
     for i, name in names.items():
         if name in chosen:
             dt = ir.as_numpy_dtype(sg.tensors[i].dtype)
-            buffers[i] = np.asarray(params[name]).astype(dt)
+            buffers[i] = require_finite(np.asarray(params[name]).astype(dt),
+                                        f"weight {name!r} to write", TrainingError)
     return encode_wof(buffers)
 
 
@@ -80,5 +81,7 @@ def load_wof(source: Source, model: Model,
             raise CircleFormatError(
                 f"{where}: buffer {k} has {raw.size} bytes, expected {_nbytes(t)} for "
                 f"{_describe(t)}: the file belongs to another model")
-        out[names[k]] = jnp.asarray(as_array(raw, ir.as_numpy_dtype(t.dtype), t.shape))
+        value = as_array(raw, ir.as_numpy_dtype(t.dtype), t.shape)
+        out[names[k]] = jnp.asarray(require_finite(value, f"{where}: {_describe(t)}",
+                                                   DataError))
     return out

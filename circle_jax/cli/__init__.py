@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
@@ -65,6 +66,13 @@ def _dispatch(args: argparse.Namespace) -> int:
     except (CliError, CircleJaxError, ValueError, OSError) as e:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"E: {msg}", file=sys.stderr)
+        return 1
+    except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback under -v 2
+        if getattr(args, "verbose_level", 0) >= 2:
+            traceback.print_exc()
+        msg = (str(e).splitlines() or [""])[0][:200]
+        print(f"E: internal error: {type(e).__name__}: {msg} (a bug in circle-jax; "
+              "-v 2 prints the traceback)", file=sys.stderr)
         return 1
 
 
