@@ -43,7 +43,8 @@ def _subgraph_refs(op: ir.Operator) -> list[tuple[str, int]]:
 
 
 def check_graph(model: ir.Model) -> list[str]:
-    """One line per refusal: reads before writes, unknown or recursive subgraph calls."""
+    """One line per refusal: reads before writes, unknown or recursive subgraph calls,
+    inputs and outputs of unknown type."""
     refusals: list[str] = []
     n = len(model.subgraphs)
     calls: dict[int, set[int]] = {}
@@ -67,6 +68,10 @@ def check_graph(model: ir.Model) -> list[str]:
                                     f"(the model has {n} subgraphs)")
                 else:
                     calls[sg.index].add(k)
+        for i in (*sg.inputs, *sg.outputs):
+            if sg.tensors[i].dtype.startswith("unknown"):
+                refusals.append(f"subgraph {sg.index} input/output tensor {i} has an unknown "
+                                f"type ({sg.tensors[i].dtype}); expected a TensorType")
         missing = [i for i in sg.outputs if i not in known]
         if missing:
             refusals.append(f"subgraph {sg.index} output tensor {missing[0]} is never computed")
