@@ -24,7 +24,7 @@ from jax import lax
 
 from .distributed import DataParallel, local
 from .errors import DataError, TrainingError
-from .formats.rawdata import check_finite
+from .formats.rawdata import check_training_data
 from .hoisting import split_step
 from .losses import get_loss, get_reduction, loss_name
 from .model import Model
@@ -409,8 +409,7 @@ class Trainer:
         return float(jnp.mean(losses)), float(jnp.sum(correct)) / (steps * b)
 
 
-#: XLA options for compiled epochs on CPU: XLA's classic elemental fusion emitters, faster
-#: and leaner here than its MLIR ones (measurements: benchmarks/README.md).
+#: XLA options for compiled epochs on CPU: classic fusion emitters (benchmarks/README.md).
 CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
@@ -558,7 +557,8 @@ def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tu
     if any(a.shape[0] != ys.shape[0] for a in xs):
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
-    check_finite([*xs], "the input data"), check_finite([ys], "the expected data")
+    sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
+    check_training_data(xs, np.asarray(y), trainer.model.outputs[0].shape[-1] if sparse else None)
     x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
     if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:
         raise DataError(f"{y_tr.shape[0]} training samples are fewer than one batch of "

@@ -175,3 +175,17 @@ def test_fit_refuses_non_finite_data_before_compiling():
     x[-1] = np.nan  # only in the validation split (the last 20%)
     with pytest.raises(cj.DataError, match="the input data: sample 39 holds NaN"):
         cj.fit(model, x, y, epochs=1, batch_size=8, loss="cce", validation_split=0.2)
+
+
+def test_fit_refuses_sparse_labels_out_of_range():
+    import circle_jax as cj
+    from circle_jax.examples import branching_cnn, digits
+
+    model = cj.load(branching_cnn().to_bytes("circle"))
+    x, y = digits()
+    labels = np.argmax(y[:32], axis=1).astype(np.int32)
+    labels[7] = 10  # 10 classes: 0..9
+    with pytest.raises(cj.DataError, match=r"sample 7 has label\(s\) \[10\] outside the 10"):
+        cj.fit(model, x[:32], labels, epochs=1, batch_size=8, loss="sparse_cce")
+    labels[7] = 3
+    assert cj.fit(model, x[:32], labels, epochs=1, batch_size=8, loss="sparse_cce").history.loss
