@@ -120,9 +120,51 @@ def unpack(buf: bytes, where: str = "<bytes>") -> Any:
         return schema.Model.ModelT.InitFromPackedBuf(buf, 0)
     except Exception as e:  # flatbuffers raises struct/index errors on bad offsets
         raise CircleFormatError(
-            f"{where}: not a readable {ident.decode()} FlatBuffer ({type(e).__name__}: {e}); "
-            "the file is truncated or corrupted"
+            f"{where}: not a readable {ident.decode()} FlatBuffer: {_broken_part(buf)} "
+            f"({type(e).__name__}: {str(e)[:80]}); the file is truncated or corrupted"
         ) from None
+
+
+def _broken_part(buf: bytes) -> str:
+    """Which table of the model cannot be read (the first, walking the file in schema
+    order), e.g. ``subgraph 0 tensor 12``; the root when the walk cannot start."""
+    def readable(build: Any, obj_at: Any) -> bool:
+        try:
+            build(obj_at())
+            return True
+        except Exception:  # noqa: BLE001 - any failure marks the part as broken
+            return False
+
+    try:
+        m = schema.Model.Model.GetRootAs(buf, 0)
+        parts = [("operator code", m.OperatorCodesLength(), m.OperatorCodes,
+                  schema.OperatorCode.OperatorCodeT.InitFromObj),
+                 ("subgraph", m.SubgraphsLength(), m.Subgraphs, None),
+                 ("buffer", m.BuffersLength(), m.Buffers, schema.Buffer.BufferT.InitFromObj),
+                 ("metadata entry", m.MetadataLength(), m.Metadata,
+                  schema.Metadata.MetadataT.InitFromObj),
+                 ("signature def", m.SignatureDefsLength(), m.SignatureDefs,
+                  schema.SignatureDef.SignatureDefT.InitFromObj)]
+        for name, count, get, build in parts:
+            for i in range(count):
+                if build is not None:
+                    if not readable(build, lambda get=get, i=i: get(i)):
+                        return f"{name} {i} is unreadable"
+                    continue
+                sg = get(i)
+                for what, n, item, make in (
+                        ("tensor", sg.TensorsLength(), sg.Tensors,
+                         schema.Tensor.TensorT.InitFromObj),
+                        ("operator", sg.OperatorsLength(), sg.Operators,
+                         schema.Operator.OperatorT.InitFromObj)):
+                    for j in range(n):
+                        if not readable(make, lambda item=item, j=j: item(j)):
+                            return f"subgraph {i} {what} {j} is unreadable"
+                if not readable(schema.SubGraph.SubGraphT.InitFromObj, lambda sg=sg: sg):
+                    return f"subgraph {i} (its inputs, outputs or name) is unreadable"
+    except Exception:  # noqa: BLE001 - the vectors' own headers are broken
+        return "the model table or one of its vectors is unreadable"
+    return "a field of the model table is unreadable"
 
 
 def read_model(source: str | os.PathLike | bytes, *,
