@@ -326,3 +326,41 @@ def test_save_checkpoint_is_atomic_and_protects_inputs(tmp_path: Path) -> None:
     with pytest.raises(cj.DataError, match="it is the input file"):
         save_checkpoint(path, model, trainer, state, frozen, protect=path)
     assert sorted(os.listdir(tmp_path)) == ["a.ckpt"]
+
+
+@pytest.mark.parametrize("opt", ["sgd", "adam"])
+def test_mid_epoch_checkpoint_resumes_mid_epoch(opt: str, tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """A checkpoint written 5 steps into epoch 2 (of 10 steps) resumes at step 5 of epoch 2:
+    epoch 3's loss and the final weights equal the uninterrupted run's."""
+    from circle_jax.checkpoints import driver
+
+    model = _model()
+    x, y = _data()
+    written: list[bytes] = []
+    real = driver.save_checkpoint
+
+    def keep(path, *args, **kwargs):  # remember every checkpoint the run writes
+        real(path, *args, **kwargs)
+        written.append(Path(path).read_bytes())
+
+    monkeypatch.setattr(driver, "save_checkpoint", keep)
+    whole = fit_checkpointed(model, x, y, epochs=3, params=_copy(model.params),
+                             save=tmp_path / "c.ckpt", every_steps=5, **CONFIG[opt])
+    monkeypatch.setattr(driver, "save_checkpoint", real)
+    # checkpoints: after 5 and 10 steps of each epoch, and after each epoch
+    steps = [(decode_checkpoint(w).epoch, decode_checkpoint(w).step) for w in written]
+    assert steps[:6] == [(0, 5), (0, 10), (1, 10), (1, 15), (1, 20), (2, 20)], steps
+    mid = written[3]  # 5 steps into the second epoch
+    (tmp_path / "mid.ckpt").write_bytes(mid)
+    rest = fit_checkpointed(model, x, y, epochs=2, params=_copy(model.params),
+                            resume=tmp_path / "mid.ckpt", **CONFIG[opt])
+    assert rest.history.steps == [5, 10]
+    assert rest.history.loss[1] == whole.history.loss[2]
+    for k, v in whole.params.items():
+        np.testing.assert_array_equal(np.asarray(rest.params[k]), np.asarray(v), err_msg=k)
+    # the checkpoint of the epoch's last chunk (cur_epoch still 1) resumes at epoch 3
+    (tmp_path / "end.ckpt").write_bytes(written[4])
+    last = fit_checkpointed(model, x, y, epochs=1, params=_copy(model.params),
+                            resume=tmp_path / "end.ckpt", **CONFIG[opt])
+    assert last.history.loss == whole.history.loss[2:]

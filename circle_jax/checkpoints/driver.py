@@ -54,7 +54,8 @@ def fit_checkpointed(
     every epoch, or after every ``every_steps`` steps when given: the epoch's scan then runs
     as compiled chunks of that many steps (no per-step Python). ``resume`` is read as
     :func:`read_checkpoint` says (weights, Adam m/v, update count). A resumed run trains
-    ``epochs`` (default: the config's) more whole epochs from the start of the data; with
+    ``epochs`` (default: the config's) more epochs, the first from the checkpoint's step when
+    it was written inside an epoch (its update count goes past ``cur_epoch`` epochs); with
     shuffling, epoch numbering continues from the checkpoint's ``cur_epoch`` so the data
     order matches an uninterrupted run. Pass a ``trainer`` (instead of ``config`` and
     overrides) to reuse its compiled step across calls. Returns what ``fit`` returns.
@@ -73,16 +74,19 @@ def fit_checkpointed(
         raise ValueError(f"every_steps must be >= 1, got {every_steps}")
     x_tr, y_tr, val = prepare_data(trainer, x, y)
     params = model.params if params is None else params
-    start = 0
-    if resume is not None:
-        ckpt, found = read_checkpoint(resume, model, params)
-        state, frozen = _restore(ckpt, found, model, trainer, params)
-        start = ckpt.epoch
-    else:
-        state, frozen = trainer.init(params)
     b = cfg.batch_size
     n_train = int(y_tr.shape[0])
     steps = n_train // b
+    start = skip = 0
+    if resume is not None:
+        ckpt, found = read_checkpoint(resume, model, params)
+        state, frozen = _restore(ckpt, found, model, trainer, params)
+        # written inside an epoch (or at its last chunk): the updates go past cur_epoch epochs
+        into = ckpt.step * _stream_k(trainer) - ckpt.epoch * steps
+        done, skip = divmod(into, steps) if 0 < into < 2 * steps else (0, 0)
+        start = ckpt.epoch + done
+    else:
+        state, frozen = trainer.init(params)
     chunk = min(every_steps or steps, steps)
     if save is not None:  # fail before training, not after
         make_checkpoint(model, trainer, state, frozen, order=order)
@@ -105,11 +109,13 @@ def fit_checkpointed(
 
     for epoch in range(n_epochs):
         t = time.perf_counter()
-        if every_steps is None:
+        first = skip if epoch == 0 else 0
+        if every_steps is None and not first:
             state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, start + epoch)
         else:
             state, m = _chunked_epoch(trainer, state, frozen, x_tr, y_tr, start + epoch,
-                                      every_steps, lambda s, e=start + epoch: checkpoint(s, e))
+                                      every_steps or steps,
+                                      lambda s, e=start + epoch: checkpoint(s, e), first)
         record_epoch(trainer, hist, epoch, state, frozen, m, t, n_train, val)
         checkpoint(state, start + epoch + 1)
         if on_epoch is not None:
@@ -119,9 +125,10 @@ def fit_checkpointed(
 
 
 def _chunked_epoch(trainer: Trainer, state: TrainState, frozen: dict, x: tuple, y: jax.Array,
-                   epoch: int, every: int, after_chunk: Callable[[TrainState], None]
-                   ) -> tuple[TrainState, StepMetrics]:
-    """``Trainer.run_epoch`` as compiled scans of ``every`` steps, calling back after each."""
+                   epoch: int, every: int, after_chunk: Callable[[TrainState], None],
+                   skip: int = 0) -> tuple[TrainState, StepMetrics]:
+    """``Trainer.run_epoch`` as compiled scans of ``every`` steps, calling back after each;
+    the first ``skip`` steps (done before a mid-epoch checkpoint) are left out."""
     cfg = trainer.config
     n, b = y.shape[0], cfg.batch_size
     if cfg.shuffle:
@@ -132,7 +139,7 @@ def _chunked_epoch(trainer: Trainer, state: TrainState, frozen: dict, x: tuple, 
         raise DataError(f"{n} training samples are fewer than one batch of {b}")
     xs, ys = _batched(x, y, b, steps)
     parts = []
-    for i in range(0, steps, every):
+    for i in range(skip, steps, every):
         part = (state, frozen, *trainer.placed((tuple(a[i:i + every] for a in xs),
                                                 ys[i:i + every]), batch_axis=1))
         state, m = trainer._compiled_epoch(*part)(*part)
