@@ -142,15 +142,26 @@ class Lowered:
     def intermediates(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, Any]:
         """Every tensor of subgraph 0 computed for these inputs, keyed by tensor name."""
         _, env = self.run(0, params, inputs, keep=True)
-        return env
+        tensors = self.model.main.tensors
+        return {tensors[i].name: v for i, v in env.items()}
+
+    def tensors(self, params: Mapping[str, Any], *inputs: Any,
+                taps: Mapping[int, Any] | None = None) -> tuple[tuple[Any, ...], dict[int, Any]]:
+        """(outputs, every tensor of subgraph 0 computed for these inputs, keyed by tensor
+        index). ``taps`` maps tensor indices to values added to those tensors where they are
+        computed (or fed, for inputs): differentiating at zero taps gives dOutput/dTensor."""
+        return self.run(0, params, inputs, keep=True, taps=taps)
 
     def run(
-        self, k: int, params: Mapping[str, Any], inputs: Sequence[Any], keep: bool
-    ) -> tuple[tuple[Any, ...], dict[str, Any]]:
+        self, k: int, params: Mapping[str, Any], inputs: Sequence[Any], keep: bool,
+        taps: Mapping[int, Any] | None = None,
+    ) -> tuple[tuple[Any, ...], dict[int, Any]]:
         sg = self.model.subgraphs[k]
         if len(inputs) != len(sg.inputs):
             raise TypeError(f"subgraph {k} takes {len(sg.inputs)} inputs, got {len(inputs)}")
-        env: dict[int, Any] = dict(zip(sg.inputs, inputs))
+        taps = taps or {}
+        env: dict[int, Any] = {i: x + taps[i] if i in taps else x
+                               for i, x in zip(sg.inputs, inputs)}
 
         def value(i: int, static: bool = False) -> Any:
             if i < 0:
@@ -197,10 +208,9 @@ class Lowered:
                         f"operator {op.index} ({op.key}) of subgraph {k} computes shape "
                         f"{list(np.shape(o))[:8]}, over {ir.MAX_TENSOR_ELEMENTS} elements")
                 if i >= 0:
-                    env[i] = o
+                    env[i] = o + taps[i] if i in taps else o
         outputs = tuple(value(i) for i in sg.outputs)
-        named = {sg.tensors[i].name: v for i, v in env.items()} if keep else {}
-        return outputs, named
+        return outputs, (env if keep else {})
 
 
 MAX_MESSAGE = 1000

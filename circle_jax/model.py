@@ -90,6 +90,14 @@ class Model:
         """Every tensor of the main subgraph, keyed by tensor name (for oracle dumps)."""
         return self._lowered.intermediates(params, *(jnp.asarray(x) for x in inputs))
 
+    def tensors(self, params: Mapping[str, Any], *inputs: Any,
+                taps: Mapping[int, Any] | None = None) -> tuple[tuple[jax.Array, ...],
+                                                                dict[int, jax.Array]]:
+        """(outputs, every computed tensor of the main subgraph keyed by tensor index);
+        ``taps`` are added to the tensors of those indices where they are computed, so
+        differentiating at zero taps gives the gradient with respect to each tensor."""
+        return self._lowered.tensors(params, *(jnp.asarray(x) for x in inputs), taps=taps)
+
     def __call__(self, *inputs: Any) -> tuple[jax.Array, ...]:
         """``apply`` with the model's own weights."""
         return self.apply(self.params, *inputs)

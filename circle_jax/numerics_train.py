@@ -29,6 +29,8 @@ class TrainingNumerics:
         input logits when CCE is computed from them).
       apply_in_loop: the same lowered for loop bodies (``in_loop=True``: an epoch's scan).
       from_logits: the loss reads logits.
+      logits_of: (tensor index, beta) of the SOFTMAX input the loss reads instead of output
+        0, or None when it reads output 0.
       clip: the probability clip for CCE on probabilities ("onert" or "keras").
       optimizer_kwargs: the optimizer's keywords, with Adam's ``eps_placement`` filled in.
     """
@@ -39,19 +41,30 @@ class TrainingNumerics:
     from_logits: bool
     clip: Any
     optimizer_kwargs: dict[str, Any]
+    logits_of: tuple[int, float] | None = None
+
+
+def softmax_input(model: Model) -> tuple[int, float] | None:
+    """(tensor index, beta) of the input of the SOFTMAX producing output 0, or None when
+    output 0 is not a SOFTMAX's output."""
+    sg = model.ir.main
+    out = sg.outputs[0]
+    op = next((o for o in sg.operators if out in o.outputs), None)
+    if op is None or op.type != "SOFTMAX":
+        return None
+    return op.inputs[0], float(op.options.beta or 1.0)
 
 
 def softmax_logits_apply(model: Model, **changes: Any) -> Callable[..., tuple[Any, ...]] | None:
     """``apply`` whose first output is the logits of the SOFTMAX producing output 0 (times
     its beta), or None when output 0 is not a SOFTMAX's output; ``changes`` go to the
     lowering options (``in_loop=True``)."""
-    sg = model.ir.main
-    out = sg.outputs[0]
-    op = next((o for o in sg.operators if out in o.outputs), None)
-    if op is None or op.type != "SOFTMAX":
+    source = softmax_input(model)
+    if source is None:
         return None
-    beta = float(op.options.beta or 1.0)
-    variant = replace(model.ir, subgraphs=(replace(sg, outputs=(op.inputs[0], *sg.outputs[1:])),
+    logits, beta = source
+    sg = model.ir.main
+    variant = replace(model.ir, subgraphs=(replace(sg, outputs=(logits, *sg.outputs[1:])),
                                            *model.ir.subgraphs[1:]))
     lowered = Lowered(variant, model.lowering)
     if changes:
@@ -77,10 +90,11 @@ def training_numerics(model: Model, loss: str, optimizer: str, spec: Any, from_l
     changes = dict(lowering or {})
     apply = model.lowered(**changes) if changes else model.apply
     in_loop = model.lowered(in_loop=True, **changes)
+    logits_of = None
     if loss in _CCE and not from_logits and prof.softmax_cce == "logits":
         logits = softmax_logits_apply(model, **changes)
         if logits is not None:
-            apply, from_logits = logits, True
+            apply, from_logits, logits_of = logits, True, softmax_input(model)
             in_loop = softmax_logits_apply(model, in_loop=True, **changes)
     return TrainingNumerics(prof, apply, in_loop, bool(from_logits),
-                            prof.cce_clip if clip is None else clip, kwargs)
+                            prof.cce_clip if clip is None else clip, kwargs, logits_of)

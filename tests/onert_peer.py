@@ -31,16 +31,14 @@ from __future__ import annotations
 import os
 import tempfile
 import time
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
 
-LOSS_CODES = {1: "MEAN_SQUARED_ERROR", 2: "CATEGORICAL_CROSSENTROPY"}
-REDUCTION_CODES = {1: "SUM_OVER_BATCH_SIZE", 2: "SUM"}
-OPTIMIZER_CODES = {1: "SGD", 2: "ADAM"}
+from circle_jax.interop.onert_session import io_dtypes, open_session, train_batch
 
+__all__ = ["OnertRun", "export_circle", "onert_fit", "open_session", "train_batch"]
 
 @dataclass
 class OnertRun:
@@ -65,70 +63,8 @@ class OnertRun:
     model: bytes | None = None
 
 
-def _lib() -> Any:
-    from onert.native import libnnfw_api_pybind as lib
-
-    return lib
-
-
 def _as_list(x: Any) -> list[np.ndarray]:
     return [np.asarray(a) for a in x] if isinstance(x, (list, tuple)) else [np.asarray(x)]
-
-
-def open_session(
-    model_path: str | os.PathLike,
-    *,
-    batch_size: int,
-    learning_rate: float,
-    loss: int = 2,
-    reduction: int = 1,
-    optimizer: int = 1,
-    trainable_ops: int = -1,
-) -> Any:
-    """A prepared onert training session (``train_prepare`` done) with these settings."""
-    lib = _lib()
-    for name, code, table in (("loss", loss, LOSS_CODES), ("reduction", reduction,
-                              REDUCTION_CODES), ("optimizer", optimizer, OPTIMIZER_CODES)):
-        if code not in table:
-            raise ValueError(f"unknown onert {name} code {code}: use one of {sorted(table)}")
-    session = lib.experimental.nnfw_session(os.fspath(model_path), "train")
-    info = session.train_get_traininfo()
-    info.learning_rate = float(learning_rate)
-    info.batch_size = int(batch_size)
-    info.loss_info.loss = getattr(lib.loss, LOSS_CODES[loss])
-    info.loss_info.reduction_type = getattr(lib.loss_reduction, REDUCTION_CODES[reduction])
-    info.opt = getattr(lib.optimizer, OPTIMIZER_CODES[optimizer])
-    info.num_of_trainable_ops = int(trainable_ops)
-    session.train_set_traininfo(info)
-    session.train_prepare()
-    return session
-
-
-def _dtypes(session: Any) -> tuple[list[np.dtype], list[np.dtype]]:
-    ins = [np.dtype(session.input_tensorinfo(i).dtype) for i in range(session.input_size())]
-    outs = [np.dtype(session.output_tensorinfo(i).dtype) for i in range(session.output_size())]
-    return ins, outs
-
-
-def train_batch(session: Any, xs: Sequence[np.ndarray], ys: Sequence[np.ndarray],
-                update: bool = True) -> tuple[float, float]:
-    """One step on one batch: (loss that ``train_get_loss(0)`` reports, ms in ``train``).
-
-    ``xs``/``ys`` must already be C-contiguous arrays of the model's dtypes; they are held
-    here until the step returns (the binding keeps their raw pointers).
-    """
-    outputs = [np.zeros(y.shape, y.dtype) for y in ys]
-    for i, a in enumerate(xs):
-        session.train_set_input(i, a)
-    for i, (y, o) in enumerate(zip(ys, outputs)):
-        session.train_set_expected(i, y)
-        session.train_set_output(i, o)
-    t = time.perf_counter()
-    session.train(update)
-    ms = (time.perf_counter() - t) * 1000
-    loss = float(session.train_get_loss(0))
-    del xs, ys, outputs  # alive until here, after train() returned
-    return loss, ms
 
 
 def onert_fit(
@@ -165,7 +101,7 @@ def onert_fit(
                            loss=loss, reduction=reduction, optimizer=optimizer,
                            trainable_ops=trainable_ops)
     run = OnertRun(prepare_ms=(time.perf_counter() - t) * 1000)
-    in_dt, out_dt = _dtypes(session)
+    in_dt, out_dt = io_dtypes(session)
     xs = [np.ascontiguousarray(a, dt) for a, dt in zip(xs, in_dt)]
     ys = [np.ascontiguousarray(a, dt) for a, dt in zip(ys, out_dt)]
     for _ in range(epochs):

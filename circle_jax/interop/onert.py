@@ -98,32 +98,18 @@ def _probe(source: bytes) -> tuple[int, ...]:
 def _train_one_frozen_step() -> None:
     """The child's work, in its working directory: train ``m.circle`` one step with no
     trainable operator (so the markers come back as written) and export ``c.ckpt``."""
+    from .onert_session import open_session, train_batch
+
     try:
-        from onert.native import libnnfw_api_pybind as lib
+        s = open_session("m.circle", batch_size=1, learning_rate=0.001, loss=1, reduction=1,
+                         optimizer=1, trainable_ops=0)
     except ImportError:
         sys.exit("the onert checkpoint order needs the onert wheel (pip install onert)")
     with open("io.json") as f:
         specs = json.load(f)
-    s = lib.experimental.nnfw_session("m.circle", "train")
-    info = s.train_get_traininfo()
-    info.learning_rate = 0.001
-    info.batch_size = 1
-    info.loss_info.loss = lib.loss.MEAN_SQUARED_ERROR
-    info.loss_info.reduction_type = lib.loss_reduction.SUM_OVER_BATCH_SIZE
-    info.opt = lib.optimizer.SGD
-    info.num_of_trainable_ops = 0
-    s.train_set_traininfo(info)
-    s.train_prepare()
-    keep = []  # onert keeps raw pointers to these arrays until train() returns
-    for k, (shape, dtype) in enumerate(specs["inputs"]):
-        keep.append(np.zeros((1, *shape[1:]), dtype))
-        s.train_set_input(k, keep[-1])
-    for k, (shape, dtype) in enumerate(specs["outputs"]):
-        keep.append(np.zeros((1, *shape[1:]), dtype))
-        s.train_set_expected(k, keep[-1])
-        keep.append(np.zeros((1, *shape[1:]), dtype))
-        s.train_set_output(k, keep[-1])
-    s.train(True)
+    xs, ys = ([np.zeros((1, *shape[1:]), dtype) for shape, dtype in specs[role]]
+              for role in ("inputs", "outputs"))
+    train_batch(s, xs, ys)
     s.train_export_checkpoint("c.ckpt")
 
 
