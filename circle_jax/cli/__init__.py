@@ -1,6 +1,6 @@
-"""``circle-jax`` (subcommands: train, info, run, export, traininfo) and ``onert-train-jax``
-(onert_train's command line verbatim: ``sed s/onert_train/onert-train-jax/`` migrates a
-script).
+"""``circle-jax`` (subcommands: train, info, run, export, traininfo, golden, compare) and
+``onert-train-jax`` (onert_train's command line verbatim: ``sed s/onert_train/onert-train-jax/``
+migrates a script).
 
 Each subcommand is a module with ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``, listed once in `COMMANDS`. Errors print one line ``E: <what is
@@ -15,11 +15,11 @@ import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import export, info, run, train, traininfo
+from . import compare, export, golden, info, run, train, traininfo
 from .common import CliError, Parser
 
 #: the subcommands of ``circle-jax``, in --help order (one module each)
-COMMANDS: tuple[ModuleType, ...] = (train, info, run, export, traininfo)
+COMMANDS: tuple[ModuleType, ...] = (train, info, run, export, traininfo, golden, compare)
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main", "onert_train_main"]
 

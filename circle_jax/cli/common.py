@@ -94,3 +94,14 @@ def _same_path(a: str, b: str) -> bool:
         return os.path.samefile(a, b)
     except OSError:
         return os.path.realpath(a) == os.path.realpath(b)
+
+
+def read_inputs(files: Sequence[str], model: Any) -> list[np.ndarray]:
+    """The model's inputs from ``files``: one .npz (arrays named after the inputs, or in
+    order), or one .npy/.npz/raw file per model input."""
+    specs = [(s.shape[1:], s.dtype) for s in model.inputs]
+    if len(files) == 1:
+        return read_data(files[0], specs, [s.name for s in model.inputs])
+    if len(files) == len(specs):
+        return [read_data(f, [s], None)[0] for f, s in zip(files, specs)]
+    raise CliError(f"the model has {len(specs)} inputs, got {len(files)} --input files")

@@ -123,20 +123,26 @@ def _train_config(ns: argparse.Namespace) -> dict[str, Any]:
     split = ns.validation_split
     if split is not None and not 0.0 <= split < 1.0:
         raise CliError(f"--validation_split must be in [0, 1), got {split}")
-    trainable: Any = ns.num_of_trainable_ops
-    if ns.trainable and trainable is not None:
-        raise CliError("give --num_of_trainable_ops or --trainable, not both")
-    if ns.trainable:
-        trainable = [n for value in ns.trainable for n in value.split(",") if n]
     return dict(
-        epochs=ns.epoch, batch_size=ns.batch_size, learning_rate=ns.learning_rate,
-        loss=ns.loss, reduction=ns.loss_reduction_type, optimizer=ns.optimizer,
-        from_logits=True if ns.from_logits else None, trainable=trainable,
+        epochs=ns.epoch, batch_size=ns.batch_size, **step_config(ns),
         validation_split=split, shuffle=ns.shuffle, seed=ns.seed or 0,
         drop_remainder=not ns.keep_remainder, accumulate=ns.accumulate or 1,
         accumulate_mode=ns.accumulate_mode or "stream", precision=ns.precision,
         loss_scale=ns.loss_scale or "none", on_overflow=ns.on_overflow or "skip",
     )
+
+
+def step_config(ns: argparse.Namespace) -> dict[str, Any]:
+    """`circle_jax.TrainConfig` keywords of one step: learning rate, loss, reduction,
+    optimizer, what trains, whether the loss reads logits (None: circle+, then defaults)."""
+    trainable: Any = ns.num_of_trainable_ops
+    if ns.trainable and trainable is not None:
+        raise CliError("give --num_of_trainable_ops or --trainable, not both")
+    if ns.trainable:
+        trainable = [n for value in ns.trainable for n in value.split(",") if n]
+    return dict(learning_rate=ns.learning_rate, loss=ns.loss, reduction=ns.loss_reduction_type,
+                optimizer=ns.optimizer, from_logits=True if ns.from_logits else None,
+                trainable=trainable)
 
 
 def _processes(ns: argparse.Namespace) -> tuple[str, int, int] | None:

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from .common import CliError, load_model, read_data
+from .common import load_model, read_inputs
 
 NAME = "run"
 HELP = "run inference; outputs saved as .npy"
@@ -29,13 +29,7 @@ def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.atomic import atomic_write
 
     model = load_model(args.model)
-    specs = [(s.shape[1:], s.dtype) for s in model.inputs]
-    if len(args.input) == 1:
-        xs = read_data(args.input[0], specs, [s.name for s in model.inputs])
-    elif len(args.input) == len(specs):
-        xs = [read_data(f, [s], None)[0] for f, s in zip(args.input, specs)]
-    else:
-        raise CliError(f"the model has {len(specs)} inputs, got {len(args.input)} --input files")
+    xs = read_inputs(args.input, model)
     outs = jax.jit(model.apply)(model.params, *xs)
     os.makedirs(args.output_dir, exist_ok=True)
     for k, (spec, value) in enumerate(zip(model.outputs, outs)):

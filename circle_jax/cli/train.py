@@ -89,11 +89,11 @@ def _train(run: TrainRun, log: Log, cache: str) -> int:
 
     clock = Clock()
     clock.mark("start")
-    model = _model(run)
+    model = training_model(run)
     clock.mark("MODEL_LOAD")
     log(1, f"loaded {run.model or 'the example'}: {len(model.operators)} operators, "
         f"{len(model.params)} params, in {clock.ms('start', 'MODEL_LOAD'):.1f} ms")
-    xs, y = _data(run, model)
+    xs, y = training_data(run, model)
     log(1, f"data: {y.shape[0]} samples, inputs {[list(a.shape[1:]) for a in xs]}, "
         f"expected {list(y.shape[1:])}")
     cfg = TrainConfig(**{k: v for k, v in run.train.items() if v is not None})
@@ -113,7 +113,7 @@ def _train(run: TrainRun, log: Log, cache: str) -> int:
     return 0
 
 
-def _model(run: TrainRun) -> Any:
+def training_model(run: TrainRun) -> Any:
     if not run.example:
         return load_model(run.model or "", **run.load)
     import circle_jax as cj
@@ -122,7 +122,7 @@ def _model(run: TrainRun) -> Any:
     return cj.load(branching_cnn().to_bytes("circle"), **run.load)
 
 
-def _data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarray]:
+def training_data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarray]:
     """(inputs, expected) from the data files (or the bundled digits for ``--example``)."""
     if run.example and not run.data.inputs:
         from circle_jax.examples import digits

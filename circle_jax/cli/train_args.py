@@ -59,21 +59,11 @@ def add_onert_train_arguments(p: argparse.ArgumentParser) -> None:
           help="epochs to train")
     _flag(g, "--batch_size", type=int, metavar="N", default=f"{CIRCLE_PLUS} 32",
           help="samples per step")
-    _flag(g, "--learning_rate", type=float, metavar="F", default=f"{CIRCLE_PLUS} 0.001",
-          help="learning rate")
-    for flag, table, default in (("--loss", LOSS_TABLE, "mse"),
-                                 ("--loss_reduction_type", REDUCTION_TABLE, "sum over batch size"),
-                                 ("--optimizer", OPTIMIZER_TABLE, "sgd")):
-        _flag(g, flag, type=_table_type(table), metavar="CODE|NAME",
-              default=f"{CIRCLE_PLUS} {default}",
-              help=f"{table.what}: onert code {table.code_help()}; or a name: "
-              f"{', '.join(table.spellings())}")
+    add_step_arguments(g)
     _flag(g, "--metric", type=int, choices=[-1, 0], default="-1", metavar="N",
           help="metric: -1 (none), 0 (categorical accuracy: argmax, first max wins)")
     _flag(g, "--validation_split", type=float, metavar="F", default="0.0",
           help="the LAST fraction (0..1) of the samples validates instead of training")
-    _flag(g, "--num_of_trainable_ops", type=int, metavar="N", default=f"{CIRCLE_PLUS} -1",
-          help="-1 all, 0 none, N the last N operators in circle order")
     _flag(g, "--load_input:raw", dest="load_input_raw", metavar="FILE", default="none",
           help="input data: raw, the model's dtype, samples concatenated (planar for several "
           "inputs)")
@@ -98,6 +88,31 @@ def add_onert_train_arguments(p: argparse.ArgumentParser) -> None:
           "from the model)")
 
 
+def add_step_arguments(g: Any) -> None:
+    """What one optimizer step needs, onert_train's flags: learning rate, loss, reduction,
+    optimizer, trainable operators."""
+    _flag(g, "--learning_rate", type=float, metavar="F", default=f"{CIRCLE_PLUS} 0.001",
+          help="learning rate")
+    for flag, table, default in (("--loss", LOSS_TABLE, "mse"),
+                                 ("--loss_reduction_type", REDUCTION_TABLE, "sum over batch size"),
+                                 ("--optimizer", OPTIMIZER_TABLE, "sgd")):
+        _flag(g, flag, type=_table_type(table), metavar="CODE|NAME",
+              default=f"{CIRCLE_PLUS} {default}",
+              help=f"{table.what}: onert code {table.code_help()}; or a name: "
+              f"{', '.join(table.spellings())}")
+    _flag(g, "--num_of_trainable_ops", type=int, metavar="N", default=f"{CIRCLE_PLUS} -1",
+          help="-1 all, 0 none, N the last N operators in circle order")
+
+
+def add_selection_arguments(g: Any) -> None:
+    """circle-jax's choices of what trains and what the loss reads."""
+    _flag(g, "--trainable", action="append", metavar="NAMES", default="all params",
+          help="train only these params: names or aliases such as op3.bias (comma-separated, "
+          "repeatable; `circle-jax info MODEL` lists them); replaces --num_of_trainable_ops")
+    _flag(g, "--from_logits", action="store_true", default=f"{CIRCLE_PLUS} off",
+          help="the loss reads logits")
+
+
 def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
     """circle-jax's additions to onert_train's command line."""
     g = p.add_argument_group("circle-jax additions")
@@ -115,12 +130,8 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
           help="entry order of --export_checkpoint: onert's (asks the onert wheel; "
           "onert_train imports it), ascending tensor index, or auto (onert's when the wheel "
           "can tell)")
-    _flag(g, "--trainable", action="append", metavar="NAMES", default="all params",
-          help="train only these params: names or aliases such as op3.bias (comma-separated, "
-          "repeatable; `circle-jax info MODEL` lists them); replaces --num_of_trainable_ops")
+    add_selection_arguments(g)
     add_load_arguments(g)
-    _flag(g, "--from_logits", action="store_true", default=f"{CIRCLE_PLUS} off",
-          help="the loss reads logits")
     _flag(g, "--seed", type=int, default="0", help="shuffling seed")
     _flag(g, "--shuffle", action="store_true", default="off (onert's sequential batches)",
           help="shuffle the samples every epoch")

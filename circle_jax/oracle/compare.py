@@ -15,11 +15,11 @@ Rules of the comparison:
 - The first divergence is the first step where a loss or a weight differs, and there the
   weight tensor read first in operator order; its ``operator`` is its reader. For a tensor
   with several readers trained as one (``tie_shared_weights``), circle-jax replays the
-  step from the same weights with the tensor untied: when onert's value equals one
-  reader's copy, that reader is named and the cause stated.
+  steps with the tensor untied: when onert's value equals one reader's copy, that reader
+  is named and the cause stated.
 - The export check trains nothing: it compares onert's loss on the first batch after the
   last step (``train`` without update) with the loss circle-jax computes for the model
-  onert exports. It is reported apart from ``agree``.
+  onert exports, within `EXPORT_TOLERANCE`. It is reported apart from ``agree``.
 - The float64 arbiter (``arbiter=True``) trains the same steps in float64 and says which
   runtime's weights are nearer.
 """
@@ -173,7 +173,7 @@ def compare_with_onert(
                                 tolerance, load_options)
     report = CompareReport(
         agree=first is None, first_divergence=first, steps=rows,
-        export=_export_check(peer, trainer, bx[0], by[0], load_options, tolerance),
+        export=_export_check(peer, trainer, bx[0], by[0], load_options),
         settings={**_settings(trainer), "steps": steps, "onert": codes,
                   "tolerance": {"atol": tolerance.atol, "rtol": tolerance.rtol}},
         tensors=diffs)
@@ -290,7 +290,7 @@ def _divergence(model: Model, raw: bytes, trainer: Trainer, s: int, bad: list[st
     found = {"step": s + 1, "tensor": name, "operator": readers[0] if len(readers) == 1 else
              None, "readers": readers, "max_abs_diff": d, "cause": None}
     if len(readers) > 1 and len(_copies(model, name)) == 1:
-        reader = _untied_reader(raw, trainer, s, name, ours, peer.weights[s + 1][i], bx, by,
+        reader = _untied_reader(raw, trainer, s, name, peer.weights[s + 1][i], bx, by,
                                 tol, load_options)
         if reader is not None:
             found["operator"] = reader
@@ -301,28 +301,31 @@ def _divergence(model: Model, raw: bytes, trainer: Trainer, s: int, bad: list[st
     return found
 
 
-def _untied_reader(raw: bytes, trainer: Trainer, s: int, name: str, ours: _Run,
+def _untied_reader(raw: bytes, trainer: Trainer, s: int, name: str,
                    value: np.ndarray, bx: list, by: list, tol: Tolerance,
                    load_options: dict[str, Any]) -> int | None:
-    """Replay step ``s`` from circle-jax's weights with ``name`` untied: the operator whose
-    copy's update equals onert's ``value``, or None."""
+    """Replay steps 1..s+1 with ``name`` untied: the operator whose copy then equals
+    onert's ``value``, or None."""
     untied = load(raw, **{**load_options, "tie_shared_weights": False})
-    start = {k: ours[s].get(k, ours[s].get(untied.rewrites.untied.get(k, k)))
-             for k in untied.params}
-    replay = _run(Trainer(untied, trainer.config), bx[s:s + 1], by[s:s + 1], start)
+    replay = _run(Trainer(untied, trainer.config), bx[:s + 1], by[:s + 1])
     for copy in _copies(untied, name):
-        if tol.close(replay[1][copy], value):
+        if tol.close(replay[s + 1][copy], value):
             return min(_readers(untied, untied.param_keys[copy][1]))
     return None
 
 
+EXPORT_TOLERANCE = Tolerance(atol=1e-6, rtol=1e-5)
+"""The export check compares two float32 forward passes from the same weights: only the
+order of float32 sums differs (~1e-7 relative on these models)."""
+
+
 def _export_check(peer: Any, trainer: Trainer, xs: list, y: np.ndarray,
-                  load_options: dict[str, Any], tol: Tolerance) -> dict[str, Any]:
+                  load_options: dict[str, Any]) -> dict[str, Any]:
     exported = load(peer.exported, **{**load_options, "tie_shared_weights": True})
     ev = Trainer(exported, trainer.config)
     loss, _ = ev.evaluate(exported.params, xs, y, batch_size=len(y))
     return {"trained_loss": peer.final_loss, "export_loss": loss,
-            "agree": tol.close(loss, peer.final_loss)}
+            "agree": EXPORT_TOLERANCE.close(loss, peer.final_loss)}
 
 
 def _settings(trainer: Trainer) -> dict[str, Any]:

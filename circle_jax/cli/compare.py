@@ -1,0 +1,67 @@
+"""``compare``: train with onert and with circle-jax step by step and say where they part.
+
+Exit status: 0 the runtimes agree, 1 they disagree, 2 the peer cannot run the case (its
+own message quoted), 3 circle-jax cannot (one ``E:`` line, as every command).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from . import train
+
+NAME = "compare"
+HELP = ("train with onert and circle-jax from the same weights on the same batches, step by "
+        "step; report where they part (exit 0 agree, 1 disagree, 2 the peer refuses)")
+
+AGREE, DISAGREE, PEER_REFUSES, FAILED = 0, 1, 2, 3
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    train.add_arguments(p)
+    g = p.add_argument_group("compare")
+    g.add_argument("--with", dest="peer", choices=["onert"], default="onert",
+                   help="the peer runtime: the onert wheel's train backend (default: onert)")
+    g.add_argument("--steps", type=int, metavar="N",
+                   help="steps to compare (default: one epoch)")
+    g.add_argument("--report", metavar="FILE", help="write the report as JSON (default: none)")
+    g.add_argument("--arbiter", choices=["float64"],
+                   help="also train in float64 and say which runtime is nearer (default: off)")
+    g.add_argument("--atol", type=float, default=1e-5, metavar="F",
+                   help="absolute tolerance on weights and losses (default: 1e-05)")
+    g.add_argument("--rtol", type=float, default=1e-4, metavar="F",
+                   help="tolerance relative to onert's value (default: 0.0001)")
+
+
+def run(ns: argparse.Namespace) -> int:
+    from circle_jax.errors import CircleJaxError
+    from circle_jax.formats.atomic import atomic_write
+    from circle_jax.oracle.compare import PeerRefused, Tolerance, compare_with_onert
+    from circle_jax.train import TrainConfig
+
+    from .common import CliError
+    from .config import train_run
+
+    try:
+        cfg = train_run(ns)
+        if ns.steps is not None and ns.steps < 1:
+            raise CliError(f"--steps must be >= 1, got {ns.steps}")
+        model = train.training_model(cfg)
+        xs, y = train.training_data(cfg, model)
+        source = cfg.model if not cfg.example else model.export(file_format="circle")
+        report = compare_with_onert(
+            source, xs, y, TrainConfig(**cfg.train), steps=ns.steps,
+            tolerance=Tolerance(ns.atol, ns.rtol), arbiter=ns.arbiter == "float64",
+            **cfg.load)
+    except PeerRefused as e:
+        print(f"onert cannot run this case: {e}", file=sys.stderr)
+        return PEER_REFUSES
+    except (CliError, CircleJaxError, ValueError, OSError) as e:
+        print(f"E: {(str(e).splitlines() or [type(e).__name__])[0]}", file=sys.stderr)
+        return FAILED
+    print(report.table())
+    if ns.report:
+        atomic_write(ns.report, json.dumps(report.as_json(), indent=1).encode())
+    return AGREE if report.agree else DISAGREE

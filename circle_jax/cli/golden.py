@@ -1,0 +1,58 @@
+"""``golden``: a model's golden tensors for one batch, in the files ONE's tools read."""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+from .common import load_model, read_data, read_inputs
+from .train_args import add_load_arguments, add_selection_arguments, add_step_arguments
+
+NAME = "golden"
+HELP = ("write golden tensors (inputs, outputs, every tensor; with --expected the loss, "
+        "dLoss/dTensor and the one-step update) in ONE's h5 layout")
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", help=".circle/.tflite file or nnpackage directory")
+    p.add_argument("--input", action="append", required=True, metavar="FILE",
+                   help="the batch: .npy/.npz/raw (repeat per model input, or one .npz) "
+                   "(default: none, required)")
+    p.add_argument("--expected", metavar="FILE", help="output 0's targets (.npy/.npz/raw): "
+                   "also write the loss, gradients.h5 and updated.h5 (default: none)")
+    p.add_argument("-o", "--output_dir", required=True, metavar="DIR",
+                   help="where the files go (default: none, required)")
+    p.add_argument("--dtype", choices=["float32", "float64"], default="float32",
+                   help="compute everything in this dtype; float64 is the arbiter's ground "
+                   "truth (default: float32)")
+    p.add_argument("--format", choices=["h5", "luci"], default="h5",
+                   help="h5 only, or also luci-value-test's MODEL.inputN / .outputN raw files "
+                   "(default: h5)")
+    g = p.add_argument_group("the training step (with --expected)")
+    add_step_arguments(g)
+    add_selection_arguments(g)
+    add_load_arguments(g)
+
+
+def run(args: argparse.Namespace) -> int:
+    from circle_jax.oracle import golden, write_golden
+    from circle_jax.train import TrainConfig
+
+    from .config import load_options, step_config
+
+    model = load_model(args.model, lowering="reference", **load_options(args))
+    xs = read_inputs(args.input, model)
+    y = None
+    if args.expected:
+        o = model.outputs[0]
+        y = read_data(args.expected, [(o.shape[1:], o.dtype)], None)[0]
+        if len(y) != len(xs[0]):
+            raise ValueError(f"--expected holds {len(y)} samples, --input {len(xs[0])}")
+    data = golden(model, xs, y, TrainConfig(**step_config(args)), dtype=args.dtype)
+    name = os.path.basename(os.path.normpath(args.model)) if args.format == "luci" else None
+    files = write_golden(data, args.output_dir, luci_name=name)
+    print(f"wrote {len(files)} files to {args.output_dir} ({args.dtype}, "
+          f"{len(data.tensors)} tensors"
+          + (f", loss {data.loss:.6g}, {len(data.gradients or [])} gradients)"
+             if data.loss is not None else ")"))
+    return 0
