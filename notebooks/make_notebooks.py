@@ -1,7 +1,8 @@
-"""Writes the notebooks from the cells below (run: python notebooks/make_notebooks.py).
+"""Writes the notebooks from the cells below, executed, with their outputs (run: python
+notebooks/make_notebooks.py).
 
 Keeping the source here makes notebook diffs reviewable; the test suite executes the
-generated .ipynb files.
+generated .ipynb files again and checks that every plotting cell shows its figure.
 """
 
 from __future__ import annotations
@@ -17,10 +18,8 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 QUICKSTART = [
     new_markdown_cell("# circle-jax quickstart\nLoad a Circle model, inspect it, train it, "
                       "plot the loss, evaluate and export it."),
-    new_code_cell("""import matplotlib
+    new_code_cell("""import matplotlib.pyplot as plt
 import numpy as np
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
 import circle_jax as cj
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.train import fit"""),
@@ -44,7 +43,8 @@ ax.plot(range(1, len(h.val_loss) + 1), h.val_loss, label="validation loss")
 ax.set_xlabel("epoch")
 ax.set_yscale("log")
 ax.legend()
-fig.tight_layout()"""),
+fig.tight_layout()
+plt.show()"""),
     new_markdown_cell("## Evaluate and export"),
     new_code_cell("""n_val = int(len(y) * 0.2)
 loss, acc = result.trainer.evaluate(result.params, x[-n_val:], y[-n_val:])
@@ -81,13 +81,9 @@ PRECISION = [
         "bfloat16; watch the dynamic loss scale recover from a forced overflow; check that "
         "gradient accumulation gives the weights of the big batch. Small data slices and few "
         "epochs keep this quick: most of the time is XLA compiling each configuration."),
-    new_code_cell("""import io
-import jax.numpy as jnp
-import matplotlib
-import numpy as np
-matplotlib.use("Agg")
+    new_code_cell("""import jax.numpy as jnp
 import matplotlib.pyplot as plt
-from IPython.display import Image, display
+import numpy as np
 import circle_jax as cj
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.optim import DynamicLossScale
@@ -95,15 +91,7 @@ from circle_jax.train import fit
 
 model = cj.load(branching_cnn().to_bytes("circle"))
 x, y = digits()
-x_tr, y_tr = x[:768], y[:768]  # 24 batches of 32
-
-
-def show(fig):
-    \"\"\"Display a figure as a PNG (the Agg backend draws but never displays by itself).\"\"\"
-    buf = io.BytesIO()
-    fig.savefig(buf, format="png", dpi=90)
-    plt.close(fig)
-    display(Image(buf.getvalue()))"""),
+x_tr, y_tr = x[:768], y[:768]  # 24 batches of 32"""),
     new_markdown_cell(
         "## Three precisions\n"
         "A precision policy names four dtypes: params (stored weights), compute (forward and "
@@ -139,7 +127,7 @@ ax.set_ylabel("training loss (mean over the epoch)")
 ax.set_yscale("log")
 ax.legend()
 fig.tight_layout()
-show(fig)"""),
+plt.show()"""),
     new_markdown_cell(
         "## The loss scale under a forced overflow\n"
         "Start the float16 run at a loss scale of 2**40: the scaled gradients overflow "
@@ -178,7 +166,7 @@ ax.set_xlabel("step")
 ax.set_ylabel("loss scale")
 ax.legend()
 fig.tight_layout()
-show(fig)"""),
+plt.show()"""),
     new_markdown_cell(
         "## Gradient accumulation\n"
         "`accumulate=k` makes one optimizer update from k micro-batches. "
@@ -207,7 +195,85 @@ for name, p in accumulated.items():
 ]
 
 
-NOTEBOOKS = {"quickstart.ipynb": QUICKSTART, "precision_and_accumulation.ipynb": PRECISION}
+ORACLE = [
+    new_markdown_cell(
+        "# circle-jax as a reference oracle\n"
+        "For the engineer of another runtime: golden tensors of a real converted model "
+        "(TF's converter made `branching_cnn.tflite`; its three convolutions share one "
+        "deduplicated bias), forward and backward, in the HDF5 layout ONE's tools read; then "
+        "onert's training compared with circle-jax's step by step."),
+    new_code_cell("""import os
+import tempfile
+
+import h5py
+import matplotlib.pyplot as plt
+import numpy as np
+import circle_jax as cj
+from circle_jax.oracle import golden, write_golden
+from circle_jax.oracle.compare import compare_with_onert
+
+MODEL = os.path.join("..", "tests", "data", "keras", "branching_cnn.tflite")
+with np.load(os.path.join("..", "tests", "data", "keras", "data.npz")) as d:
+    x, y = d["branching_cnn/x"], d["branching_cnn/y"]
+model = cj.load(MODEL, lowering="reference")
+print(model)"""),
+    new_markdown_cell(
+        "## Golden tensors\n"
+        "`golden` runs one batch: every tensor forward, and with targets the loss, "
+        "dLoss/dTensor for every float tensor and the weights after one optimizer step "
+        "(`circle-jax golden MODEL --input X --expected Y -o DIR` from the shell)."),
+    new_code_cell("""g = golden(model, [x[:4]], y[:4], cj.TrainConfig(loss="cce", optimizer="sgd",
+                                                  learning_rate=0.1), dtype="float64")
+out = tempfile.mkdtemp()
+for path in write_golden(g, out):
+    print(os.path.basename(path))
+with h5py.File(os.path.join(out, "gradients.h5")) as f:
+    print("loss", f.attrs["loss"])
+    for key in list(f["value"])[:5]:
+        print(f"  {key:>3} {f['name'].attrs[key][:40]:40} {f['value'][key].shape}")"""),
+    new_markdown_cell(
+        "## onert step by step\n"
+        "Both runtimes train from the file's weights on the same batches; onert's weights are "
+        "read back after every step. The onert profile (the default) trains one copy of the "
+        "shared bias per convolution, as onert does: they agree. Trained as one tied weight "
+        "(`tie_shared_weights=True`), the first step already differs, and the comparison "
+        "names the tensor and the operator whose copy onert's value equals."),
+    new_code_cell("""cfg = cj.TrainConfig(batch_size=8, learning_rate=0.05, loss="cce",
+                     optimizer="sgd")
+untied = compare_with_onert(MODEL, [x], y, cfg, steps=8, arbiter=True)
+tied = compare_with_onert(MODEL, [x], y, cfg, steps=8, tie_shared_weights=True)
+print(untied.table())
+print()
+print(tied.table())
+assert untied.agree and not tied.agree
+assert tied.first_divergence["tensor"] == "arith.constant1"
+"""),
+    new_code_cell("""fig, axes = plt.subplots(1, 2, figsize=(10, 3.2))
+for ax, (title, r) in zip(axes, [("untied (default)", untied), ("tied", tied)]):
+    steps = [s["step"] for s in r.steps]
+    ax.plot(steps, [s["loss"]["circle-jax"] for s in r.steps], "o-", label="circle-jax")
+    ax.plot(steps, [s["loss"]["onert"] for s in r.steps], "x--", label="onert")
+    ax.set_title(f"per-step loss, {title}")
+    ax.set_xlabel("step")
+    ax.legend()
+fig.tight_layout()
+plt.show()"""),
+    new_code_cell("""names = list(tied.tensors)
+diff = np.array([[tied.tensors[n][str(s)] for s in range(1, 9)] for n in names])
+fig, ax = plt.subplots(figsize=(7, 2.8))
+im = ax.imshow(np.log10(diff + 1e-12), aspect="auto", cmap="magma")
+ax.set_yticks(range(len(names)), [n[-28:] for n in names], fontsize=7)
+ax.set_xticks(range(8), range(1, 9))
+ax.set_xlabel("step")
+ax.set_title("tied: log10 max |w_circle-jax - w_onert| per tensor")
+fig.colorbar(im)
+fig.tight_layout()
+plt.show()"""),
+]
+
+
+NOTEBOOKS = {"quickstart.ipynb": QUICKSTART, "precision_and_accumulation.ipynb": PRECISION,
+             "oracle.ipynb": ORACLE}
 
 
 def _stable_ids(name: str, cells: list) -> list:
@@ -226,10 +292,15 @@ def _stable_ids(name: str, cells: list) -> list:
 
 
 def main() -> None:
+    """Write every notebook, executed: committed with its outputs (figures included)."""
+    from nbclient import NotebookClient
+
     for name, cells in NOTEBOOKS.items():
         nb = new_notebook(cells=_stable_ids(name, cells))
         nb.metadata["kernelspec"] = {"name": "python3", "display_name": "Python 3",
                                      "language": "python"}
+        NotebookClient(nb, timeout=600, kernel_name="python3",
+                       resources={"metadata": {"path": HERE}}).execute()
         nbformat.write(nb, os.path.join(HERE, name))
 
 
