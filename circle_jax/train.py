@@ -42,79 +42,9 @@ from .optim import (
     scaled_value_and_grad,
     select_tree,
 )
+from .train_config import TrainConfig, select_trainable
 
 Batch = tuple[tuple[jax.Array, ...], jax.Array]
-
-
-@dataclass(frozen=True)
-class TrainConfig:
-    """Everything that defines a training run; fields left ``None`` take the model's circle+
-    values (epochs included), then built-in defaults (5 epochs, batch 32, lr 0.001, mse, sgd).
-
-    ``loss``/``optimizer``/``reduction`` accept names or onert_train's numeric codes.
-    ``trainable``: "all", "none", an int N (the last N operators in Circle order, onert's
-    ``num_of_trainable_ops``: -1 = all, 0 = none) or an iterable of param names.
-    ``accumulate``: k micro-batches per update; ``accumulate_mode`` "stream" (each step is
-    one micro-batch of ``batch_size``, the update on every k-th step) or "in_step" (each
-    step's batch of ``batch_size`` is split into k micro-batches inside the step).
-    ``numerics``: a profile name or `circle_jax.numerics.Numerics` for the loss and optimizer
-    choices (default: the profile the model was loaded with); explicit ``clip``,
-    ``from_logits`` and ``optimizer_kwargs["eps_placement"]`` override it.
-    ``trainable`` "all" / N selects among the params the model's trainable policy trains
-    (`circle_jax.params_policy`); names and aliases select exactly those params.
-    """
-
-    epochs: int | None = None
-    batch_size: int | None = None
-    learning_rate: float | None = None
-    loss: str | int | None = None
-    reduction: str | int | None = None
-    from_logits: bool | None = None
-    clip: str | tuple[float, float] | None = None
-    optimizer: str | int | None = None
-    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
-    trainable: Any = None
-    validation_split: float = 0.0
-    shuffle: bool = False
-    seed: int = 0
-    drop_remainder: bool = True
-    accumulate: int = 1
-    accumulate_mode: str = "stream"
-    precision: Any = None
-    loss_scale: Any = "none"
-    on_overflow: str = "skip"
-    numerics: Any = None
-
-    def with_defaults(self, model: Model) -> TrainConfig:
-        """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
-        from .formats.traininfo import decode_traininfo
-
-        info = None
-        if "CIRCLE_TRAINING" in model.ir.metadata:
-            info = decode_traininfo(model.ir.metadata["CIRCLE_TRAINING"])
-        n_ops = len(model.operators)
-        defaults: dict[str, Any] = {"epochs": 5, "batch_size": 32, "learning_rate": 0.001,
-                                    "loss": "mse", "reduction": "sum_over_batch_size",
-                                    "from_logits": False, "optimizer": "sgd", "trainable": "all"}
-        if info is not None:
-            ops = tuple(info.trainable_ops)
-            if info.epochs > 0:
-                defaults["epochs"] = info.epochs
-            defaults.update(
-                batch_size=info.batch_size, learning_rate=info.learning_rate, loss=info.loss,
-                reduction=info.reduction, from_logits=info.from_logits,
-                optimizer=info.optimizer,
-                trainable=_tail_count(ops, n_ops) if _is_tail(ops, n_ops) else ops,
-            )
-        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
-
-
-def _is_tail(ops: Sequence[int], n: int) -> bool:
-    return tuple(sorted(ops)) == tuple(range(n - len(ops), n))
-
-
-def _tail_count(ops: Sequence[int], n: int) -> int:
-    return -1 if len(ops) == n else len(ops)
 
 
 class TrainState(NamedTuple):
@@ -156,29 +86,6 @@ class History:
     ms_per_step: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     compile_ms: float = 0.0
-
-
-def select_trainable(model: Model, spec: Any) -> frozenset[str]:
-    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
-    names may be aliases such as ``op3.bias``, see `circle_jax.aliases`)."""
-    names = set(model.trainable_params)
-    if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
-        return frozenset(names)
-    if spec == "none" or spec == 0:
-        return frozenset()
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        first = len(model.operators) - spec
-        readers = model.param_operators()
-        return frozenset(n for n, ops in readers.items()
-                         if n in names and any(i >= first for i in ops))
-    if isinstance(spec, str):
-        spec = [spec]
-    chosen = set(spec)
-    if all(isinstance(s, (int, np.integer)) for s in chosen):  # operator indices (circle+)
-        readers = model.param_operators()
-        return frozenset(n for n, ops in readers.items()
-                         if n in names and chosen.intersection(ops))
-    return model.resolve_params(chosen)  # names or aliases (op3.bias)
 
 
 class Trainer:
@@ -239,6 +146,7 @@ class Trainer:
             micro_batch_groups=1 if placement is None else placement.size,
         ) for in_loop in (False, True)}
         self._epoch = jax.jit(self._epoch_impl)
+        self._shuffled_epoch = jax.jit(self._shuffled_epoch_impl)
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._step = jax.jit(self.train_step)
         self._eval = jax.jit(self._eval_impl)
@@ -344,6 +252,17 @@ class Trainer:
             m = StepMetrics(*m, zeros, zeros, jnp.full([steps], state.loss_scale.loss_scale))
         return state, m
 
+    def _shuffled_epoch_impl(self, state: TrainState, frozen: dict, x: tuple, y: jax.Array,
+                             epoch: jax.Array):
+        """The epoch on the samples in the order of epoch ``epoch``'s permutation, drawn and
+        applied on the device: ``permutation(fold_in(key(seed), epoch), n)``."""
+        b = self.config.batch_size
+        steps = y.shape[0] // b
+        perm = jax.random.permutation(
+            jax.random.fold_in(jax.random.key(self.config.seed), epoch), y.shape[0])
+        xs, ys = _batched(tuple(a[perm] for a in x), y[perm], b, steps)
+        return self._epoch_impl(state, frozen, xs, ys)
+
     def _eval_impl(self, trainable: dict, frozen: dict, xs: tuple, ys: jax.Array
                    ) -> tuple[jax.Array, jax.Array]:
         def body(_: None, b: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
@@ -360,16 +279,16 @@ class Trainer:
         """One epoch: batches of ``batch_size`` (shuffled if configured), one compiled scan."""
         n = y.shape[0]
         b = self.config.batch_size
-        if self.config.shuffle:
-            perm = jax.random.permutation(jax.random.fold_in(jax.random.key(self.config.seed),
-                                                             epoch), n)
-            x, y = tuple(a[perm] for a in x), y[perm]
         steps = n // b
         if steps == 0 and self.config.drop_remainder:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
-        xs, ys = self.placed(_batched(x, y, b, steps), batch_axis=1)
-        state, metrics = self._compiled_epoch(state, frozen, xs, ys)(state, frozen, xs, ys)
+        args = self.epoch_arguments(state, frozen, x, y, epoch)
+        state, metrics = self._compiled_epoch(*args, shuffled=self.config.shuffle)(*args)
         if not self.config.drop_remainder and n % b:
+            if self.config.shuffle:  # the trailing samples of the permuted order
+                perm = jax.random.permutation(
+                    jax.random.fold_in(jax.random.key(self.config.seed), epoch), n)
+                x, y = tuple(a[perm] for a in x), y[perm]
             tail = self.placed((tuple(a[steps * b:] for a in x), y[steps * b:]))
             state, m = self._step(state, frozen, tail)
             metrics = jax.tree.map(lambda a, c: jnp.concatenate([a, c[None]]), metrics, m)
@@ -379,16 +298,27 @@ class Trainer:
         """``tree`` on the placement's devices (sharded on ``batch_axis``), or as it is."""
         return tree if self.placement is None else self.placement.put(tree, batch_axis)
 
-    def _compiled_epoch(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array
+    def epoch_arguments(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
+                        y: jax.Array, epoch: int = 0) -> tuple:
+        """The compiled epoch's arguments: the data cut into batches, or with ``shuffle``
+        all of it and the epoch number (the permutation is drawn inside)."""
+        if self.config.shuffle:
+            return (state, frozen, *self.placed((tuple(x), y), batch_axis=0),
+                    jnp.asarray(epoch, jnp.int32))
+        b = self.config.batch_size
+        return (state, frozen, *self.placed(_batched(x, y, b, y.shape[0] // b), batch_axis=1))
+
+    def _compiled_epoch(self, *args: Any, shuffled: bool = False
                         ) -> Callable[..., tuple[TrainState, StepMetrics]]:
-        """The epoch compiled ahead of time for these shapes (cached), so that compile time
-        is measured apart from steady-state steps."""
-        args = (state, frozen, xs, ys)
-        key = str((jax.tree.structure(args), [(a.shape, a.dtype, getattr(a, "sharding", None))
-                                              for a in jax.tree.leaves(args)]))
+        """The epoch (``shuffled``: the one drawing its permutation, see `epoch_arguments`)
+        compiled ahead of time for these arguments' shapes (cached), so that compile time is
+        measured apart from steady-state steps."""
+        key = str((shuffled, jax.tree.structure(args),
+                   [(a.shape, a.dtype, getattr(a, "sharding", None))
+                    for a in jax.tree.leaves(args)]))
         if key not in self._compiled:
-            self._compiled[key] = _compile(self._epoch.lower(state, frozen, xs, ys),
-                                           self.placement)
+            epoch = self._shuffled_epoch if shuffled else self._epoch
+            self._compiled[key] = _compile(epoch.lower(*args), self.placement)
         return self._compiled[key]
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
@@ -537,8 +467,8 @@ def fit(
     state, frozen = trainer.placed((state, frozen))
     hist = History()
     t0 = time.perf_counter()
-    trainer._compiled_epoch(state, frozen, *trainer.placed(
-        _batched(x_tr, y_tr, cfg.batch_size, y_tr.shape[0] // cfg.batch_size), batch_axis=1))
+    trainer._compiled_epoch(*trainer.epoch_arguments(state, frozen, x_tr, y_tr),
+                            shuffled=cfg.shuffle)
     hist.compile_ms = (time.perf_counter() - t0) * 1000
     for epoch in range(cfg.epochs):
         t = time.perf_counter()

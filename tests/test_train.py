@@ -219,6 +219,30 @@ def test_seeded_shuffle_is_reproducible_and_not_sequential() -> None:
     assert a.history.steps == seq.history.steps == [4, 4]
 
 
+@pytest.mark.parametrize("keep_remainder", [False, True])
+def test_shuffle_is_the_documented_permutation_drawn_on_device(keep_remainder: bool) -> None:
+    """Epoch e visits the samples in the order permutation(fold_in(key(seed), e), n), drawn
+    inside the compiled epoch: the same run as sequential batches of data permuted by hand
+    (epoch by epoch), the trailing partial batch too."""
+    model = reshape_mlp()
+    x, y = toy_data(18)
+    cfg = dict(batch_size=4, learning_rate=0.5, loss=2, optimizer=2,
+               drop_remainder=not keep_remainder)
+    shuffled = fit(model, x, y, epochs=2, shuffle=True, seed=5, **cfg)
+    trainer = Trainer(model, **cfg, epochs=1)
+    state, frozen = trainer.init()
+    losses = []
+    for epoch in range(2):
+        perm = np.asarray(jax.random.permutation(
+            jax.random.fold_in(jax.random.key(5), epoch), len(y)))
+        state, m = trainer.run_epoch(state, frozen, (jnp.asarray(x[perm]),),
+                                     jnp.asarray(y[perm]))
+        losses.append(float(jnp.mean(m.loss)))
+    np.testing.assert_allclose(shuffled.history.loss, losses, rtol=1e-6)
+    for k, v in trainer.merge(state, frozen).items():
+        np.testing.assert_allclose(shuffled.params[k], v, rtol=1e-6, atol=1e-7)
+
+
 def test_keep_remainder_trains_the_partial_batch() -> None:
     model = reshape_mlp()
     x, y = toy_data(20)  # 2 batches of 8 and a partial batch of 4

@@ -1,0 +1,108 @@
+"""What a training run is: `TrainConfig` (resolved once against the model's circle+ values
+and the defaults) and `select_trainable` (which params a trainable spec names)."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+import numpy as np
+
+from .model import Model
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Everything that defines a training run; fields left ``None`` take the model's circle+
+    values (epochs included), then built-in defaults (5 epochs, batch 32, lr 0.001, mse, sgd).
+
+    ``loss``/``optimizer``/``reduction`` accept names or onert_train's numeric codes.
+    ``trainable``: "all", "none", an int N (the last N operators in Circle order, onert's
+    ``num_of_trainable_ops``: -1 = all, 0 = none) or an iterable of param names.
+    ``accumulate``: k micro-batches per update; ``accumulate_mode`` "stream" (each step is
+    one micro-batch of ``batch_size``, the update on every k-th step) or "in_step" (each
+    step's batch of ``batch_size`` is split into k micro-batches inside the step).
+    ``numerics``: a profile name or `circle_jax.numerics.Numerics` for the loss and optimizer
+    choices (default: the profile the model was loaded with); explicit ``clip``,
+    ``from_logits`` and ``optimizer_kwargs["eps_placement"]`` override it.
+    ``shuffle``: epoch e takes the samples in the order ``jax.random.permutation(
+    fold_in(key(seed), e), n)``, drawn on the device inside the compiled epoch.
+    ``trainable`` "all" / N selects among the params the model's trainable policy trains
+    (`circle_jax.params_policy`); names and aliases select exactly those params.
+    """
+
+    epochs: int | None = None
+    batch_size: int | None = None
+    learning_rate: float | None = None
+    loss: str | int | None = None
+    reduction: str | int | None = None
+    from_logits: bool | None = None
+    clip: str | tuple[float, float] | None = None
+    optimizer: str | int | None = None
+    optimizer_kwargs: Mapping[str, Any] = field(default_factory=dict)
+    trainable: Any = None
+    validation_split: float = 0.0
+    shuffle: bool = False
+    seed: int = 0
+    drop_remainder: bool = True
+    accumulate: int = 1
+    accumulate_mode: str = "stream"
+    precision: Any = None
+    loss_scale: Any = "none"
+    on_overflow: str = "skip"
+    numerics: Any = None
+
+    def with_defaults(self, model: Model) -> TrainConfig:
+        """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
+        from .formats.traininfo import decode_traininfo
+
+        info = None
+        if "CIRCLE_TRAINING" in model.ir.metadata:
+            info = decode_traininfo(model.ir.metadata["CIRCLE_TRAINING"])
+        n_ops = len(model.operators)
+        defaults: dict[str, Any] = {"epochs": 5, "batch_size": 32, "learning_rate": 0.001,
+                                    "loss": "mse", "reduction": "sum_over_batch_size",
+                                    "from_logits": False, "optimizer": "sgd", "trainable": "all"}
+        if info is not None:
+            ops = tuple(info.trainable_ops)
+            if info.epochs > 0:
+                defaults["epochs"] = info.epochs
+            defaults.update(
+                batch_size=info.batch_size, learning_rate=info.learning_rate, loss=info.loss,
+                reduction=info.reduction, from_logits=info.from_logits,
+                optimizer=info.optimizer,
+                trainable=_tail_count(ops, n_ops) if _is_tail(ops, n_ops) else ops,
+            )
+        return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+
+def _is_tail(ops: Sequence[int], n: int) -> bool:
+    return tuple(sorted(ops)) == tuple(range(n - len(ops), n))
+
+
+def _tail_count(ops: Sequence[int], n: int) -> int:
+    return -1 if len(ops) == n else len(ops)
+
+
+def select_trainable(model: Model, spec: Any) -> frozenset[str]:
+    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
+    names may be aliases such as ``op3.bias``, see `circle_jax.aliases`)."""
+    names = set(model.trainable_params)
+    if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
+        return frozenset(names)
+    if spec == "none" or spec == 0:
+        return frozenset()
+    if isinstance(spec, int) and not isinstance(spec, bool):
+        first = len(model.operators) - spec
+        readers = model.param_operators()
+        return frozenset(n for n, ops in readers.items()
+                         if n in names and any(i >= first for i in ops))
+    if isinstance(spec, str):
+        spec = [spec]
+    chosen = set(spec)
+    if all(isinstance(s, (int, np.integer)) for s in chosen):  # operator indices (circle+)
+        readers = model.param_operators()
+        return frozenset(n for n, ops in readers.items()
+                         if n in names and chosen.intersection(ops))
+    return model.resolve_params(chosen)  # names or aliases (op3.bias)
