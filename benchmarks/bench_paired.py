@@ -29,10 +29,10 @@ import jax.numpy as jnp
 import numpy as np
 
 import circle_jax as cj
-import circle_jax.train as train
+import circle_jax.train.trainer as train
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.lowering import LoweringOptions
-from circle_jax.train import Trainer, _batched
+from circle_jax.train import Trainer, batched
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "models")
 VARIANTS = {  # name -> (compiler options, forced convolution lowering)
@@ -64,7 +64,7 @@ def main() -> None:
     args = ap.parse_args()
     model, x, y = data(args.model)
     steps = len(y) // args.batch
-    xs, ys = _batched((jnp.asarray(x),), jnp.asarray(y), args.batch, steps)
+    xs, ys = batched((jnp.asarray(x),), jnp.asarray(y), args.batch, steps)
     runs = []
     for name in args.variants.split(","):
         options, lowering = VARIANTS[name]

@@ -56,7 +56,7 @@ class Variant:
         import jax.numpy as jnp
 
         from circle_jax.distributed import DataParallel
-        from circle_jax.train import Trainer, _batched
+        from circle_jax.train import Trainer, batched
 
         self.n, self.batch = n or 1, batch
         self.trainer = t = Trainer(model, batch_size=batch, loss="categorical_crossentropy",
@@ -65,7 +65,7 @@ class Variant:
         self.steps = len(y) // batch
         state, frozen = t.placed(t.init())
         self.state, self.frozen = state, frozen
-        self.data = t.placed(_batched((jnp.asarray(x),), jnp.asarray(y), batch, self.steps),
+        self.data = t.placed(batched((jnp.asarray(x),), jnp.asarray(y), batch, self.steps),
                              batch_axis=1)
         self.run = t._compiled_epoch(state, frozen, *self.data)
         self.ms: list[float] = []

@@ -17,7 +17,7 @@ import pytest
 import circle_jax as cj
 import circle_jax.hoisting as hoisting
 from circle_jax.examples import branching_cnn, digits
-from circle_jax.train import Trainer, _batched
+from circle_jax.train import Trainer, batched
 
 
 def _epochs(trainer_kwargs: dict, x: np.ndarray, y: np.ndarray, hoist: bool,
@@ -69,7 +69,7 @@ def _split_example(batch: int, steps: int) -> tuple[hoisting.SplitStep | None, t
                       optimizer="sgd", learning_rate=0.05, batch_size=batch)
     state, frozen = trainer.init()
     x, y = _data(batch * steps)
-    xs, ys = _batched((jnp.asarray(x),), jnp.asarray(y), batch, steps)
+    xs, ys = batched((jnp.asarray(x),), jnp.asarray(y), batch, steps)
     first = jax.tree.map(lambda a: a[0], (xs, ys))
     return hoisting.split_step(trainer.train_step, state, frozen, first, steps), \
         (state, frozen, xs, ys), trainer

@@ -219,7 +219,7 @@ def test_compare_cli_exit_codes_for_refusals(data, tmp_path, capsys):
     err = capsys.readouterr().err
     assert code == 2 and err.startswith("onert cannot run this case: Error")
     assert main(["compare", CNN, "--batch_size", "4"]) == 3
-    assert capsys.readouterr().err.startswith("E: training data missing")
+    assert capsys.readouterr().err.startswith("E: data missing")
 
 
 def test_golden_cli(data, tmp_path, capsys):

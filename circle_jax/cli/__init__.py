@@ -1,4 +1,4 @@
-"""``circle-jax`` (subcommands: train, info, run, export, traininfo, golden, compare) and
+"""``circle-jax`` (subcommands: train, eval, info, run, export, traininfo, golden, compare) and
 ``onert-train-jax`` (onert_train's command line verbatim: ``sed s/onert_train/onert-train-jax/``
 migrates a script).
 
@@ -15,11 +15,12 @@ import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import compare, export, golden, info, run, train, traininfo
+from . import compare, evaluate, export, golden, info, run, train, traininfo
 from .common import CliError, Parser
 
 #: the subcommands of ``circle-jax``, in --help order (one module each)
-COMMANDS: tuple[ModuleType, ...] = (train, info, run, export, traininfo, golden, compare)
+COMMANDS: tuple[ModuleType, ...] = (train, evaluate, info, run, export, traininfo, golden,
+                                     compare)
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main", "onert_train_main"]
 

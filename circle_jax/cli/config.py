@@ -91,7 +91,7 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
     elif not ns.model:
         raise CliError("no model given: MODEL is a .circle/.tflite file or an nnpackage "
                        "directory (or --example)")
-    run = TrainRun(model=ns.model, example=ns.example, data=_data_files(ns), train=train,
+    run = TrainRun(model=ns.model, example=ns.example, data=data_files(ns), train=train,
                    outputs=_outputs(ns), resume=ns.checkpoint, metric=metric,
                    verbosity=ns.verbose_level or 0, mem_poll=bool(ns.mem_poll),
                    output_sizes=ns.output_sizes or (), compile_cache=ns.compile_cache,
@@ -162,7 +162,7 @@ def _processes(ns: argparse.Namespace) -> tuple[str, int, int] | None:
     return ns.coordinator_address, ns.num_processes, ns.process_id
 
 
-def _data_files(ns: argparse.Namespace) -> DataFiles:
+def data_files(ns: argparse.Namespace) -> DataFiles:
     for a, b in (("--load_input:raw", "--load_input"), ("--load_expected:raw", "--load_expected")):
         if getattr(ns, a[2:].replace(":", "_")) and getattr(ns, b[2:]):
             raise CliError(f"give {a} or {b}, not both")

@@ -20,7 +20,7 @@ import numpy as np
 from . import onert_output as out
 from .cache import cache_dir, enable_compile_cache
 from .common import CliError, Log, load_model, read_data
-from .config import TrainRun, train_run
+from .config import DataFiles, TrainRun, train_run
 from .train_args import add_circle_jax_arguments, add_onert_train_arguments
 
 NAME = "train"
@@ -129,16 +129,21 @@ def training_data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarr
 
         x, y = digits()
         return [x], y
-    d = run.data
-    if not d.inputs or not d.expected:
-        raise CliError("training data missing: give --load_input:raw FILE and "
-                       "--load_expected:raw FILE (or --load_input/--load_expected .npy/.npz)")
-    xs = read_data(d.inputs, [(s.shape[1:], s.dtype) for s in model.inputs],
-                   [s.name for s in model.inputs], raw=d.inputs_raw)
-    o = model.outputs[0]
     sparse = run.train.get("loss") == "sparse_categorical_crossentropy"
-    ys = read_data(d.expected, [((), np.int32) if sparse else (o.shape[1:], o.dtype)], None,
-                   raw=d.expected_raw)
+    return labelled_data(run.data, model, sparse)
+
+
+def labelled_data(files: DataFiles, model: Any, sparse: bool = False
+                  ) -> tuple[list[np.ndarray], np.ndarray]:
+    """(inputs, output 0's targets) from the files (``sparse``: class indices)."""
+    if not files.inputs or not files.expected:
+        raise CliError("data missing: give --load_input:raw FILE and --load_expected:raw FILE "
+                       "(or --load_input/--load_expected .npy/.npz)")
+    xs = read_data(files.inputs, [(s.shape[1:], s.dtype) for s in model.inputs],
+                   [s.name for s in model.inputs], raw=files.inputs_raw)
+    o = model.outputs[0]
+    ys = read_data(files.expected, [((), np.int32) if sparse else (o.shape[1:], o.dtype)], None,
+                   raw=files.expected_raw)
     from circle_jax.formats.rawdata import check_same_count
 
     check_same_count(xs, ys)

@@ -93,15 +93,23 @@ def add_step_arguments(g: Any) -> None:
     optimizer, trainable operators."""
     _flag(g, "--learning_rate", type=float, metavar="F", default=f"{CIRCLE_PLUS} 0.001",
           help="learning rate")
-    for flag, table, default in (("--loss", LOSS_TABLE, "mse"),
-                                 ("--loss_reduction_type", REDUCTION_TABLE, "sum over batch size"),
-                                 ("--optimizer", OPTIMIZER_TABLE, "sgd")):
-        _flag(g, flag, type=_table_type(table), metavar="CODE|NAME",
-              default=f"{CIRCLE_PLUS} {default}",
-              help=f"{table.what}: onert code {table.code_help()}; or a name: "
-              f"{', '.join(table.spellings())}")
+    loss_arguments(g)
+    _table_flag(g, "--optimizer", OPTIMIZER_TABLE, "sgd")
     _flag(g, "--num_of_trainable_ops", type=int, metavar="N", default=f"{CIRCLE_PLUS} -1",
           help="-1 all, 0 none, N the last N operators in circle order")
+
+
+def loss_arguments(g: Any) -> None:
+    """--loss and --loss_reduction_type, onert_train's codes or names."""
+    _table_flag(g, "--loss", LOSS_TABLE, "mse")
+    _table_flag(g, "--loss_reduction_type", REDUCTION_TABLE, "sum over batch size")
+
+
+def _table_flag(g: Any, flag: str, table: CodeTable, default: str) -> None:
+    _flag(g, flag, type=_table_type(table), metavar="CODE|NAME",
+          default=f"{CIRCLE_PLUS} {default}",
+          help=f"{table.what}: onert code {table.code_help()}; or a name: "
+          f"{', '.join(table.spellings())}")
 
 
 def add_selection_arguments(g: Any) -> None:

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from .model import Model
+from ..model import Model
 
 
 @dataclass(frozen=True)
@@ -55,7 +55,7 @@ class TrainConfig:
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
-        from .formats.traininfo import decode_traininfo
+        from ..formats.traininfo import decode_traininfo
 
         info = None
         if "CIRCLE_TRAINING" in model.ir.metadata:

@@ -1,4 +1,5 @@
-"""Training: a ``TrainState`` pytree, a pure jitted step, and epochs as one ``lax.scan``.
+"""`Trainer`: the pure training step and the compiled epoch (one ``lax.scan``) of one model
+and configuration.
 
 Data flow per step: trainable params (masters: float32, or float64 under a float64 policy)
 → cast to the variable then compute dtype → ``model.apply`` → loss in float32 (float64
@@ -11,10 +12,9 @@ Frozen params are a separate argument that is never differentiated.
 from __future__ import annotations
 
 import functools
-import time
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
-from typing import Any, NamedTuple
+from dataclasses import replace
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -22,19 +22,16 @@ import numpy as np
 import optax
 from jax import lax
 
-from .distributed import DataParallel, local
-from .errors import DataError, TrainingError
-from .formats.rawdata import check_training_data
-from .hoisting import split_step
-from .losses import get_loss, get_reduction, loss_name
-from .model import Model
-from .numerics_train import training_numerics
-from .optim import (
-    LossScale,
+from ..distributed import DataParallel
+from ..errors import DataError
+from ..hoisting import split_step
+from ..losses import get_loss, get_reduction, loss_name
+from ..model import Model
+from ..numerics_train import training_numerics
+from ..optim import (
     NoLossScale,
     Policy,
     accumulate,
-    all_finite,
     get_optimizer,
     get_policy,
     loss_scale_from_spec,
@@ -42,50 +39,9 @@ from .optim import (
     scaled_value_and_grad,
     select_tree,
 )
-from .train_config import TrainConfig, select_trainable
-
-Batch = tuple[tuple[jax.Array, ...], jax.Array]
-
-
-class TrainState(NamedTuple):
-    """The whole training state, a pytree.
-
-    Attributes:
-      params: trainable params (float32 masters when the variable dtype is half).
-      opt_state: the optax state (includes the accumulation state when accumulating).
-      loss_scale: the loss-scale state (scale and growth counter are array leaves).
-      step: int32 count of micro-steps taken (skipped ones included).
-    """
-
-    params: dict[str, jax.Array]
-    opt_state: Any
-    loss_scale: LossScale
-    step: jax.Array
-
-
-class StepMetrics(NamedTuple):
-    """Per-step results, stacked over an epoch by the scan."""
-
-    loss: jax.Array  # pre-update loss of the batch
-    correct: jax.Array  # samples whose argmax matches the target's (categorical accuracy)
-    skipped: jax.Array  # 1 when the update was skipped for non-finite gradients
-    overflows: jax.Array  # gradient overflows seen (retries included)
-    scale: jax.Array  # loss scale used
-
-
-@dataclass
-class History:
-    """Per-epoch results of ``fit``."""
-
-    loss: list[float] = field(default_factory=list)
-    accuracy: list[float] = field(default_factory=list)
-    val_loss: list[float] = field(default_factory=list)
-    val_accuracy: list[float] = field(default_factory=list)
-    skipped: list[int] = field(default_factory=list)
-    loss_scale: list[float] = field(default_factory=list)
-    ms_per_step: list[float] = field(default_factory=list)
-    steps: list[int] = field(default_factory=list)
-    compile_ms: float = 0.0
+from .config import TrainConfig, select_trainable
+from .data import Batch, as_inputs, batched, correct
+from .state import StepMetrics, TrainState
 
 
 class Trainer:
@@ -106,7 +62,7 @@ class Trainer:
         self.placement = placement
         lowering = {} if placement is None or model.lowering.backend is not None else \
             {"backend": placement.platform}
-        reduction = get_reduction(config.reduction)
+        self.reduction = reduction = get_reduction(config.reduction)
         #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
         self.numerics = training_numerics(
             model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,
@@ -150,6 +106,8 @@ class Trainer:
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._step = jax.jit(self.train_step)
         self._eval = jax.jit(self._eval_impl)
+        self._eval_batch = jax.jit(self._eval_batch_impl)
+        self._permute = jax.jit(self._permuted)
 
     # -- state -------------------------------------------------------------------------
     def split_params(self, params: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -191,7 +149,7 @@ class Trainer:
               in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
         x, y = batch
         out = self._forward(trainable, frozen, x, in_loop)
-        return self.loss_fn(out, y), _correct(out, y)
+        return self.loss_fn(out, y), correct(out, y)
 
     def train_step(self, state: TrainState, frozen: dict, batch: Batch, in_loop: bool = False
                    ) -> tuple[TrainState, StepMetrics]:
@@ -254,45 +212,82 @@ class Trainer:
 
     def _shuffled_epoch_impl(self, state: TrainState, frozen: dict, x: tuple, y: jax.Array,
                              epoch: jax.Array):
-        """The epoch on the samples in the order of epoch ``epoch``'s permutation, drawn and
-        applied on the device: ``permutation(fold_in(key(seed), epoch), n)``."""
+        """The epoch on the samples in epoch ``epoch``'s order (`_permuted`), drawn and
+        applied on the device."""
         b = self.config.batch_size
-        steps = y.shape[0] // b
+        xs, ys = batched(*self._permuted(x, y, epoch), b, y.shape[0] // b)
+        return self._epoch_impl(state, frozen, xs, ys)
+
+    def _permuted(self, x: tuple, y: jax.Array, epoch: jax.Array) -> tuple[tuple, jax.Array]:
+        """The samples in the order ``jax.random.permutation(fold_in(key(seed), epoch), n)``."""
         perm = jax.random.permutation(
             jax.random.fold_in(jax.random.key(self.config.seed), epoch), y.shape[0])
-        xs, ys = _batched(tuple(a[perm] for a in x), y[perm], b, steps)
-        return self._epoch_impl(state, frozen, xs, ys)
+        return tuple(a[perm] for a in x), y[perm]
 
     def _eval_impl(self, trainable: dict, frozen: dict, xs: tuple, ys: jax.Array
                    ) -> tuple[jax.Array, jax.Array]:
         def body(_: None, b: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
-            x, y = b
-            out = self._forward(trainable, frozen, x, in_loop=True)  # as in training
-            return None, (self.loss_fn(out, y), jnp.sum(_correct(out, y)))
+            return None, self._eval_batch_impl(trainable, frozen, *b, in_loop=True)
 
-        _, (losses, correct) = lax.scan(body, None, (xs, ys))
-        return losses, correct
+        _, (losses, hits) = lax.scan(body, None, (xs, ys))
+        return losses, hits
+
+    def _eval_batch_impl(self, trainable: dict, frozen: dict, x: tuple, y: jax.Array,
+                         in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
+        """(the batch's loss, how many of its samples are classified right), the forward as
+        in training (precision policy)."""
+        out = self._forward(trainable, frozen, x, in_loop=in_loop)
+        return self.loss_fn(out, y), jnp.sum(correct(out, y))
 
     # -- host-side driving ---------------------------------------------------------------
     def run_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array], y: jax.Array,
-                  epoch: int = 0) -> tuple[TrainState, StepMetrics]:
-        """One epoch: batches of ``batch_size`` (shuffled if configured), one compiled scan."""
-        n = y.shape[0]
-        b = self.config.batch_size
+                  epoch: int = 0, *, every_steps: int | None = None, skip_steps: int = 0,
+                  after_chunk: Callable[[TrainState], None] | None = None,
+                  ) -> tuple[TrainState, StepMetrics]:
+        """One epoch: batches of ``batch_size`` (in epoch ``epoch``'s order with
+        ``shuffle``), then the trailing partial batch unless ``drop_remainder``.
+
+        Whole, the epoch is one compiled scan. With ``every_steps`` it runs as compiled scans
+        of that many steps, calling ``after_chunk(state)`` after each (checkpoints); the
+        first ``skip_steps`` steps are left out (done before a mid-epoch checkpoint). Both
+        ways give the same state, bit for bit.
+        """
+        n, b = y.shape[0], self.config.batch_size
         steps = n // b
         if steps == 0 and self.config.drop_remainder:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
-        args = self.epoch_arguments(state, frozen, x, y, epoch)
-        state, metrics = self._compiled_epoch(*args, shuffled=self.config.shuffle)(*args)
-        if not self.config.drop_remainder and n % b:
-            if self.config.shuffle:  # the trailing samples of the permuted order
-                perm = jax.random.permutation(
-                    jax.random.fold_in(jax.random.key(self.config.seed), epoch), n)
-                x, y = tuple(a[perm] for a in x), y[perm]
-            tail = self.placed((tuple(a[steps * b:] for a in x), y[steps * b:]))
-            state, m = self._step(state, frozen, tail)
-            metrics = jax.tree.map(lambda a, c: jnp.concatenate([a, c[None]]), metrics, m)
-        return state, metrics
+        tail = not self.config.drop_remainder and n % b
+        parts = []
+        if every_steps is None and not skip_steps:
+            args = self.epoch_arguments(state, frozen, x, y, epoch)
+            state, metrics = self._compiled_epoch(*args, shuffled=self.config.shuffle)(*args)
+            parts.append(metrics)
+        if tail or not parts:
+            x, y = self._ordered(x, y, epoch)
+        if not parts:
+            xs, ys = batched(x, y, b, steps)
+            every = every_steps or steps
+            for i in range(skip_steps, steps, every):
+                part = (state, frozen, *self.placed((tuple(a[i:i + every] for a in xs),
+                                                     ys[i:i + every]), batch_axis=1))
+                state, metrics = self._compiled_epoch(*part)(*part)
+                parts.append(metrics)
+                if after_chunk is not None:
+                    after_chunk(state)
+        if tail:
+            rest = self.placed((tuple(a[steps * b:] for a in x), y[steps * b:]))
+            state, metrics = self._step(state, frozen, rest)
+            parts.append(jax.tree.map(lambda a: a[None], metrics))
+        if len(parts) == 1:
+            return state, parts[0]
+        return state, jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
+    def _ordered(self, x: Sequence[jax.Array], y: jax.Array, epoch: int
+                 ) -> tuple[tuple, jax.Array]:
+        """The samples in epoch ``epoch``'s order: as given, or permuted (``shuffle``)."""
+        if not self.config.shuffle:
+            return tuple(x), y
+        return self._permute(tuple(x), y, jnp.asarray(epoch, jnp.int32))
 
     def placed(self, tree: Any, batch_axis: int | None = None) -> Any:
         """``tree`` on the placement's devices (sharded on ``batch_axis``), or as it is."""
@@ -306,7 +301,21 @@ class Trainer:
             return (state, frozen, *self.placed((tuple(x), y), batch_axis=0),
                     jnp.asarray(epoch, jnp.int32))
         b = self.config.batch_size
-        return (state, frozen, *self.placed(_batched(x, y, b, y.shape[0] // b), batch_axis=1))
+        return (state, frozen, *self.placed(batched(x, y, b, y.shape[0] // b), batch_axis=1))
+
+    def compile_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
+                      y: jax.Array, every_steps: int | None = None) -> None:
+        """Compile, before the first epoch, what `run_epoch` runs: the whole epoch, or its
+        chunks of ``every_steps`` steps (a shorter last chunk compiles when it first runs)."""
+        b = self.config.batch_size
+        steps = y.shape[0] // b
+        if every_steps is None:
+            self._compiled_epoch(*self.epoch_arguments(state, frozen, x, y),
+                                 shuffled=self.config.shuffle)
+        elif steps:
+            k = min(every_steps, steps)
+            part = batched(tuple(a[:k * b] for a in x), y[:k * b], b, k)
+            self._compiled_epoch(state, frozen, *self.placed(part, batch_axis=1))
 
     def _compiled_epoch(self, *args: Any, shuffled: bool = False
                         ) -> Callable[..., tuple[TrainState, StepMetrics]]:
@@ -323,20 +332,33 @@ class Trainer:
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
                  batch_size: int | None = None) -> tuple[float, float]:
-        """(mean batch loss, categorical accuracy) over the data, in batches.
+        """(loss, categorical accuracy) over ALL the samples, in batches of ``batch_size``
+        (default: the config's): the full batches in one compiled scan, then the trailing
+        partial batch.
 
-        ``params`` are all params (model dtypes, or ``{**state.params, **frozen}`` for the
-        full-precision masters); the forward runs as in training (precision policy).
+        The loss is what the configured reduction gives per batch, averaged over batches
+        with each batch weighted by its size: under "sum_over_batch_size" the mean over all
+        samples; under "sum" the sum over all samples divided by n / batch_size. ``params``
+        are all params (model dtypes, or ``{**state.params, **frozen}`` for the masters);
+        the forward runs as in training (precision policy).
         """
-        x, y = _as_inputs(self.model, x), jnp.asarray(y)
+        x, y = as_inputs(self.model, x), jnp.asarray(y)
         n = y.shape[0]
         if n == 0:
             raise DataError("no samples to evaluate")
         b = min(batch_size or self.config.batch_size, n)
-        steps = n // b
-        xs, ys = self.placed(_batched(x, y, b, steps))
-        losses, correct = self._eval(*self.placed(self.split_params(params)), xs, ys)
-        return float(jnp.mean(losses)), float(jnp.sum(correct)) / (steps * b)
+        steps, rest = divmod(n, b)
+        trainable, frozen = self.placed(self.split_params(params))
+        losses, hits = self._eval(trainable, frozen, *self.placed(batched(x, y, b, steps)))
+        per_sample = self.reduction.value != "sum"  # the batch loss is a mean over it
+        total = float(jnp.sum(losses)) * (b if per_sample else 1)
+        right = int(jnp.sum(hits))
+        if rest:
+            loss, hit = self._eval_batch(trainable, frozen, *self.placed(
+                (tuple(a[steps * b:] for a in x), y[steps * b:])))
+            total += float(loss) * (rest if per_sample else 1)
+            right += int(hit)
+        return total / n * (1 if per_sample else b), right / n
 
 
 #: XLA options for compiled epochs on CPU: classic fusion emitters (benchmarks/README.md).
@@ -353,23 +375,6 @@ def _compile(lowered: jax.stages.Lowered, placement: DataParallel | None) -> Cal
             if "compile option" not in str(e):
                 raise
     return lowered.compile()
-
-
-def _batched(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int) -> tuple[tuple, jax.Array]:
-    def cut(a: jax.Array) -> jax.Array:
-        return a[: steps * b].reshape((steps, b) + a.shape[1:])
-
-    return tuple(cut(a) for a in x), cut(y)
-
-
-def _correct(out: jax.Array, y: jax.Array) -> jax.Array:
-    """Per-sample categorical accuracy (argmax, first max wins); sparse labels accepted."""
-    pred = jnp.argmax(out.reshape(out.shape[0], -1), axis=-1)
-    if y.ndim == out.ndim and y.shape[-1] == out.shape[-1] and out.shape[-1] > 1:
-        target = jnp.argmax(y.reshape(y.shape[0], -1), axis=-1)
-    else:
-        target = y.reshape(y.shape[0]).astype(pred.dtype)
-    return (pred == target).astype(jnp.int32)
 
 
 def _grad_cast(tree: dict, dtype: Any) -> dict:
@@ -398,133 +403,3 @@ def _round_cotangent(tree: dict, dtype: np.dtype) -> dict:
     return ident(tree)
 
 
-def _as_inputs(model: Model, x: Any) -> tuple[jax.Array, ...]:
-    xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
-    if len(xs) != len(model.inputs):
-        raise DataError(f"the model has {len(model.inputs)} inputs, got {len(xs)} arrays")
-    out = []
-    for a, spec in zip(xs, model.inputs):
-        a = np.asarray(a)
-        if a.shape[1:] != spec.shape[1:]:
-            raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
-                            f"the model expects {list(spec.shape[1:])}")
-        out.append(jnp.asarray(a, spec.dtype))
-    return tuple(out)
-
-
-@dataclass
-class FitResult:
-    """What ``fit`` returns: trained params (model dtypes), the final state and history."""
-
-    params: dict[str, jax.Array]
-    state: TrainState
-    history: History
-    trainer: Trainer
-
-
-def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tuple, Any]:
-    """(train x, train y, val x, val y): the LAST ``fraction`` of samples validate (onert)."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"validation_split must be in [0, 1), got {fraction}")
-    n = y.shape[0]
-    n_val = int(n * fraction)
-    cut = n - n_val
-    return tuple(a[:cut] for a in x), y[:cut], tuple(a[cut:] for a in x), y[cut:]
-
-
-def fit(
-    model: Model,
-    x: Any,
-    y: Any,
-    config: TrainConfig | None = None,
-    *,
-    params: Mapping[str, Any] | None = None,
-    state: TrainState | None = None,
-    on_epoch: Callable[[int, History], None] | None = None,
-    progress: Callable[[Any, Any], None] | None = None,
-    devices: int | Sequence[jax.Device] | None = None,
-    mesh: jax.sharding.Mesh | None = None,
-    **overrides: Any,
-) -> FitResult:
-    """Train ``model`` on (x, y): epochs of compiled scans, onert's conventions by default.
-
-    ``x`` is an array or a sequence of arrays (one per model input) with samples on axis 0.
-    Returns trained params, the final ``TrainState`` and a ``History`` of per-epoch loss
-    (mean of the batches' pre-update losses), accuracy, validation loss, skipped steps,
-    loss scale and ms/step. ``on_epoch(i, history)`` runs after each epoch (a logging point);
-    ``progress(done, total)``, if given, is called from the compiled epoch about 40 times.
-    ``devices`` (N, or the devices) or ``mesh`` train data-parallel (`circle_jax.distributed`);
-    the returned params and state are then on this process's first device.
-    """
-    trainer = Trainer(model, config, placement=DataParallel.of(devices, mesh), **overrides)
-    trainer.progress = progress
-    cfg = trainer.config
-    x_tr, y_tr, val = prepare_data(trainer, x, y)
-    if state is None:
-        state, frozen = trainer.init(params)
-    else:
-        _, frozen = trainer.init(params)
-    state, frozen = trainer.placed((state, frozen))
-    hist = History()
-    t0 = time.perf_counter()
-    trainer._compiled_epoch(*trainer.epoch_arguments(state, frozen, x_tr, y_tr),
-                            shuffled=cfg.shuffle)
-    hist.compile_ms = (time.perf_counter() - t0) * 1000
-    for epoch in range(cfg.epochs):
-        t = time.perf_counter()
-        state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch)
-        record_epoch(trainer, hist, epoch, state, frozen, m, t, int(y_tr.shape[0]), val)
-        if on_epoch is not None:
-            on_epoch(epoch, hist)
-    state, frozen = local((state, frozen))
-    return FitResult(trainer.merge(state, frozen), state, hist, trainer)
-
-
-def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:
-    """(train inputs, train targets, (validation inputs, validation targets)) on device."""
-    cfg = trainer.config
-    xs, ys = _as_inputs(trainer.model, x), jnp.asarray(y, trainer.loss_dtype)
-    if any(a.shape[0] != ys.shape[0] for a in xs):
-        raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
-                        f"{ys.shape[0]}")
-    sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
-    check_training_data(xs, np.asarray(y), trainer.model.outputs[0].shape[-1] if sparse else None)
-    x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
-    if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:
-        raise DataError(f"{y_tr.shape[0]} training samples are fewer than one batch of "
-                        f"{cfg.batch_size}")
-    return x_tr, y_tr, (x_val, y_val)
-
-
-def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState, frozen: dict,
-                 m: StepMetrics, started: float, n_train: int, val: tuple) -> None:
-    """Append an epoch's results to ``hist`` (the logging point: one host sync), validate,
-    and raise ``TrainingError`` on divergence."""
-    cfg = trainer.config
-    loss = float(jnp.mean(m.loss))
-    steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
-    ms = (time.perf_counter() - started) * 1000 / max(steps, 1)
-    # Without loss scaling a non-finite loss (or weights: a last step's update) is
-    # divergence; with it, only when every step of the epoch was skipped.
-    unscaled = isinstance(state.loss_scale, NoLossScale)
-    if not np.isfinite(loss) and (unscaled or skipped == steps):
-        raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
-                            "the learning rate or check the data")
-    if unscaled and not bool(all_finite(state.params)):
-        raise TrainingError(f"epoch {epoch + 1}: the weights are no longer finite (loss "
-                            f"{loss:.4g}); lower the learning rate or check the data")
-    hist.loss.append(loss)
-    seen = n_train if not cfg.drop_remainder else steps * cfg.batch_size
-    hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
-    hist.skipped.append(skipped)
-    hist.loss_scale.append(float(state.loss_scale.loss_scale))
-    hist.ms_per_step.append(ms)
-    hist.steps.append(steps)
-    x_val, y_val = val
-    if y_val.shape[0]:
-        vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
-        if not np.isfinite(vl):
-            raise TrainingError(f"epoch {epoch + 1}: the validation loss is {vl} (not finite); "
-                                "check the validation data and the learning rate")
-        hist.val_loss.append(vl)
-        hist.val_accuracy.append(va)

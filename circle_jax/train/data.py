@@ -1,0 +1,59 @@
+"""Training data on its way into the compiled epoch: checked, split, cut into batches."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..errors import DataError
+from ..model import Model
+
+Batch = tuple[tuple[jax.Array, ...], jax.Array]
+
+
+def batched(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int) -> tuple[tuple, jax.Array]:
+    """``steps`` batches of ``b`` samples: arrays of shape (steps, b, ...)."""
+
+    def cut(a: jax.Array) -> jax.Array:
+        return a[: steps * b].reshape((steps, b) + a.shape[1:])
+
+    return tuple(cut(a) for a in x), cut(y)
+
+
+def correct(out: jax.Array, y: jax.Array) -> jax.Array:
+    """Per-sample categorical accuracy (argmax, first max wins); sparse labels accepted."""
+    pred = jnp.argmax(out.reshape(out.shape[0], -1), axis=-1)
+    if y.ndim == out.ndim and y.shape[-1] == out.shape[-1] and out.shape[-1] > 1:
+        target = jnp.argmax(y.reshape(y.shape[0], -1), axis=-1)
+    else:
+        target = y.reshape(y.shape[0]).astype(pred.dtype)
+    return (pred == target).astype(jnp.int32)
+
+
+def as_inputs(model: Model, x: Any) -> tuple[jax.Array, ...]:
+    """``x`` (an array or one per model input) as the model's input dtypes, shapes checked."""
+    xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
+    if len(xs) != len(model.inputs):
+        raise DataError(f"the model has {len(model.inputs)} inputs, got {len(xs)} arrays")
+    out = []
+    for a, spec in zip(xs, model.inputs):
+        a = np.asarray(a)
+        if a.shape[1:] != spec.shape[1:]:
+            raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
+                            f"the model expects {list(spec.shape[1:])}")
+        out.append(jnp.asarray(a, spec.dtype))
+    return tuple(out)
+
+
+def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tuple, Any]:
+    """(train x, train y, val x, val y): the LAST ``fraction`` of samples validate (onert)."""
+    if not 0.0 <= fraction < 1.0:
+        raise ValueError(f"validation_split must be in [0, 1), got {fraction}")
+    n = y.shape[0]
+    n_val = int(n * fraction)
+    cut = n - n_val
+    return tuple(a[:cut] for a in x), y[:cut], tuple(a[cut:] for a in x), y[cut:]

@@ -1,0 +1,175 @@
+"""``fit``: the one training loop. Epochs (whole, or in compiled chunks of steps), the
+logging point after each, callbacks, and resumption at any step; checkpointing
+(`circle_jax.checkpoints.fit_checkpointed`) is this loop with a callback."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from ..distributed import DataParallel, local
+from ..errors import DataError, TrainingError
+from ..formats.rawdata import check_training_data
+from ..losses import loss_name
+from ..model import Model
+from ..optim import NoLossScale, all_finite
+from .config import TrainConfig
+from .data import as_inputs, split_validation
+from .state import History, StepMetrics, TrainState
+from .trainer import Trainer
+
+
+@dataclass
+class FitResult:
+    """What ``fit`` returns: trained params (model dtypes), the final state and history."""
+
+    params: dict[str, jax.Array]
+    state: TrainState
+    history: History
+    trainer: Trainer
+
+
+class Callback(Protocol):
+    """What ``fit`` calls, on the host, at its logging points. ``epoch`` counts from 0 and
+    from ``initial_epoch`` (the absolute epoch, as checkpoints number them)."""
+
+    def on_chunk_end(self, epoch: int, state: TrainState, frozen: dict) -> None:
+        """After each compiled chunk of steps, when the epoch runs in chunks (``every_steps``,
+        or the rest of a resumed epoch)."""
+
+    def on_epoch_end(self, epoch: int, history: History, state: TrainState,
+                     frozen: dict) -> None:
+        """After each epoch, its results recorded in ``history``."""
+
+
+def fit(
+    model: Model,
+    x: Any,
+    y: Any,
+    config: TrainConfig | None = None,
+    *,
+    trainer: Trainer | None = None,
+    params: Mapping[str, Any] | None = None,
+    state: TrainState | None = None,
+    initial_epoch: int = 0,
+    initial_step: int = 0,
+    every_steps: int | None = None,
+    callbacks: Sequence[Callback] = (),
+    on_epoch: Callable[[int, History], None] | None = None,
+    progress: Callable[[Any, Any], None] | None = None,
+    devices: int | Sequence[jax.Device] | None = None,
+    mesh: jax.sharding.Mesh | None = None,
+    **overrides: Any,
+) -> FitResult:
+    """Train ``model`` on (x, y): epochs of compiled scans, onert's conventions by default.
+
+    ``x`` is an array or a sequence of arrays (one per model input) with samples on axis 0.
+    The configuration is ``config`` with ``overrides`` (TrainConfig fields), resolved once
+    against the model's circle+ values; or pass a ``trainer`` to reuse its compiled step
+    (then only ``epochs`` may be overridden: how many epochs this call trains).
+    ``devices`` (N, or the devices) or ``mesh`` train data-parallel
+    (`circle_jax.distributed`); the returned params and state are then on this process's
+    first device.
+
+    Training starts from ``state`` (default: fresh, from ``params`` or the model's) at epoch
+    ``initial_epoch`` (it numbers the shuffling order and callbacks), of which
+    ``initial_step`` steps are already done. ``every_steps`` runs each epoch as compiled
+    chunks of that many steps, calling ``Callback.on_chunk_end`` after each; no per-step
+    Python either way. After each epoch (the logging point: one host sync) the history is
+    recorded (per-epoch loss = mean of the batches' pre-update losses, accuracy,
+    validation loss and accuracy over all validation samples, skipped steps, loss scale,
+    ms/step), then the callbacks and ``on_epoch(i, history)`` (``i`` from 0 in this call)
+    run. ``progress(done, total)`` is called from the compiled epoch about 40 times.
+    """
+    epochs = overrides.get("epochs")
+    if trainer is None:
+        trainer = Trainer(model, config, placement=DataParallel.of(devices, mesh), **overrides)
+    elif config is not None or set(overrides) - {"epochs"} or devices or mesh is not None:
+        raise ValueError("give either a trainer or a config (and overrides, devices, mesh), "
+                         "not both")
+    if every_steps is not None and every_steps < 1:
+        raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+    trainer.progress = progress
+    cfg = trainer.config
+    epochs = cfg.epochs if epochs is None else epochs
+    x_tr, y_tr, val = prepare_data(trainer, x, y)
+    fresh, frozen = trainer.init(params)
+    state, frozen = trainer.placed((fresh if state is None else state, frozen))
+    hist = History()
+    t0 = time.perf_counter()
+    trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
+    hist.compile_ms = (time.perf_counter() - t0) * 1000
+    for i in range(epochs):
+        epoch = initial_epoch + i
+        t = time.perf_counter()
+
+        def chunk_done(s: TrainState, e: int = epoch) -> None:
+            for cb in callbacks:
+                cb.on_chunk_end(e, s, frozen)
+
+        state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch, every_steps=every_steps,
+                                     skip_steps=initial_step if i == 0 else 0,
+                                     after_chunk=chunk_done)
+        record_epoch(trainer, hist, i, state, frozen, m, t, int(y_tr.shape[0]), val)
+        for cb in callbacks:
+            cb.on_epoch_end(epoch, hist, state, frozen)
+        if on_epoch is not None:
+            on_epoch(i, hist)
+    state, frozen = local((state, frozen))
+    return FitResult(trainer.merge(state, frozen), state, hist, trainer)
+
+
+def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:
+    """(train inputs, train targets, (validation inputs, validation targets)) on device."""
+    cfg = trainer.config
+    xs, ys = as_inputs(trainer.model, x), jnp.asarray(y, trainer.loss_dtype)
+    if any(a.shape[0] != ys.shape[0] for a in xs):
+        raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
+                        f"{ys.shape[0]}")
+    sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
+    check_training_data(xs, np.asarray(y), trainer.model.outputs[0].shape[-1] if sparse else None)
+    x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
+    if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:
+        raise DataError(f"{y_tr.shape[0]} training samples are fewer than one batch of "
+                        f"{cfg.batch_size}")
+    return x_tr, y_tr, (x_val, y_val)
+
+
+def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState, frozen: dict,
+                 m: StepMetrics, started: float, n_train: int, val: tuple) -> None:
+    """Append an epoch's results to ``hist`` (the logging point: one host sync), validate,
+    and raise ``TrainingError`` on divergence."""
+    cfg = trainer.config
+    loss = float(jnp.mean(m.loss))
+    steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
+    ms = (time.perf_counter() - started) * 1000 / max(steps, 1)
+    # Without loss scaling a non-finite loss (or weights: a last step's update) is
+    # divergence; with it, only when every step of the epoch was skipped.
+    unscaled = isinstance(state.loss_scale, NoLossScale)
+    if not np.isfinite(loss) and (unscaled or skipped == steps):
+        raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
+                            "the learning rate or check the data")
+    if unscaled and not bool(all_finite(state.params)):
+        raise TrainingError(f"epoch {epoch + 1}: the weights are no longer finite (loss "
+                            f"{loss:.4g}); lower the learning rate or check the data")
+    hist.loss.append(loss)
+    seen = n_train if not cfg.drop_remainder else steps * cfg.batch_size
+    hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
+    hist.skipped.append(skipped)
+    hist.loss_scale.append(float(state.loss_scale.loss_scale))
+    hist.ms_per_step.append(ms)
+    hist.steps.append(steps)
+    x_val, y_val = val
+    if y_val.shape[0]:
+        vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
+        if not np.isfinite(vl):
+            raise TrainingError(f"epoch {epoch + 1}: the validation loss is {vl} (not finite); "
+                                "check the validation data and the learning rate")
+        hist.val_loss.append(vl)
+        hist.val_accuracy.append(va)

@@ -1,0 +1,52 @@
+"""The values training passes around: the state pytree, per-step metrics, the per-epoch
+history and what ``fit`` returns."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, NamedTuple
+
+import jax
+
+from ..optim import LossScale
+
+
+class TrainState(NamedTuple):
+    """The whole training state, a pytree.
+
+    Attributes:
+      params: trainable params (float32 masters when the variable dtype is half).
+      opt_state: the optax state (includes the accumulation state when accumulating).
+      loss_scale: the loss-scale state (scale and growth counter are array leaves).
+      step: int32 count of micro-steps taken (skipped ones included).
+    """
+
+    params: dict[str, jax.Array]
+    opt_state: Any
+    loss_scale: LossScale
+    step: jax.Array
+
+
+class StepMetrics(NamedTuple):
+    """Per-step results, stacked over an epoch by the scan."""
+
+    loss: jax.Array  # pre-update loss of the batch
+    correct: jax.Array  # samples whose argmax matches the target's (categorical accuracy)
+    skipped: jax.Array  # 1 when the update was skipped for non-finite gradients
+    overflows: jax.Array  # gradient overflows seen (retries included)
+    scale: jax.Array  # loss scale used
+
+
+@dataclass
+class History:
+    """Per-epoch results of ``fit``."""
+
+    loss: list[float] = field(default_factory=list)
+    accuracy: list[float] = field(default_factory=list)
+    val_loss: list[float] = field(default_factory=list)
+    val_accuracy: list[float] = field(default_factory=list)
+    skipped: list[int] = field(default_factory=list)
+    loss_scale: list[float] = field(default_factory=list)
+    ms_per_step: list[float] = field(default_factory=list)
+    steps: list[int] = field(default_factory=list)
+    compile_ms: float = 0.0

@@ -1,0 +1,125 @@
+"""The one training loop (`circle_jax.train.loop`): evaluation and validation score every
+sample, callbacks run at the logging points, chunked epochs equal whole ones, and
+``circle-jax eval``."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from circle_jax.cli import main
+from circle_jax.train import Trainer, fit
+from tests.test_train import reshape_mlp, toy_data
+
+
+def _direct(model, x, y, loss: str, reduction: str, batch: int) -> tuple[float, float]:
+    """The numpy reference: per-sample losses from single-sample runs; a batch's loss is
+    their mean ("sum_over_batch_size") or sum ("sum"); batches weighted by their size."""
+    p = np.concatenate([np.asarray(model(x[i:i + 1])[0]) for i in range(len(x))], 0)
+    if loss == "mse":
+        per = np.mean((p - y) ** 2, axis=-1)
+    else:
+        per = -np.sum(y * np.log(np.clip(p, 1e-7, 1 - 1e-7)), axis=-1)
+    total = per.sum() / len(x)
+    value = total if reduction == "sum_over_batch_size" else total * batch
+    return float(value), float(np.mean(p.argmax(-1) == y.argmax(-1)))
+
+
+@pytest.mark.parametrize("loss", ["mse", "cce"])
+@pytest.mark.parametrize("reduction", ["sum_over_batch_size", "sum"])
+def test_evaluate_scores_every_sample(loss: str, reduction: str) -> None:
+    model = reshape_mlp()
+    x, y = toy_data(23)  # 5 batches of 4 and a partial batch of 3
+    trainer = Trainer(model, batch_size=4, loss=loss, reduction=reduction)
+    got = trainer.evaluate(model.params, x, y)
+    want = _direct(model, x, y, loss, reduction, 4)
+    np.testing.assert_allclose(got, want, rtol=2e-6)
+    # the same value whatever the batching (the trailing batch is not dropped)
+    np.testing.assert_allclose(trainer.evaluate(model.params, x, y, batch_size=23)[0],
+                               want[0] * (23 / 4 if reduction == "sum" else 1), rtol=2e-6)
+
+
+def test_validation_scores_every_held_out_sample() -> None:
+    model = reshape_mlp()
+    x, y = toy_data(50)  # validation: the last 15 samples, not a multiple of the batch
+    r = fit(model, x, y, epochs=2, batch_size=4, learning_rate=0.1, loss="cce",
+            optimizer="adam", validation_split=0.3)
+    trained = reshape_mlp()
+    val = _direct(_with(trained, r.params), x[35:], y[35:], "cce", "sum_over_batch_size", 4)
+    np.testing.assert_allclose((r.history.val_loss[-1], r.history.val_accuracy[-1]), val,
+                               rtol=2e-6)
+
+
+def _with(model, params):
+    model.params = {k: np.asarray(v) for k, v in params.items()}
+    return model
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.events: list[tuple] = []
+
+    def on_chunk_end(self, epoch, state, frozen) -> None:
+        self.events.append(("chunk", epoch, int(state.step)))
+
+    def on_epoch_end(self, epoch, history, state, frozen) -> None:
+        self.events.append(("epoch", epoch, int(state.step), len(history.loss)))
+
+
+@pytest.mark.parametrize("shuffle", [False, True])
+def test_chunked_epochs_equal_whole_ones_and_call_back(shuffle: bool) -> None:
+    model = reshape_mlp()
+    x, y = toy_data(22)  # 5 steps of 4, a trailing 2 kept
+    cfg = dict(epochs=2, batch_size=4, learning_rate=0.1, loss="cce", optimizer="adam",
+               shuffle=shuffle, drop_remainder=False)
+    whole = fit(model, x, y, **cfg)
+    rec = Recorder()
+    chunked = fit(model, x, y, every_steps=2, callbacks=[rec], **cfg)
+    assert whole.history.loss == chunked.history.loss
+    for k in whole.params:
+        np.testing.assert_array_equal(whole.params[k], chunked.params[k])
+    assert rec.events == [("chunk", 0, 2), ("chunk", 0, 4), ("chunk", 0, 5), ("epoch", 0, 6, 1),
+                          ("chunk", 1, 8), ("chunk", 1, 10), ("chunk", 1, 11),
+                          ("epoch", 1, 12, 2)]
+
+
+def test_resuming_inside_an_epoch_continues_the_run() -> None:
+    """initial_epoch / initial_step: a run stopped after 3 steps of epoch 1 and continued
+    from its state ends where the uninterrupted 3-epoch run ends (shuffled, so the epoch
+    numbering must match too)."""
+    model = reshape_mlp()
+    x, y = toy_data(20)
+    cfg = dict(batch_size=4, learning_rate=0.1, loss="cce", optimizer="adam", shuffle=True)
+    full = fit(model, x, y, epochs=3, **cfg)
+    trainer = Trainer(model, **cfg)
+    resumed = fit(model, x, y, trainer=trainer, epochs=2, state=_after(trainer, x, y, 3),
+                  initial_epoch=1, initial_step=3)
+    for k in full.params:
+        np.testing.assert_allclose(full.params[k], resumed.params[k], rtol=1e-6, atol=1e-7)
+    assert resumed.history.steps == [2, 5]
+
+
+def _after(trainer, x, y, steps_into_epoch_1):
+    """The state after epoch 0 and ``steps_into_epoch_1`` steps of epoch 1."""
+    state, frozen = trainer.init()
+    state, _ = trainer.run_epoch(state, frozen, (x,), y, 0)
+    kept = []
+    state, _ = trainer.run_epoch(state, frozen, (x,), y, 1, every_steps=steps_into_epoch_1,
+                                 after_chunk=lambda s: kept.append(s))
+    return kept[0]
+
+
+def test_eval_command(tmp_path, capsys) -> None:
+    model = reshape_mlp()
+    path = tmp_path / "m.circle"
+    path.write_bytes(model.export(file_format="circle"))
+    x, y = toy_data(23)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    assert main(["eval", str(path), "--load_input", str(tmp_path / "x.npy"), "--load_expected",
+                 str(tmp_path / "y.npy"), "--batch_size", "4", "--loss", "2"]) == 0
+    loss, acc = _direct(model, x, y, "cce", "sum_over_batch_size", 4)
+    assert capsys.readouterr().out.strip() == (
+        f"loss: {loss:.4f} - categorical_accuracy: {acc:.4f} (23 samples, batch 4)")
+    assert main(["eval", str(path), "--load_input", str(tmp_path / "x.npy")]) == 1
+    assert capsys.readouterr().err.startswith("E: data missing")
