@@ -135,9 +135,39 @@ class Lowered:
         return new
 
     def apply(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
-        """Run subgraph 0: the model's outputs, in order, as a tuple."""
-        outputs, _ = self.run(0, params, inputs, keep=False)
+        """Run subgraph 0: the model's outputs, in order, as a tuple.
+
+        A model whose every input declares batch 1, given N > 1 samples, runs as one batch
+        when its operators follow the batch; where one cannot (a RESHAPE to a fixed
+        [1, ...] shape that mixes samples' elements, say), it runs per sample: the batch-1
+        graph mapped over the samples (``jax.vmap``), each output the N single-sample
+        outputs concatenated on axis 0. Either way a batch of N gives what N single-sample
+        runs give.
+        """
+        try:
+            outputs, _ = self.run(0, params, inputs, keep=False)
+        except CircleFormatError:
+            if not self.batch_one_at(inputs):
+                raise
+            return self.per_sample(params, *inputs)
         return outputs
+
+    def batch_one_at(self, inputs: Sequence[Any]) -> bool:
+        """Whether every input of subgraph 0 declares batch 1 and ``inputs`` share a batch
+        N > 1."""
+        sg = self.model.main
+        declared = [sg.tensors[i].shape[:1] for i in sg.inputs]
+        given = {np.shape(x)[:1] for x in inputs}
+        return bool(declared) and all(d == (1,) for d in declared) and len(given) == 1 \
+            and given.pop() not in ((), (1,))
+
+    def per_sample(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
+        """Subgraph 0 run on each sample alone (batch 1), mapped over the samples."""
+        def one(*sample: Any) -> tuple[Any, ...]:
+            return self.run(0, params, tuple(x[None] for x in sample), keep=False)[0]
+
+        outs = jax.vmap(one)(*inputs)
+        return tuple(o.reshape((-1, *o.shape[2:])) for o in outs)
 
     def intermediates(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, Any]:
         """Every tensor of subgraph 0 computed for these inputs, keyed by tensor name."""

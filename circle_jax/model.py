@@ -21,6 +21,7 @@ from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
 from .params_policy import ParamRole, classify_params, describe_roles
+from .signatures import select_signature
 from .untie import Rewrites, rewrite_params
 
 
@@ -202,6 +203,7 @@ def load(
     tie_shared_weights: bool | None = None,
     add_missing_bias: bool | None = None,
     trainable_policy: str | None = None,
+    signature: str | None = None,
     max_elements: int = MAX_TENSOR_ELEMENTS,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
@@ -220,11 +222,15 @@ def load(
     constant read by several operators becomes one param per reader; with
     ``add_missing_bias`` weighted operators without a bias get a zero one (see
     `circle_jax.untie`). ``trainable_policy`` is "weights" (default) or "all_float".
+    ``signature`` picks a SignatureDef by key: its subgraph becomes the model's main one
+    (`circle_jax.signatures`; default: subgraph 0).
     """
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
         trainable_policy=trainable_policy)
     original = read_model(source, max_elements=max_elements)
+    if signature is not None:
+        original = select_signature(original, signature)
     refusals = check_graph(original)
     if refusals:  # before the params are rewritten, which walks the graph
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "

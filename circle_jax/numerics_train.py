@@ -29,8 +29,8 @@ class TrainingNumerics:
         input logits when CCE is computed from them).
       apply_in_loop: the same lowered for loop bodies (``in_loop=True``: an epoch's scan).
       from_logits: the loss reads logits.
-      logits_of: (tensor index, beta) of the SOFTMAX input the loss reads instead of output
-        0, or None when it reads output 0.
+      logits_of: (tensor index, beta) of the SOFTMAX input the loss reads instead of the
+        trained output, or None when it reads that output.
       clip: the probability clip for CCE on probabilities ("onert" or "keras").
       optimizer_kwargs: the optimizer's keywords, with Adam's ``eps_placement`` filled in.
     """
@@ -44,45 +44,51 @@ class TrainingNumerics:
     logits_of: tuple[int, float] | None = None
 
 
-def softmax_input(model: Model) -> tuple[int, float] | None:
-    """(tensor index, beta) of the input of the SOFTMAX producing output 0, or None when
-    output 0 is not a SOFTMAX's output."""
+def softmax_input(model: Model, output: int = 0) -> tuple[int, float] | None:
+    """(tensor index, beta) of the input of the SOFTMAX producing model output ``output``,
+    or None when that output is not a SOFTMAX's output."""
     sg = model.ir.main
-    out = sg.outputs[0]
+    out = sg.outputs[output]
     op = next((o for o in sg.operators if out in o.outputs), None)
     if op is None or op.type != "SOFTMAX":
         return None
     return op.inputs[0], float(op.options.beta or 1.0)
 
 
-def softmax_logits_apply(model: Model, **changes: Any) -> Callable[..., tuple[Any, ...]] | None:
-    """``apply`` whose first output is the logits of the SOFTMAX producing output 0 (times
-    its beta), or None when output 0 is not a SOFTMAX's output; ``changes`` go to the
+def softmax_logits_apply(model: Model, output: int = 0, **changes: Any
+                         ) -> Callable[..., tuple[Any, ...]] | None:
+    """``apply`` whose output ``output`` is the logits of the SOFTMAX producing it (times
+    its beta), or None when that output is not a SOFTMAX's output; ``changes`` go to the
     lowering options (``in_loop=True``)."""
-    source = softmax_input(model)
+    source = softmax_input(model, output)
     if source is None:
         return None
     logits, beta = source
     sg = model.ir.main
-    variant = replace(model.ir, subgraphs=(replace(sg, outputs=(logits, *sg.outputs[1:])),
+    outputs = list(sg.outputs)
+    outputs[output] = logits
+    variant = replace(model.ir, subgraphs=(replace(sg, outputs=tuple(outputs)),
                                            *model.ir.subgraphs[1:]))
     lowered = Lowered(variant, model.lowering)
     if changes:
         lowered = lowered.with_options(**changes)
 
     def apply(params: Any, *inputs: Any) -> tuple[Any, ...]:
-        outs = lowered.apply(params, *inputs)
-        return (outs[0] * beta if beta != 1.0 else outs[0], *outs[1:])
+        outs = list(lowered.apply(params, *inputs))
+        if beta != 1.0:
+            outs[output] = outs[output] * beta
+        return tuple(outs)
 
     return apply
 
 
 def training_numerics(model: Model, loss: str, optimizer: str, spec: Any, from_logits: Any,
                       clip: Any, optimizer_kwargs: dict[str, Any],
-                      lowering: Mapping[str, Any] | None = None) -> TrainingNumerics:
-    """The profile's choices for ``loss`` / ``optimizer``, explicit settings taking priority;
-    the forwards lowered with the ``lowering`` changes to the model's options (``backend``:
-    the devices training runs on)."""
+                      lowering: Mapping[str, Any] | None = None, output: int = 0
+                      ) -> TrainingNumerics:
+    """The profile's choices for ``loss`` / ``optimizer`` on model output ``output``,
+    explicit settings taking priority; the forwards lowered with the ``lowering`` changes to
+    the model's options (``backend``: the devices training runs on)."""
     prof = model.numerics if spec is None else get_numerics(spec)
     kwargs = dict(optimizer_kwargs)
     if optimizer in _ADAMS:
@@ -92,9 +98,9 @@ def training_numerics(model: Model, loss: str, optimizer: str, spec: Any, from_l
     in_loop = model.lowered(in_loop=True, **changes)
     logits_of = None
     if loss in _CCE and not from_logits and prof.softmax_cce == "logits":
-        logits = softmax_logits_apply(model, **changes)
+        logits = softmax_logits_apply(model, output, **changes)
         if logits is not None:
-            apply, from_logits, logits_of = logits, True, softmax_input(model)
-            in_loop = softmax_logits_apply(model, in_loop=True, **changes)
+            apply, from_logits, logits_of = logits, True, softmax_input(model, output)
+            in_loop = softmax_logits_apply(model, output, in_loop=True, **changes)
     return TrainingNumerics(prof, apply, in_loop, bool(from_logits),
                             prof.cce_clip if clip is None else clip, kwargs, logits_of)

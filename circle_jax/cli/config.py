@@ -102,10 +102,12 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
 
 
 def load_options(ns: argparse.Namespace) -> dict[str, Any]:
-    """`circle_jax.load` keywords from --numerics, --tie_shared_weights, --add_missing_bias."""
+    """`circle_jax.load` keywords from --numerics, --tie_shared_weights, --add_missing_bias,
+    --signature."""
     return {"numerics": ns.numerics or "onert",
             "tie_shared_weights": True if ns.tie_shared_weights else None,
-            "add_missing_bias": True if ns.add_missing_bias else None}
+            "add_missing_bias": True if ns.add_missing_bias else None,
+            "signature": ns.signature}
 
 
 def _positive(ns: argparse.Namespace, name: str, flag: str, minimum: int = 1) -> None:
@@ -142,7 +144,7 @@ def step_config(ns: argparse.Namespace) -> dict[str, Any]:
         trainable = [n for value in ns.trainable for n in value.split(",") if n]
     return dict(learning_rate=ns.learning_rate, loss=ns.loss, reduction=ns.loss_reduction_type,
                 optimizer=ns.optimizer, from_logits=True if ns.from_logits else None,
-                trainable=trainable)
+                trainable=trainable, loss_output=ns.loss_output or 0)
 
 
 def _processes(ns: argparse.Namespace) -> tuple[str, int, int] | None:

@@ -18,7 +18,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--input", action="append", required=True, metavar="FILE",
                    help="the batch: .npy/.npz/raw (repeat per model input, or one .npz) "
                    "(default: none, required)")
-    p.add_argument("--expected", metavar="FILE", help="output 0's targets (.npy/.npz/raw): "
+    p.add_argument("--expected", metavar="FILE", help="the targets of --loss_output (default "
+                   "output 0; .npy/.npz/raw): "
                    "also write the loss, gradients.h5 and updated.h5 (default: none)")
     p.add_argument("-o", "--output_dir", required=True, metavar="DIR",
                    help="where the files go (default: none, required)")
@@ -37,18 +38,19 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from circle_jax.oracle import golden, write_golden
     from circle_jax.train import TrainConfig
+    from circle_jax.train.config import output_index
 
     from .config import load_options, step_config
 
     model = load_model(args.model, lowering="reference", **load_options(args))
     xs = read_inputs(args.input, model)
-    y = None
+    y, config = None, TrainConfig(**step_config(args))
     if args.expected:
-        o = model.outputs[0]
+        o = model.outputs[output_index(model, config.loss_output)]
         y = read_data(args.expected, [(o.shape[1:], o.dtype)], None)[0]
         if len(y) != len(xs[0]):
             raise ValueError(f"--expected holds {len(y)} samples, --input {len(xs[0])}")
-    data = golden(model, xs, y, TrainConfig(**step_config(args)), dtype=args.dtype)
+    data = golden(model, xs, y, config, dtype=args.dtype)
     name = os.path.basename(os.path.normpath(args.model)) if args.format == "luci" else None
     files = write_golden(data, args.output_dir, luci_name=name)
     print(f"wrote {len(files)} files to {args.output_dir} ({args.dtype}, "

@@ -21,6 +21,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "none, required)")
     p.add_argument("--output_dir", default=".", metavar="DIR",
                    help="where output_<k>.npy go (default: .)")
+    p.add_argument("--signature", metavar="KEY",
+                   help="run this SignatureDef's subgraph (default: subgraph 0)")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -28,7 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     from circle_jax.formats.atomic import atomic_write
 
-    model = load_model(args.model)
+    model = load_model(args.model, signature=args.signature)
     xs = read_inputs(args.input, model)
     outs = jax.jit(model.apply)(model.params, *xs)
     os.makedirs(args.output_dir, exist_ok=True)

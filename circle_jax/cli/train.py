@@ -129,19 +129,23 @@ def training_data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarr
 
         x, y = digits()
         return [x], y
+    from circle_jax.train.config import output_index
+
     sparse = run.train.get("loss") == "sparse_categorical_crossentropy"
-    return labelled_data(run.data, model, sparse)
+    return labelled_data(run.data, model, sparse,
+                         output_index(model, run.train.get("loss_output", 0)))
 
 
-def labelled_data(files: DataFiles, model: Any, sparse: bool = False
+def labelled_data(files: DataFiles, model: Any, sparse: bool = False, output: int = 0
                   ) -> tuple[list[np.ndarray], np.ndarray]:
-    """(inputs, output 0's targets) from the files (``sparse``: class indices)."""
+    """(inputs, targets of model output ``output``) from the files (``sparse``: class
+    indices)."""
     if not files.inputs or not files.expected:
         raise CliError("data missing: give --load_input:raw FILE and --load_expected:raw FILE "
                        "(or --load_input/--load_expected .npy/.npz)")
     xs = read_data(files.inputs, [(s.shape[1:], s.dtype) for s in model.inputs],
                    [s.name for s in model.inputs], raw=files.inputs_raw)
-    o = model.outputs[0]
+    o = model.outputs[output]
     ys = read_data(files.expected, [((), np.int32) if sparse else (o.shape[1:], o.dtype)], None,
                    raw=files.expected_raw)
     from circle_jax.formats.rawdata import check_same_count

@@ -114,6 +114,9 @@ def _table_flag(g: Any, flag: str, table: CodeTable, default: str) -> None:
 
 def add_selection_arguments(g: Any) -> None:
     """circle-jax's choices of what trains and what the loss reads."""
+    _flag(g, "--loss_output", metavar="INDEX|NAME", default="0",
+          help="the model output the loss is computed on (its index or tensor name); the "
+          "expected data has that output's shape")
     _flag(g, "--trainable", action="append", metavar="NAMES", default="all params",
           help="train only these params: names or aliases such as op3.bias (comma-separated, "
           "repeatable; `circle-jax info MODEL` lists them); replaces --num_of_trainable_ops")
@@ -180,3 +183,5 @@ def add_load_arguments(g: Any) -> None:
           "per reading operator")
     _flag(g, "--add_missing_bias", action="store_true", default="the profile's (onert: off)",
           help="give weighted operators without a bias a zero one that trains")
+    _flag(g, "--signature", metavar="KEY", default="subgraph 0",
+          help="use this SignatureDef's subgraph (`circle-jax info` lists the keys)")

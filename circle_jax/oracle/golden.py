@@ -57,7 +57,8 @@ class GoldenData:
 def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
            config: TrainConfig | None = None, *, dtype: str = "float32") -> GoldenData:
     """The golden tensors of ``model`` for the batch ``inputs`` (one array per model input,
-    samples on axis 0); with ``expected`` (output 0's targets) also the loss, the
+    samples on axis 0); with ``expected`` (the targets of the config's ``loss_output``,
+    default output 0) also the loss, the
     gradients and the params after one step of ``config`` (its batch size is the batch's)."""
     if dtype not in DTYPES:
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
@@ -109,7 +110,7 @@ def _backward(model: Model, data: GoldenData, xs: list, params: dict, env: dict,
     cfg = replace(config or TrainConfig(), batch_size=int(np.shape(xs[0])[0]),
                   precision="float64" if dt == np.float64 else None)
     trainer = Trainer(model, cfg)
-    logits_of = trainer.numerics.logits_of
+    logits_of, k = trainer.numerics.logits_of, trainer.loss_output
     sg = model.ir.main
     floats = {k: v for k, v in params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
     others = {k: v for k, v in params.items() if k not in floats}
@@ -118,7 +119,7 @@ def _backward(model: Model, data: GoldenData, xs: list, params: dict, env: dict,
 
     def loss_of(p: dict, tapped: dict) -> jax.Array:
         outs, values = model.tensors({**p, **others}, *xs, taps=tapped)
-        pred = outs[0] if logits_of is None else values[logits_of[0]] * logits_of[1]
+        pred = outs[k] if logits_of is None else values[logits_of[0]] * logits_of[1]
         return trainer.loss_fn(pred.astype(trainer.loss_dtype), y)
 
     loss, (dparams, dtaps) = jax.value_and_grad(loss_of, argnums=(0, 1))(floats, taps)
@@ -130,7 +131,7 @@ def _backward(model: Model, data: GoldenData, xs: list, params: dict, env: dict,
     trained = {index_of[k] for k in trainer.trainable if k in index_of}
     return replace(
         data,
-        targets=[Entry("0", sg.tensors[sg.outputs[0]].name, np.asarray(y))],
+        targets=[Entry(str(k), sg.tensors[sg.outputs[k]].name, np.asarray(y))],
         gradients=[Entry(str(i), sg.tensors[i].name, np.asarray(grads[i]))
                    for i in sorted(grads)],
         updated=[Entry(str(index_of[k]), k, np.asarray(v))
@@ -151,7 +152,8 @@ def _hyper(trainer: Trainer) -> dict[str, Any]:
             "optimizer_kwargs": {k: v if isinstance(v, (int, float, str, bool)) else str(v)
                                  for k, v in trainer.numerics.optimizer_kwargs.items()},
             "from_logits": trainer.numerics.from_logits,
-            "loss_reads": "softmax input" if trainer.numerics.logits_of else "output 0",
+            "loss_reads": ("the softmax input of " if trainer.numerics.logits_of else "")
+            + f"output {trainer.loss_output}",
             "trainable": sorted(trainer.trainable)}
 
 

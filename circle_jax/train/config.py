@@ -26,6 +26,8 @@ class TrainConfig:
     ``numerics``: a profile name or `circle_jax.numerics.Numerics` for the loss and optimizer
     choices (default: the profile the model was loaded with); explicit ``clip``,
     ``from_logits`` and ``optimizer_kwargs["eps_placement"]`` override it.
+    ``loss_output``: the model output the loss is computed on, by index, tensor name or
+    signature output name (a multi-output model, e.g. logits beside a KV cache).
     ``shuffle``: epoch e takes the samples in the order ``jax.random.permutation(
     fold_in(key(seed), e), n)``, drawn on the device inside the compiled epoch.
     ``trainable`` "all" / N selects among the params the model's trainable policy trains
@@ -52,6 +54,7 @@ class TrainConfig:
     loss_scale: Any = "none"
     on_overflow: str = "skip"
     numerics: Any = None
+    loss_output: int | str = 0
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
@@ -106,3 +109,21 @@ def select_trainable(model: Model, spec: Any) -> frozenset[str]:
         return frozenset(n for n, ops in readers.items()
                          if n in names and chosen.intersection(ops))
     return model.resolve_params(chosen)  # names or aliases (op3.bias)
+
+
+def output_index(model: Model, spec: int | str) -> int:
+    """The index of model output ``spec``: an index, a tensor name, or an output name of the
+    signature of the main subgraph."""
+    names = [o.name for o in model.outputs]
+    if isinstance(spec, str) and spec in names:
+        return names.index(spec)
+    main = model.ir.main
+    for sig in model.ir.signature_defs:
+        if sig.subgraph_index == 0 and spec in sig.outputs:
+            return list(main.outputs).index(sig.outputs[spec])
+    if isinstance(spec, str) and spec.lstrip("-").isdigit():
+        spec = int(spec)
+    if isinstance(spec, int) and not isinstance(spec, bool) and 0 <= spec < len(names):
+        return spec
+    raise ValueError(f"no model output {spec!r}: the outputs are "
+                     + ", ".join(f"{k} {n!r}" for k, n in enumerate(names)))

@@ -133,7 +133,8 @@ def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tu
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
     sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
-    check_training_data(xs, np.asarray(y), trainer.model.outputs[0].shape[-1] if sparse else None)
+    check_training_data(xs, np.asarray(y), trainer.model.outputs[trainer.loss_output].shape[-1]
+                        if sparse else None)
     x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
     if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:
         raise DataError(f"{y_tr.shape[0]} training samples are fewer than one batch of "

@@ -39,7 +39,7 @@ from ..optim import (
     scaled_value_and_grad,
     select_tree,
 )
-from .config import TrainConfig, select_trainable
+from .config import TrainConfig, output_index, select_trainable
 from .data import Batch, as_inputs, batched, correct
 from .state import StepMetrics, TrainState
 
@@ -64,9 +64,12 @@ class Trainer:
             {"backend": placement.platform}
         self.reduction = reduction = get_reduction(config.reduction)
         #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
+        #: the index of the model output the loss reads
+        self.loss_output = output_index(model, config.loss_output)
         self.numerics = training_numerics(
             model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,
-            config.from_logits, config.clip, dict(config.optimizer_kwargs), lowering)
+            config.from_logits, config.clip, dict(config.optimizer_kwargs), lowering,
+            self.loss_output)
         loss_kwargs: dict[str, Any] = {"reduction": reduction}
         if loss_name(config.loss) != "mean_squared_error":
             loss_kwargs["from_logits"] = self.numerics.from_logits
@@ -142,7 +145,7 @@ class Trainer:
         p = self.policy
         params = {**p.cast_to_param(_grad_cast(trainable, p.grad_dtype)), **frozen}
         apply = self.numerics.apply_in_loop if in_loop else self.numerics.apply
-        out = apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[0]
+        out = apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[self.loss_output]
         return p.cast_to_output(out).astype(self.loss_dtype)
 
     def _loss(self, trainable: dict, frozen: dict, batch: Batch,
