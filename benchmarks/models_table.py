@@ -17,7 +17,7 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import circle_jax as cj  # noqa: E402
-from tests.oracle import run_litert  # noqa: E402
+from tests.conformance import run_litert  # noqa: E402
 from tests.paths import SHARED_MODELS  # noqa: E402
 from tests.test_models import LITERT_CANNOT_RUN, random_inputs  # noqa: E402
 

@@ -1,4 +1,4 @@
-"""Runs for tests/test_distributed.py in a process of its own with 4 host devices.
+"""Runs for tests/train/test_distributed.py in a process of its own with 4 host devices.
 
 ``python -m tests.distributed_runs OUT.json`` (with ``XLA_FLAGS=--xla_force_host_platform_
 device_count=4``) trains the bundled CNN on one device and data-parallel on the mesh, for

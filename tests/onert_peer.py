@@ -10,7 +10,7 @@ drives the pybind session of the ``onert`` wheel directly (``nnfw_session(path, 
   is what ``train_get_loss`` returns after ``train(update_weights=True)``. That is the loss
   of the forward pass that computed the gradients, i.e. the batch's PRE-update loss:
   ``train(True)`` on a batch reports exactly the same float as ``train(False)`` on the same
-  batch in a fresh session (checked by ``tests/test_onert_agreement.py``).
+  batch in a fresh session (checked by ``tests/oracle/test_onert_agreement.py``).
 
 Codes are onert_train's: loss 1 = mean squared error, 2 = categorical crossentropy;
 reduction 1 = sum over batch size, 2 = sum; optimizer 1 = sgd, 2 = adam;

@@ -1,12 +1,15 @@
-"""Where the tests find the shared third-party models: ``<repo root>/../shared/models``."""
+"""Where the tests find things: the repository, the committed test data, the notebooks and
+the shared third-party models (``<repo root>/../shared/models``)."""
 
 from __future__ import annotations
 
 import os
 
-SHARED_MODELS = os.path.normpath(
-    os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
-)
+TESTS = os.path.dirname(os.path.abspath(__file__))
+REPO_ROOT = os.path.dirname(TESTS)
+KERAS_DATA = os.path.join(TESTS, "data", "keras")
+NOTEBOOKS = os.path.join(REPO_ROOT, "notebooks")
+SHARED_MODELS = os.path.normpath(os.path.join(REPO_ROOT, "..", "shared", "models"))
 
 
 def shared_model(name: str) -> str:

@@ -15,7 +15,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO_ROOT
+
+ROOT = Path(REPO_ROOT)
 PACKAGE = ROOT / "circle_jax"
 MAX_LINES = 600
 

@@ -17,16 +17,16 @@ import pytest
 import circle_jax as cj
 from circle_jax.formats.reader import read_model
 from circle_jax.formats.writer import export_model
+from tests.conformance import run_litert
+from tests.paths import SHARED_MODELS
 
-from .oracle import run_litert
-
-MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
+MODELS = SHARED_MODELS
 
 # model -> input overrides (dynamic shapes) ; models LiteRT cannot run are listed apart.
 INPUT_SHAPES = {"oww_melspectrogram.tflite": [(1, 1760)]}
 LITERT_CANNOT_RUN = {
     # WHILE body uses CUSTOM:BatchMatMulV2, which LiteRT's builtin resolver lacks; its
-    # output is checked against a numpy loop in tests/test_ops_control.py.
+    # output is checked against a numpy loop in tests/ops/test_ops_control.py.
     "one_vscode_while_000.circle",
 }
 

@@ -9,7 +9,7 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
-NOTEBOOKS = os.path.join(os.path.dirname(__file__), "..", "notebooks")
+from tests.paths import NOTEBOOKS
 
 
 def _figures(cell: dict) -> int:

@@ -10,7 +10,9 @@ from pathlib import Path
 
 import matplotlib
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.paths import REPO_ROOT
+
+ROOT = Path(REPO_ROOT)
 BLOCK = re.compile(r"^```python\n(.*?)^```", re.S | re.M)
 
 

@@ -5,7 +5,7 @@ Which implementation an operator gets is decided by a :class:`LoweringOptions` v
 to :class:`circle_jax.lower.Lowered` when the model is loaded; nothing here reads module
 state. A fast implementation has the signature of the reference operator it replaces
 (``fn(ctx, *inputs)``) and reads the options from ``ctx.lowering``. Every one is tested
-against its reference (``tests/test_lowering.py``); measurements are in
+against its reference (``tests/ops/test_lowering.py``); measurements are in
 ``benchmarks/README.md``.
 """
 

@@ -18,7 +18,7 @@ from ..errors import DataError, TrainingError
 from ..formats.rawdata import check_training_data
 from ..losses import loss_name
 from ..model import Model
-from ..optim import NoLossScale, all_finite
+from ..optim import NoLossScale
 from .config import TrainConfig
 from .data import as_inputs, split_validation
 from .state import History, StepMetrics, TrainState
@@ -147,8 +147,8 @@ def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState,
     """Append an epoch's results to ``hist`` (the logging point: one host sync), validate,
     and raise ``TrainingError`` on divergence."""
     cfg = trainer.config
-    loss = float(jnp.mean(m.loss))
-    steps, skipped = int(m.loss.shape[0]), int(jnp.sum(m.skipped))
+    steps = int(m.loss.shape[0])
+    loss, skipped, correct, finite, scale = trainer.summarize_epoch(m, state)
     ms = (time.perf_counter() - started) * 1000 / max(steps, 1)
     # Without loss scaling a non-finite loss (or weights: a last step's update) is
     # divergence; with it, only when every step of the epoch was skipped.
@@ -156,14 +156,14 @@ def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState,
     if not np.isfinite(loss) and (unscaled or skipped == steps):
         raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
                             "the learning rate or check the data")
-    if unscaled and not bool(all_finite(state.params)):
+    if unscaled and not finite:
         raise TrainingError(f"epoch {epoch + 1}: the weights are no longer finite (loss "
                             f"{loss:.4g}); lower the learning rate or check the data")
     hist.loss.append(loss)
     seen = n_train if not cfg.drop_remainder else steps * cfg.batch_size
-    hist.accuracy.append(float(jnp.sum(m.correct)) / max(seen, 1))
+    hist.accuracy.append(correct / max(seen, 1))
     hist.skipped.append(skipped)
-    hist.loss_scale.append(float(state.loss_scale.loss_scale))
+    hist.loss_scale.append(scale)
     hist.ms_per_step.append(ms)
     hist.steps.append(steps)
     x_val, y_val = val

@@ -32,6 +32,7 @@ from ..optim import (
     NoLossScale,
     Policy,
     accumulate,
+    all_finite,
     get_optimizer,
     get_policy,
     loss_scale_from_spec,
@@ -107,9 +108,11 @@ class Trainer:
         self._epoch = jax.jit(self._epoch_impl)
         self._shuffled_epoch = jax.jit(self._shuffled_epoch_impl)
         self._compiled: dict[str, Callable[..., Any]] = {}
+        self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
         self._step = jax.jit(self.train_step)
         self._eval = jax.jit(self._eval_impl)
         self._eval_batch = jax.jit(self._eval_batch_impl)
+        self._summary = jax.jit(_summary)
         self._permute = jax.jit(self._permuted)
 
     # -- state -------------------------------------------------------------------------
@@ -292,6 +295,14 @@ class Trainer:
             return tuple(x), y
         return self._permute(tuple(x), y, jnp.asarray(epoch, jnp.int32))
 
+    def summarize_epoch(self, metrics: StepMetrics, state: TrainState
+                        ) -> tuple[float, int, int, bool, float]:
+        """(mean loss, skipped steps, correct samples, all weights finite, loss scale) of an
+        epoch: one compiled reduction and one transfer to the host (the logging point)."""
+        loss, skipped, right, finite, scale = jax.device_get(
+            self._summary(metrics, state.params, state.loss_scale.loss_scale))
+        return float(loss), int(skipped), int(right), bool(finite), float(scale)
+
     def placed(self, tree: Any, batch_axis: int | None = None) -> Any:
         """``tree`` on the placement's devices (sharded on ``batch_axis``), or as it is."""
         return tree if self.placement is None else self.placement.put(tree, batch_axis)
@@ -303,8 +314,19 @@ class Trainer:
         if self.config.shuffle:
             return (state, frozen, *self.placed((tuple(x), y), batch_axis=0),
                     jnp.asarray(epoch, jnp.int32))
+        return (state, frozen, *self._batches(tuple(x), y))
+
+    def _batches(self, x: tuple, y: jax.Array) -> tuple[tuple, jax.Array]:
+        """``x``, ``y`` cut into placed batches, kept for the next call on the same arrays
+        (every epoch of an unshuffled run)."""
+        kept = self._last_batches
+        if kept is not None and kept[1] is y and len(kept[0]) == len(x) \
+                and all(a is b for a, b in zip(kept[0], x)):
+            return kept[2]
         b = self.config.batch_size
-        return (state, frozen, *self.placed(batched(x, y, b, y.shape[0] // b), batch_axis=1))
+        cut = self.placed(batched(x, y, b, y.shape[0] // b), batch_axis=1)
+        self._last_batches = (x, y, cut)
+        return cut
 
     def compile_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                       y: jax.Array, every_steps: int | None = None) -> None:
@@ -378,6 +400,11 @@ def _compile(lowered: jax.stages.Lowered, placement: DataParallel | None) -> Cal
             if "compile option" not in str(e):
                 raise
     return lowered.compile()
+
+
+def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> tuple[jax.Array, ...]:
+    return (jnp.mean(m.loss), jnp.sum(m.skipped), jnp.sum(m.correct), all_finite(params),
+            scale)
 
 
 def _grad_cast(tree: dict, dtype: Any) -> dict:

@@ -10,7 +10,7 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.ops.common import padding_pairs
-from tests.oracle import check_op, check_op_grads, one_op_model
+from tests.conformance import check_op, check_op_grads, one_op_model
 from tests.paths import shared_model
 
 OPS = ["AVERAGE_POOL_2D", "MAX_POOL_2D", "L2_POOL_2D"]

@@ -14,7 +14,7 @@ import circle_jax as cj
 from circle_jax.build import Builder, GraphBuilder
 from circle_jax.formats.schema import schema
 from circle_jax.formats.writer import pack
-from tests.oracle import ATOL, RTOL, assert_close, check_model_grads, run_circle_jax, run_litert
+from tests.conformance import ATOL, RTOL, assert_close, check_grads_x64, run_circle_jax, run_litert
 from tests.paths import SHARED_MODELS as MODELS
 
 SHAPE = (2, 3)
@@ -29,13 +29,6 @@ def _compare(data: bytes, feeds: Sequence[np.ndarray], tflite: bytes | None = No
         for k, (g, w) in enumerate(zip(got, want)):
             assert g.dtype == w.dtype, f"output {k}: dtype {g.dtype} != LiteRT {w.dtype}"
             assert_close(g, w, RTOL, ATOL, f"jit={jit} output {k}")
-
-
-def _check_grads_x64(
-    model: cj.Model, feeds: Sequence[np.ndarray], out: int = 0, eager: bool = True
-) -> None:
-    """The oracle's gradient check with this file's finer step and tolerance."""
-    check_model_grads(model, feeds, out, eps=1e-5, tol=1e-6, eager=eager)
 
 
 # ---------------------------------------------------------------- IF
@@ -93,7 +86,7 @@ def test_if_gradients(cond: bool) -> None:
     model = cj.load(_if_model(rng).to_bytes("circle"))
     x = rng.normal(size=SHAPE).astype(np.float32)
     for out in (0, 1):
-        _check_grads_x64(model, [np.array([cond]), x], out)
+        check_grads_x64(model, [np.array([cond]), x], out)
     # The untaken branch's parameter gets an exactly zero gradient.
     g = jax.grad(lambda p: model.apply(p, np.array([False]), x)[0].sum())(model.params)
     assert float(jnp.abs(g["w_then"]).max()) == 0.0
@@ -159,7 +152,7 @@ def test_while_static_trip_count_is_a_scan_and_differentiable() -> None:
     model = cj.load(b.to_bytes("circle"))
     jaxpr = str(jax.make_jaxpr(model.apply)(model.params, *feeds))
     assert "scan[" in jaxpr and "while[" not in jaxpr
-    _check_grads_x64(model, feeds, out=1)
+    check_grads_x64(model, feeds, out=1)
 
 
 def test_while_runtime_trip_count_is_a_while_loop() -> None:
@@ -279,7 +272,7 @@ def test_stablehlo_composite_vs_litert() -> None:
     _compare(pack(m, "tflite"), feeds)
     model = cj.load(pack(m, "circle"))
     assert model.ir.main.operators[0].options.decomposition_subgraph_index == 1
-    _check_grads_x64(model, feeds)
+    check_grads_x64(model, feeds)
 
 
 def test_sdpa_composite_model() -> None:

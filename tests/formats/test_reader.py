@@ -11,8 +11,9 @@ import pytest
 import circle_jax as cj
 from circle_jax.formats.reader import read_model, read_regular_file
 from circle_jax.formats.writer import export_model
+from tests.paths import SHARED_MODELS
 
-MODELS = os.path.join(os.path.dirname(__file__), "..", "..", "shared", "models")
+MODELS = SHARED_MODELS
 ALL_MODELS = sorted(glob.glob(os.path.join(MODELS, "*.tflite")) +
                     glob.glob(os.path.join(MODELS, "*.circle")))
 

@@ -11,12 +11,6 @@ import pytest
 from circle_jax import losses, optim
 
 
-@pytest.fixture
-def x64():
-    with jax.enable_x64(True):
-        yield
-
-
 def _grad_sequence(n_steps, seed=0):
     r = np.random.default_rng(seed)
     return [

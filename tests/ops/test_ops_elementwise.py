@@ -12,7 +12,7 @@ from jax.test_util import check_grads
 
 import circle_jax as cj
 from circle_jax.build import Builder
-from tests.oracle import Const, check_op, check_op_grads, one_op_model
+from tests.conformance import Const, check_op, check_op_grads, one_op_model
 
 rng = np.random.default_rng(20261122)
 

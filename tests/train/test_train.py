@@ -21,56 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import circle_jax as cj
-from circle_jax.build import Builder
 from circle_jax.cli import main
 from circle_jax.errors import DataError, TrainingError
-from circle_jax.examples import branching_cnn, digits
 from circle_jax.formats.reader import read_model
 from circle_jax.losses import get_loss
 from circle_jax.train import Trainer, fit, select_trainable
-from tests.onert_peer import onert_fit
 from tests.paths import SHARED_MODELS
-
-# ----------------------------------------------------------------------------- models, data
-
-
-def reshape_mlp(classes: int = 4, softmax: bool = True, seed: int = 0) -> cj.Model:
-    """Input [1, 4, 4, 2] -> Reshape [1, 32] -> FC 8 + ReLU -> FC -> (Softmax).
-
-    Batch 1 as onert requires; the Reshape's [1, 32] must follow the batch at training time.
-    """
-    rng = np.random.default_rng(seed)
-    b = Builder("reshape MLP")
-    x = b.input("x", (1, 4, 4, 2))
-    f = b.op("RESHAPE", [x, b.constant("flat/shape", np.array([1, 32], np.int32))],
-             names=["flat"])
-    h = b.op("FULLY_CONNECTED", [f, b.constant("fc1/w", rng.normal(0, 0.3, (8, 32))
-                                               .astype(np.float32)),
-                                 b.constant("fc1/b", np.full(8, 0.05, np.float32))],
-             {"fused_activation_function": "RELU"}, names=["fc1"])
-    z = b.op("FULLY_CONNECTED", [h, b.constant("fc2/w", rng.normal(0, 0.3, (classes, 8))
-                                               .astype(np.float32)),
-                                 b.constant("fc2/b", np.zeros(classes, np.float32))],
-             names=["fc2"])
-    b.output(b.op("SOFTMAX", [z], {"beta": 1.0}, names=["probs"]) if softmax else z)
-    return cj.load(b.to_bytes("circle"))
-
-
-def toy_data(n: int, classes: int = 4, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
-    rng = np.random.default_rng(seed)
-    x = rng.uniform(0, 1, (n, 4, 4, 2)).astype(np.float32)
-    y = np.eye(classes, dtype=np.float32)[rng.integers(0, classes, n)]
-    return x, y
-
-
-def branching() -> cj.Model:
-    return cj.load(branching_cnn(channels=4).to_bytes("circle"))
-
-
-def digits16() -> tuple[np.ndarray, np.ndarray]:
-    x, y = digits()
-    return x[:16], y[:16]
+from tests.toy_models import branching, digits16, reshape_mlp, toy_data
 
 
 def _as_np(params: dict) -> dict[str, np.ndarray]:
@@ -328,7 +285,7 @@ PARAMS_BLOCK = """\
 @pytest.fixture(scope="module")
 def cli_files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
     """The agreement tests' CNN as .circle, 16 digits as raw input/expected, and bad data."""
-    from tests.test_onert_agreement import cnn
+    from tests.toy_models import cnn
 
     d = tmp_path_factory.mktemp("cli")
     x, y = digits16()
@@ -346,7 +303,7 @@ def _train_args(f: dict[str, str], x: str = "x") -> list[str]:
             "--metric", "0", "--validation_split", "0.25"]
 
 
-def test_cli_train_prints_onert_train_output(cli_files, capsys) -> None:
+def test_cli_train_prints_onert_train_output(cli_files, capsys, onert) -> None:
     assert main(_train_args(cli_files)) == 0
     out = capsys.readouterr().out
     assert out.startswith(PARAMS_BLOCK)
@@ -367,8 +324,8 @@ def test_cli_train_prints_onert_train_output(cli_files, capsys) -> None:
     assert summary[6].startswith("(PREPARE: data + XLA compile of the training epoch "), summary
     # the printed losses are onert's: the first 12 samples train, the last 4 validate
     x, y = digits16()
-    want = onert_fit(cli_files["model"], x[:12], y[:12], epochs=2, batch_size=4,
-                     learning_rate=0.001, loss=2, optimizer=2).loss
+    want = onert.onert_fit(cli_files["model"], x[:12], y[:12], epochs=2, batch_size=4,
+                           learning_rate=0.001, loss=2, optimizer=2).loss
     got = [float(m.group(2)) for m in epochs]
     np.testing.assert_allclose(got, want, rtol=0, atol=6e-5)  # 4 decimals, + 1e-5
 

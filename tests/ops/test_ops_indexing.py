@@ -11,7 +11,7 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.build import Builder
-from tests.oracle import Const, check_op, check_op_grads, one_op_model, run_litert
+from tests.conformance import Const, check_op, check_op_grads, one_op_model, run_litert
 
 RNG = np.random.default_rng(20240612)
 

@@ -22,15 +22,16 @@ import circle_jax as cj
 from circle_jax.cli import main
 from circle_jax.oracle import golden, read_h5, write_golden
 from circle_jax.oracle.compare import PeerRefused, compare_with_onert
+from tests.paths import KERAS_DATA
 
-KERAS = os.path.join(os.path.dirname(__file__), "data", "keras")
+KERAS = KERAS_DATA
 CNN = os.path.join(KERAS, "branching_cnn.tflite")
 SGD = cj.TrainConfig(loss="cce", optimizer="sgd", learning_rate=0.1)
 
 
 @pytest.fixture(scope="module")
-def data() -> dict[str, np.ndarray]:
-    with np.load(os.path.join(KERAS, "data.npz")) as d:
+def data(keras_data) -> dict[str, np.ndarray]:
+    with np.load(keras_data / "data.npz") as d:
         return {k: d[k] for k in d.files}
 
 
@@ -93,7 +94,7 @@ def test_every_tensor_matches_litert(name, data):
     """Every float tensor LiteRT keeps (preserve-all-tensors) equals golden's, same index.
 
     Tolerance 1e-5 relative and absolute: both accumulate in float32, in different orders
-    (tests/oracle.py states the same bound for single operators)."""
+    (tests/conformance.py states the same bound for single operators)."""
     path = os.path.join(KERAS, f"{name}.tflite")
     model = cj.load(path, lowering="reference", tie_shared_weights=True)
     x = data[f"{name}/x"][:1]

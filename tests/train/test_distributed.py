@@ -31,8 +31,7 @@ from circle_jax.cli import main
 from circle_jax.distributed import DataParallel, data_mesh
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.optim.accumulate import split_batch
-
-REPO_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from tests.paths import REPO_ROOT
 
 TOL = 1e-5  # see the module docstring
 TIMEOUT_S = 240  # per subprocess run (the mesh run takes ~40 s on a busy 2-core machine)

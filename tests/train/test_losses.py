@@ -11,12 +11,6 @@ from jax.test_util import check_grads
 from circle_jax import losses as L
 
 
-@pytest.fixture
-def x64():
-    with jax.enable_x64(True):
-        yield
-
-
 def _rng(seed=0):
     return np.random.default_rng(seed)
 

@@ -10,7 +10,7 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.ops.reduce import reduction_axes
-from tests.oracle import Const, check_op, check_op_grads, one_op_model
+from tests.conformance import Const, check_op, check_op_grads, one_op_model
 
 FLOAT_OPS = ["MEAN", "SUM", "REDUCE_MAX", "REDUCE_MIN", "REDUCE_PROD"]
 

@@ -18,9 +18,10 @@ from circle_jax.build import Builder
 from circle_jax.lowering import LoweringOptions, conv, depthwise, matmul, transpose_conv
 from circle_jax.lowering.depthwise import channelwise, shift_sum
 from circle_jax.ops.conv import Geometry, parse_transpose_conv_bias_options
-from tests.oracle import Const, check_op, check_op_grads, one_op_model, run_litert
+from tests.conformance import Const, check_op, check_op_grads, one_op_model, run_litert
+from tests.paths import SHARED_MODELS
 
-MODELS = Path(__file__).resolve().parents[2] / "shared" / "models"
+MODELS = Path(SHARED_MODELS)
 
 
 def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:

@@ -23,10 +23,10 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.build import Builder
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.train import fit
 from tests.onert_peer import onert_fit, open_session, train_batch
+from tests.toy_models import cnn, mlp
 
 EPOCHS = 3
 N = 16
@@ -34,43 +34,6 @@ N = 16
 LEARNING_RATE = {(1, 1): 2.0, (2, 1): 0.1, (1, 2): 0.01, (2, 2): 0.01}
 ONERT_TOL = 1e-3  # onert's own tolerance for its training tests
 X64_TOL = 1e-4
-
-
-def _he(rng: np.random.Generator, *shape: int, fan_in: int) -> np.ndarray:
-    return (rng.standard_normal(shape) * np.sqrt(2.0 / fan_in)).astype(np.float32)
-
-
-def mlp() -> Builder:
-    """[1, 16] -> FC 12 + ReLU -> FC 10 -> Softmax."""
-    rng = np.random.default_rng(1)
-    b = Builder("test MLP")
-    x = b.input("x", (1, 16))
-    h = b.op("FULLY_CONNECTED", [x, b.constant("fc1/w", _he(rng, 12, 16, fan_in=16)),
-                                 b.constant("fc1/b", np.full(12, 0.01, np.float32))],
-             {"fused_activation_function": "RELU"}, names=["fc1"])
-    z = b.op("FULLY_CONNECTED", [h, b.constant("fc2/w", _he(rng, 10, 12, fan_in=12)),
-                                 b.constant("fc2/b", np.zeros(10, np.float32))], names=["fc2"])
-    b.output(b.op("SOFTMAX", [z], {"beta": 1.0}, names=["probs"]))
-    return b
-
-
-def cnn() -> Builder:
-    """[1, 8, 8, 1] -> Conv 3x3x4 + ReLU -> AvgPool 2x2 -> Reshape [1, 64] -> FC 10 -> Softmax."""
-    rng = np.random.default_rng(2)
-    b = Builder("test CNN")
-    x = b.input("x", (1, 8, 8, 1))
-    c = b.op("CONV_2D", [x, b.constant("conv/w", _he(rng, 4, 3, 3, 1, fan_in=9)),
-                         b.constant("conv/b", np.full(4, 0.01, np.float32))],
-             {"padding": "SAME", "stride_w": 1, "stride_h": 1,
-              "fused_activation_function": "RELU"}, names=["conv"])
-    p = b.op("AVERAGE_POOL_2D", [c], {"padding": "VALID", "stride_w": 2, "stride_h": 2,
-                                      "filter_width": 2, "filter_height": 2}, names=["pool"])
-    f = b.op("RESHAPE", [p, b.constant("flat/shape", np.array([1, 64], np.int32))],
-             names=["flat"])
-    z = b.op("FULLY_CONNECTED", [f, b.constant("fc/w", _he(rng, 10, 64, fan_in=64)),
-                                 b.constant("fc/b", np.zeros(10, np.float32))], names=["fc"])
-    b.output(b.op("SOFTMAX", [z], {"beta": 1.0}, names=["probs"]))
-    return b
 
 
 BUILDERS = {"mlp": mlp, "cnn": cnn, "branching": lambda: branching_cnn(channels=4)}

@@ -25,8 +25,8 @@ from circle_jax.cli.cache import cache_dir
 from circle_jax.losses import LOSS_TABLE, REDUCTION_TABLE
 from circle_jax.optim import OPTIMIZER_TABLE
 from circle_jax.train import select_trainable
-from tests.test_onert_agreement import cnn
-from tests.test_train import digits16
+from tests.paths import KERAS_DATA, REPO_ROOT
+from tests.toy_models import cnn, digits16
 
 # onert_train's options (formats.md): flag -> (values on the command line, namespace
 # attribute, parsed value)
@@ -302,7 +302,7 @@ def test_cli_functions_are_simple() -> None:
     """No function of the command line has a cyclomatic complexity over 10."""
     ruff = shutil.which("ruff", path=os.path.dirname(sys.executable)) or shutil.which("ruff")
     assert ruff, "ruff is not installed (pip install -e .[test])"
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    root = REPO_ROOT
     p = subprocess.run([ruff, "check", "--select", "C901", "--config",
                         "lint.mccabe.max-complexity=10", "circle_jax/cli", "circle_jax/codes.py",
                         "circle_jax/aliases.py"], capture_output=True, text=True, cwd=root)
@@ -351,7 +351,7 @@ def test_wof_takes_aliases_like_names(files) -> None:
 def test_aliases_of_a_shared_constant_name_each_readers_copy(capsys) -> None:
     """A constant read by three convolutions: `info` shows one alias per reader; the loaded
     (untied, onert's default) model gives each reader's alias its own copy."""
-    path = os.path.join(os.path.dirname(__file__), "data", "keras", "branching_cnn.tflite")
+    path = os.path.join(KERAS_DATA, "branching_cnn.tflite")
     assert main(["info", path]) == 0
     out = capsys.readouterr().out
     assert re.search(r"^  op0\.bias +float32\[4\] +arith\.constant1 \(also op1\.bias, "

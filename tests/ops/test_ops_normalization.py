@@ -14,7 +14,14 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from tests.oracle import Const, check_op, check_op_grads, one_op_model, run_circle_jax, run_litert
+from tests.conformance import (
+    Const,
+    check_op,
+    check_op_grads,
+    one_op_model,
+    run_circle_jax,
+    run_litert,
+)
 
 
 def _x(shape: tuple[int, ...], seed: int = 0, scale: float = 1.0) -> np.ndarray:

@@ -15,7 +15,7 @@ from circle_jax import ir
 from circle_jax.cli import main
 from circle_jax.formats import atomic_write, export_model, read_model
 from circle_jax.lower import param_table
-from tests.oracle import run_litert
+from tests.conformance import run_litert
 from tests.paths import SHARED_MODELS, shared_model
 
 MNIST = "onert_micro_simple_mnist_model.circle"

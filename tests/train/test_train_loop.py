@@ -9,7 +9,7 @@ import pytest
 
 from circle_jax.cli import main
 from circle_jax.train import Trainer, fit
-from tests.test_train import reshape_mlp, toy_data
+from tests.toy_models import reshape_mlp, toy_data
 
 
 def _direct(model, x, y, loss: str, reduction: str, batch: int) -> tuple[float, float]:

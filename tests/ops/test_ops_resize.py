@@ -9,7 +9,7 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.ops.resize import bilinear_taps, nearest_indices
-from tests.oracle import Const, check_op, check_op_grads, one_op_model, run_litert
+from tests.conformance import Const, check_op, check_op_grads, one_op_model, run_litert
 from tests.paths import shared_model
 
 DEEPLAB = shared_model("deeplabv3_257_mv_gpu.tflite")

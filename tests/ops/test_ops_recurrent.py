@@ -17,18 +17,18 @@ import circle_jax as cj
 from circle_jax.build import Builder
 from circle_jax.formats.schema import schema
 from circle_jax.formats.writer import pack
-from tests.oracle import (
+from tests.conformance import (
     ATOL,
     RTOL,
     Const,
     assert_close,
+    check_grads_x64,
     check_op_grads,
     one_op_model,
     run_circle_jax,
     run_litert,
 )
 from tests.paths import SHARED_MODELS as MODELS
-from tests.test_ops_control import _check_grads_x64
 
 # ---------------------------------------------------------------- helpers
 
@@ -160,7 +160,7 @@ def test_lstm_gradients(case: str) -> None:
         kwargs = {"layer_norm": True, "cifg": True, "peephole": True, "projection": 2,
                   "options": {"cell_clip": 5.0, "proj_clip": 5.0}}
     _, cir, feeds = _lstm_bytes(np.random.default_rng(12), steps=2, **kwargs)
-    _check_grads_x64(cj.load(cir), feeds, eager=case == "basic")
+    check_grads_x64(cj.load(cir), feeds, eager=case == "basic")
 
 
 def test_lstm_cell_clip_gradient_rule() -> None:
@@ -262,7 +262,7 @@ def test_gru_gradients_sequences_jit() -> None:
     rs = kw.pop("return_sequences")
     b, feeds = one_op_model("GRU", _gru_inputs(np.random.default_rng(23), **kw),
                             {"return_sequences": rs})
-    _check_grads_x64(cj.load(b.to_bytes("circle")), feeds, eager=False)
+    check_grads_x64(cj.load(b.to_bytes("circle")), feeds, eager=False)
 
 
 def test_gru_rejects_other_activations() -> None:

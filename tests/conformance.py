@@ -158,3 +158,10 @@ def check_model_grads(
         for fn in (jax.jit(f), f) if eager else (jax.jit(f),):
             check_grads(fn, primal, order=1, modes=["rev"], eps=eps, atol=tol, rtol=tol)
 
+
+def check_grads_x64(
+    model: cj.Model, feeds: Sequence[np.ndarray], out: int = 0, eager: bool = True
+) -> None:
+    """The gradient check with the finer step and tolerance of the control-flow and
+    recurrent tests."""
+    check_model_grads(model, feeds, out, eps=1e-5, tol=1e-6, eager=eager)

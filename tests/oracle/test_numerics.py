@@ -22,11 +22,11 @@ from circle_jax.checkpoints import fit_checkpointed, load_wof, wof_bytes
 from circle_jax.formats import read_model
 from circle_jax.numerics_train import softmax_logits_apply
 from circle_jax.train import Trainer
+from tests.conformance import run_litert
 from tests.onert_peer import onert_fit, open_session, train_batch
-from tests.oracle import run_litert
-from tests.paths import shared_model
+from tests.paths import KERAS_DATA, shared_model
 
-KERAS = Path(__file__).parent / "data" / "keras"
+KERAS = Path(KERAS_DATA)
 REF = json.loads((KERAS / "keras_losses.json").read_text())
 DATA = np.load(KERAS / "data.npz")
 LOSS_CODE, OPT_CODE = {"mse": 1, "cce": 2}, {"sgd": 1, "adam": 2}

@@ -25,7 +25,14 @@ from circle_schema.v0_10.circle.QuantizationParameters import QuantizationParame
 import circle_jax as cj
 from circle_jax.build import Builder
 from circle_jax.formats.writer import pack
-from tests.oracle import Const, assert_close, check_op, check_op_grads, run_circle_jax, run_litert
+from tests.conformance import (
+    Const,
+    assert_close,
+    check_op,
+    check_op_grads,
+    run_circle_jax,
+    run_litert,
+)
 
 rng = np.random.default_rng(7)
 

@@ -1,0 +1,1 @@
+"""Tests of circle_jax.ops."""
