@@ -11,10 +11,13 @@ example is written to a temporary .circle first) and the same float32 data, and 
 the same settings: categorical crossentropy, SGD (learning rate 0.01), all operators
 trainable, sequential batches, trailing partial batch dropped.
 
-- time: wall time of one epoch divided by its steps, the median over ``--epochs`` (5) epochs of
-  one run (ms/step). circle-jax: ``fit``'s ``History.ms_per_step`` (one compiled
-  ``lax.scan`` per epoch, timed to the host sync on its losses; compilation happens before
-  and is reported apart). onert: the epoch's Python loop of ``train_set_input`` /
+- time: wall time of one epoch divided by its steps (ms/step). circle-jax: ``fit``'s
+  ``History.ms_per_step`` in a second ``fit`` of ``--epochs`` epochs on the first one's
+  ``Trainer`` (compiled epochs kept; the first run pays compilation, reported apart, and
+  first-execution costs): all epochs in one compiled call, as ``fit`` runs them without
+  callbacks; in parentheses the same epoch by epoch (an ``on_epoch`` callback: one compiled
+  scan and one host sync per epoch, the median epoch after the first). onert: the median
+  over ``--epochs`` epochs of the epoch's Python loop of ``train_set_input`` /
   ``train_set_expected`` / ``train`` / ``train_get_loss`` per batch (tests/onert_peer.py);
   onert_train's own ms/step covers the same loop in C++; the time inside ``train()``
   alone is shown in parentheses, a lower bound for onert's per-step cost.
@@ -183,10 +186,16 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
                 learning_rate=LEARNING_RATE, loss=2, optimizer=1)
         total = time.perf_counter() - t
         h = r.history
-        ms, prepare, losses, steps = h.ms_per_step, h.compile_ms, h.loss, h.steps[0]
+        prepare, losses, steps = h.compile_ms, h.loss, h.steps[0]
+        # Timed again with the compiled epochs kept (the first run also paid first-execution
+        # costs): fused, as fit runs them without callbacks, and epoch by epoch (on_epoch).
+        ms = fit(model, x, y, trainer=r.trainer, epochs=epochs).history.ms_per_step
+        looped = fit(model, x, y, trainer=r.trainer, epochs=epochs, on_epoch=lambda i, h: None)
+        extra["per_epoch_loop_ms"] = statistics.median(looped.history.ms_per_step[1:])
         peak = _rss_mib()
         out = model.apply(model.params, x[:batch])[0]  # untrained weights: step 1's loss
         extra["first_step_loss"] = float(r.trainer.loss_fn(out, y[:batch]))
+        extra["step_flops"] = _step_flops(r, x[:batch], y[:batch])
     else:
         t = time.perf_counter()
         run = onert_fit(path, x, y, epochs=epochs, batch_size=batch,
@@ -202,6 +211,39 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
             "prepare_ms": prepare, "total_s": total, "loss": losses,
             "rss_after_import_mib": base, "rss_peak_mib": peak,
             "finite": bool(np.all(np.isfinite(losses)))}
+
+
+def _step_flops(result, x, y) -> float | None:
+    """XLA's FLOP count of one compiled training step on one batch (cost analysis)."""
+    import jax
+
+    trainer = result.trainer
+    state, frozen = trainer.init()
+    try:
+        cost = jax.jit(trainer.train_step).lower(state, frozen, ((x,), y)).compile()
+        analysis = cost.cost_analysis()
+        if isinstance(analysis, list):  # older JAX: one dict per computation
+            analysis = analysis[0]
+        return float(analysis.get("flops", 0.0)) or None
+    except Exception:  # a backend without cost analysis
+        return None
+
+
+def matmul_peak_gflops(size: int = 1024, repeats: int = 20) -> float:
+    """The measured float32 matmul rate of this machine through XLA (GFLOP/s): the best of
+    ``repeats`` timed [size, size] x [size, size] products, 2 size^3 FLOPs each."""
+    import jax
+    import jax.numpy as jnp
+
+    a = jnp.ones((size, size), jnp.float32)
+    f = jax.jit(lambda m: m @ m)
+    f(a).block_until_ready()
+    best = float("inf")
+    for _ in range(repeats):
+        t = time.perf_counter()
+        f(a).block_until_ready()
+        best = min(best, time.perf_counter() - t)
+    return 2 * size**3 / best / 1e9
 
 
 def _run_worker(runtime: str, name: str, batch: int, epochs: int, files: tuple,
@@ -223,7 +265,7 @@ def _merge_rounds(runs: list[dict]) -> dict:
     if not ok:
         return runs[0]
     merged = dict(ok[0])
-    for key in ("ms_per_step", "train_only_ms", "prepare_ms"):
+    for key in ("ms_per_step", "train_only_ms", "prepare_ms", "per_epoch_loop_ms"):
         if key in merged:
             merged[key] = statistics.median(r[key] for r in ok)
     merged["rss_peak_mib"] = max(r["rss_peak_mib"] for r in ok)
@@ -240,12 +282,22 @@ def _speedup(o: dict, c: dict) -> str:
     return text
 
 
-def _table(results: list[dict]) -> str:
+def _of_peak(r: dict, peak_gflops: float | None) -> str:
+    if not (peak_gflops and r.get("step_flops")):
+        return ""
+    return f"{r['step_flops'] / (r['ms_per_step'] * 1e-3) / (peak_gflops * 1e9) * 100:.1f}"
+
+
+def _table(results: list[dict], peak_gflops: float | None = None) -> str:
+    """The Markdown table; ``peak_gflops`` (the measured matmul rate) adds the step's FLOP
+    count and the fraction of that rate circle-jax's step reaches."""
     rows = ["| model | batch | steps/epoch | onert ms/step | (onert `train()` only) | "
-            "circle-jax ms/step | speed-up | onert peak RSS MiB (delta) | circle-jax peak RSS "
+            "circle-jax ms/step | (epoch by epoch) | speed-up | step MFLOP | "
+            "circle-jax % of matmul peak | "
+            "onert peak RSS MiB (delta) | circle-jax peak RSS "
             "MiB (delta) | circle-jax compile s | step-1 loss onert / circle-jax | epoch-1 "
             "loss onert / circle-jax |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     grouped: dict[tuple, list[dict]] = {}
     for r in results:
         grouped.setdefault((r["model"], r["batch"], r["runtime"]), []).append(r)
@@ -269,7 +321,10 @@ def _table(results: list[dict]) -> str:
                 cell(o, lambda r: f"{r['ms_per_step']:.3f}"),
                 cell(o, lambda r: f"({r['train_only_ms']:.3f})"),
                 cell(c, lambda r: f"{r['ms_per_step']:.3f}"),
+                cell(c, lambda r: f"({r['per_epoch_loop_ms']:.3f})"),
                 _speedup(o, c) if both else "",
+                cell(c, lambda r: f"{r['step_flops'] / 1e6:.2f}" if r.get("step_flops") else ""),
+                cell(c, lambda r: _of_peak(r, peak_gflops)),
                 cell(o, rss), cell(c, rss),
                 cell(c, lambda r: f"{r['prepare_ms'] / 1000:.1f}"),
                 " / ".join([cell(o, lambda r: f"{r['first_step_loss']:.4f}"),
@@ -291,7 +346,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="example,mnist,resnet8,mobilenet",
                     help=f"comma-separated, from {', '.join(MODELS)}")
-    ap.add_argument("--batches", default="1,16")
+    ap.add_argument("--batches", default="1,16", help="comma-separated batch sizes")
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--json", metavar="FILE", help="also write the raw results here")
     ap.add_argument("--conv-lowering", default="auto", choices=["auto", "xla", "im2col"],
@@ -324,8 +379,12 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(results, f, indent=1)
     for name in names:
         print(f"- {name}: {MODELS[name][2]}, {MODELS[name][1]} samples")
+    peak = matmul_peak_gflops() if "circle-jax" in args.runtimes else None
+    if peak:
+        print(f"- float32 matmul peak through XLA on this machine: {peak:.1f} GFLOP/s "
+              "(1024x1024 products, best of 20)")
     print()
-    print(_table(results))
+    print(_table(results, peak))
     return 0
 
 

@@ -86,6 +86,9 @@ def fit(
     validation loss and accuracy over all validation samples, skipped steps, loss scale,
     ms/step), then the callbacks and ``on_epoch(i, history)`` (``i`` from 0 in this call)
     run. ``progress(done, total)`` is called from the compiled epoch about 40 times.
+    When nothing needs the host between epochs (no callbacks, ``on_epoch``, ``progress`` or
+    ``every_steps``), all of them run in one compiled call with the same results (weights
+    and training metrics bit for bit) and ``ms_per_step`` is the run's average.
     """
     epochs = overrides.get("epochs")
     if trainer is None:
@@ -102,9 +105,28 @@ def fit(
     fresh, frozen = trainer.init(params)
     state, frozen = trainer.placed((fresh if state is None else state, frozen))
     hist = History()
+    n_train, b = int(y_tr.shape[0]), cfg.batch_size
+    # Nothing needs the host between epochs: all of them run in one compiled call.
+    fused = (epochs > 1 and not callbacks and on_epoch is None and progress is None
+             and every_steps is None and not initial_step and n_train >= b)
     t0 = time.perf_counter()
-    trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
+    if fused:
+        trainer.compile_epochs(state, frozen, x_tr, y_tr, epochs, val)
+    else:
+        trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
     hist.compile_ms = (time.perf_counter() - t0) * 1000
+    if fused:
+        t = time.perf_counter()
+        state, summaries = trainer.run_epochs(state, frozen, x_tr, y_tr, initial_epoch,
+                                              epochs, val)
+        steps = n_train // b + (not cfg.drop_remainder and n_train % b > 0)
+        ms = (time.perf_counter() - t) * 1000 / (epochs * steps)
+        unscaled = isinstance(state.loss_scale, NoLossScale)
+        for i, (summary, validation) in enumerate(summaries):
+            _record(cfg, hist, i, unscaled, summary, steps, ms, n_train)
+            if validation is not None:
+                _record_validation(hist, i, *validation)
+        epochs = 0
     for i in range(epochs):
         epoch = initial_epoch + i
         t = time.perf_counter()
@@ -146,13 +168,23 @@ def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState,
                  m: StepMetrics, started: float, n_train: int, val: tuple) -> None:
     """Append an epoch's results to ``hist`` (the logging point: one host sync), validate,
     and raise ``TrainingError`` on divergence."""
-    cfg = trainer.config
     steps = int(m.loss.shape[0])
-    loss, skipped, correct, finite, scale = trainer.summarize_epoch(m, state)
+    summary = trainer.summarize_epoch(m, state)
     ms = (time.perf_counter() - started) * 1000 / max(steps, 1)
-    # Without loss scaling a non-finite loss (or weights: a last step's update) is
-    # divergence; with it, only when every step of the epoch was skipped.
-    unscaled = isinstance(state.loss_scale, NoLossScale)
+    _record(trainer.config, hist, epoch, isinstance(state.loss_scale, NoLossScale), summary,
+            steps, ms, n_train)
+    x_val, y_val = val
+    if y_val.shape[0]:
+        _record_validation(hist, epoch,
+                           *trainer.evaluate({**state.params, **frozen}, x_val, y_val))
+
+
+def _record(cfg: TrainConfig, hist: History, epoch: int, unscaled: bool, summary: tuple,
+            steps: int, ms: float, n_train: int) -> None:
+    """Append one epoch's `Trainer.summarize_epoch` values; raise ``TrainingError`` on
+    divergence: without loss scaling a non-finite loss or weights (a last step's update),
+    with it only when every step of the epoch was skipped."""
+    loss, skipped, correct, finite, scale = summary
     if not np.isfinite(loss) and (unscaled or skipped == steps):
         raise TrainingError(f"epoch {epoch + 1}: the loss is {loss} (not finite); lower "
                             "the learning rate or check the data")
@@ -166,11 +198,11 @@ def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState,
     hist.loss_scale.append(scale)
     hist.ms_per_step.append(ms)
     hist.steps.append(steps)
-    x_val, y_val = val
-    if y_val.shape[0]:
-        vl, va = trainer.evaluate({**state.params, **frozen}, x_val, y_val)
-        if not np.isfinite(vl):
-            raise TrainingError(f"epoch {epoch + 1}: the validation loss is {vl} (not finite); "
-                                "check the validation data and the learning rate")
-        hist.val_loss.append(vl)
-        hist.val_accuracy.append(va)
+
+
+def _record_validation(hist: History, epoch: int, loss: float, accuracy: float) -> None:
+    if not np.isfinite(loss):
+        raise TrainingError(f"epoch {epoch + 1}: the validation loss is {loss} (not finite); "
+                            "check the validation data and the learning rate")
+    hist.val_loss.append(loss)
+    hist.val_accuracy.append(accuracy)

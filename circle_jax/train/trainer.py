@@ -110,9 +110,9 @@ class Trainer:
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
         self._step = jax.jit(self.train_step)
-        self._eval = jax.jit(self._eval_impl)
-        self._eval_batch = jax.jit(self._eval_batch_impl)
+        self._score = jax.jit(self._score_impl)
         self._summary = jax.jit(_summary)
+        self._epochs = jax.jit(self._epochs_impl, static_argnames="count")
         self._permute = jax.jit(self._permuted)
 
     # -- state -------------------------------------------------------------------------
@@ -230,13 +230,53 @@ class Trainer:
             jax.random.fold_in(jax.random.key(self.config.seed), epoch), y.shape[0])
         return tuple(a[perm] for a in x), y[perm]
 
-    def _eval_impl(self, trainable: dict, frozen: dict, xs: tuple, ys: jax.Array
-                   ) -> tuple[jax.Array, jax.Array]:
-        def body(_: None, b: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
-            return None, self._eval_batch_impl(trainable, frozen, *b, in_loop=True)
+    def _epochs_impl(self, state: TrainState, frozen: dict, data: tuple, tail: Batch | None,
+                     val: tuple | None, first: jax.Array, *, count: int
+                     ) -> tuple[TrainState, tuple[jax.Array, ...]]:
+        """``count`` whole epochs from epoch ``first`` in one compiled call: per epoch what
+        `run_epoch` does (its batches, then the trailing batch ``tail``; with ``shuffle``,
+        ``data`` is all samples and both are cut from the epoch's permutation), then the
+        `_summary` and, given ``val`` (`_score`'s batches), the validation (loss, accuracy).
+        Returns the state and each summary value stacked over the epochs."""
+        b = self.config.batch_size
 
-        _, (losses, hits) = lax.scan(body, None, (xs, ys))
-        return losses, hits
+        def epoch(s: TrainState, e: jax.Array) -> tuple[TrainState, tuple[jax.Array, ...]]:
+            (xs, ys), rest = data, tail
+            if self.config.shuffle:
+                x, y = self._permuted(*data, e)
+                steps = y.shape[0] // b
+                xs, ys = batched(x, y, b, steps)
+                if rest is not None:
+                    rest = tuple(a[steps * b:] for a in x), y[steps * b:]
+            s, m = self._epoch_impl(s, frozen, xs, ys)
+            if rest is not None:
+                s, last = self.train_step(s, frozen, rest)
+                m = jax.tree.map(lambda a, z: jnp.concatenate([a, z[None]]), m, last)
+            out = _summary(m, s.params, s.loss_scale.loss_scale)
+            if val is not None:
+                out += self._score_impl(*self.split_params({**s.params, **frozen}), *val)
+            return s, out
+
+        return lax.scan(epoch, state, first + jnp.arange(count, dtype=jnp.int32))
+
+    def _score_impl(self, trainable: dict, frozen: dict, full: Batch, tail: Batch | None
+                    ) -> tuple[jax.Array, jax.Array]:
+        """(loss, categorical accuracy) over the batches ``full`` ([steps, batch, ...]) and
+        the partial batch ``tail``: the batches' losses weighted by their sizes (see
+        `evaluate`)."""
+        def body(_: None, batch: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
+            return None, self._eval_batch_impl(trainable, frozen, *batch, in_loop=True)
+
+        _, (losses, hits) = lax.scan(body, None, full)
+        b = full[1].shape[1]
+        per_sample = self.reduction.value != "sum"  # the batch loss is a mean over it
+        total, right, n = jnp.sum(losses) * (b if per_sample else 1), jnp.sum(hits), \
+            full[1].shape[0] * b
+        if tail is not None:
+            loss, hit = self._eval_batch_impl(trainable, frozen, *tail)
+            rest = tail[1].shape[0]
+            total, right, n = total + loss * (rest if per_sample else 1), right + hit, n + rest
+        return total / n * (1 if per_sample else b), right / n
 
     def _eval_batch_impl(self, trainable: dict, frozen: dict, x: tuple, y: jax.Array,
                          in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
@@ -287,6 +327,45 @@ class Trainer:
         if len(parts) == 1:
             return state, parts[0]
         return state, jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
+    def run_epochs(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
+                   y: jax.Array, first_epoch: int, count: int,
+                   val: tuple[tuple, jax.Array] | None = None
+                   ) -> tuple[TrainState, list[tuple[tuple, tuple | None]]]:
+        """``count`` epochs from ``first_epoch`` in one compiled call (nothing needs the host
+        between them); the same steps as `run_epoch` ``count`` times. Returns the state and,
+        per epoch, (the `summarize_epoch` values, the validation (loss, accuracy) over
+        ``val``, or None without validation samples): one transfer to the host in all."""
+        args = self._epochs_arguments(state, frozen, x, y, first_epoch, val)
+        state, out = self._compiled_epochs(args, count)(*args)
+        out = jax.device_get(out)
+        kinds = (float, int, int, bool, float, float, float)
+        rows = [tuple(k(v[i]) for k, v in zip(kinds, out)) for i in range(count)]
+        return state, [(row[:5], row[5:] or None) for row in rows]
+
+    def compile_epochs(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
+                       y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
+                       ) -> None:
+        """Compile what `run_epochs` runs, before it runs (compile time measured apart)."""
+        self._compiled_epochs(self._epochs_arguments(state, frozen, x, y, 0, val), count)
+
+    def _epochs_arguments(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
+                          y: jax.Array, first_epoch: int, val: tuple[tuple, jax.Array] | None
+                          ) -> tuple:
+        n, b = y.shape[0], self.config.batch_size
+        steps = n // b
+        if steps == 0:
+            raise DataError(f"{n} training samples are fewer than one batch of {b}")
+        tail = None
+        if not self.config.drop_remainder and n % b:
+            tail = self.placed((tuple(a[steps * b:] for a in x), y[steps * b:]))
+        data = (self.placed((tuple(x), y), batch_axis=0) if self.config.shuffle
+                else self._batches(tuple(x), y))
+        scored = None if val is None or not val[1].shape[0] else self.scoring_batches(*val)
+        return state, frozen, data, tail, scored, jnp.asarray(first_epoch, jnp.int32)
+
+    def _compiled_epochs(self, args: tuple, count: int) -> Callable[..., Any]:
+        return self._compiled_for(self._epochs, ("epochs", count), args, count=count)
 
     def _ordered(self, x: Sequence[jax.Array], y: jax.Array, epoch: int
                  ) -> tuple[tuple, jax.Array]:
@@ -347,12 +426,18 @@ class Trainer:
         """The epoch (``shuffled``: the one drawing its permutation, see `epoch_arguments`)
         compiled ahead of time for these arguments' shapes (cached), so that compile time is
         measured apart from steady-state steps."""
-        key = str((shuffled, jax.tree.structure(args),
+        return self._compiled_for(self._shuffled_epoch if shuffled else self._epoch,
+                                  ("epoch", shuffled), args)
+
+    def _compiled_for(self, fn: Any, tag: tuple, args: tuple, **static: Any
+                      ) -> Callable[..., Any]:
+        """``fn`` (jitted; ``static`` its static arguments) compiled ahead of time for
+        ``args``' shapes, cached by ``tag``."""
+        key = str((tag, jax.tree.structure(args),
                    [(a.shape, a.dtype, getattr(a, "sharding", None))
                     for a in jax.tree.leaves(args)]))
         if key not in self._compiled:
-            epoch = self._shuffled_epoch if shuffled else self._epoch
-            self._compiled[key] = _compile(epoch.lower(*args), self.placement)
+            self._compiled[key] = _compile(fn.lower(*args, **static), self.placement)
         return self._compiled[key]
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
@@ -368,22 +453,22 @@ class Trainer:
         the forward runs as in training (precision policy).
         """
         x, y = as_inputs(self.model, x), jnp.asarray(y)
-        n = y.shape[0]
-        if n == 0:
+        if y.shape[0] == 0:
             raise DataError("no samples to evaluate")
+        trainable, frozen = self.placed(self.split_params(params))
+        loss, accuracy = jax.device_get(self._score(
+            trainable, frozen, *self.scoring_batches(x, y, batch_size)))
+        return float(loss), float(accuracy)
+
+    def scoring_batches(self, x: Sequence[jax.Array], y: jax.Array,
+                        batch_size: int | None = None) -> tuple[Batch, Batch | None]:
+        """`_score`'s arguments: the full batches of ``batch_size`` (default: the config's,
+        at most all samples) and the partial batch left over (None when there is none)."""
+        n = y.shape[0]
         b = min(batch_size or self.config.batch_size, n)
         steps, rest = divmod(n, b)
-        trainable, frozen = self.placed(self.split_params(params))
-        losses, hits = self._eval(trainable, frozen, *self.placed(batched(x, y, b, steps)))
-        per_sample = self.reduction.value != "sum"  # the batch loss is a mean over it
-        total = float(jnp.sum(losses)) * (b if per_sample else 1)
-        right = int(jnp.sum(hits))
-        if rest:
-            loss, hit = self._eval_batch(trainable, frozen, *self.placed(
-                (tuple(a[steps * b:] for a in x), y[steps * b:])))
-            total += float(loss) * (rest if per_sample else 1)
-            right += int(hit)
-        return total / n * (1 if per_sample else b), right / n
+        tail = (tuple(a[steps * b:] for a in x), y[steps * b:]) if rest else None
+        return self.placed(batched(tuple(x), y, b, steps), batch_axis=1), self.placed(tail)
 
 
 #: XLA options for compiled epochs on CPU: classic fusion emitters (benchmarks/README.md).
