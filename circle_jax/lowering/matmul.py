@@ -1,4 +1,5 @@
-"""Matrix products with a weight gradient XLA CPU computes fast; FULLY_CONNECTED uses it."""
+"""Matrix products with a weight gradient XLA CPU computes fast; FULLY_CONNECTED uses it, or
+for a tiny product one broadcast multiply and sum."""
 
 from __future__ import annotations
 
@@ -55,8 +56,25 @@ def _matmul_jvp(primals: tuple, tangents: tuple) -> tuple:
     return y, tangent_sum(terms, y)
 
 
+#: A FULLY_CONNECTED of at most this many multiply-adds (rows x inputs x outputs) runs as
+#: :func:`small_matmul`: XLA CPU calls a GEMM routine per dot, a fixed cost larger than such
+#: a product's arithmetic, while a multiply and sum fuse with their neighbours.
+SMALL_MATMUL_MACS = 4096
+
+
+def small_matmul(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w`` for 2-d operands as one broadcast multiply and a sum over K (both gradients
+    are again a multiply and a sum)."""
+    return jnp.sum(x[:, :, None] * w[None, :, :], axis=1)
+
+
 @fast("FULLY_CONNECTED")
 def fully_connected(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
-    """FULLY_CONNECTED with :func:`matmul_2d` (XLA folds the transpose into the dot)."""
-    y = matmul_2d(dense_rows(ctx, x, w), jnp.transpose(w))
+    """FULLY_CONNECTED with :func:`matmul_2d` (XLA folds the transpose into the dot), or
+    :func:`small_matmul` up to ``SMALL_MATMUL_MACS`` multiply-adds."""
+    rows = dense_rows(ctx, x, w)
+    if rows.ndim == 2 and rows.shape[0] * rows.shape[1] * w.shape[0] <= SMALL_MATMUL_MACS:
+        y = small_matmul(rows, jnp.transpose(w))
+    else:
+        y = matmul_2d(rows, jnp.transpose(w))
     return bias_act(y, b, ctx.options.fused_activation_function)

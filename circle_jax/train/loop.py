@@ -87,8 +87,8 @@ def fit(
     ms/step), then the callbacks and ``on_epoch(i, history)`` (``i`` from 0 in this call)
     run. ``progress(done, total)`` is called from the compiled epoch about 40 times.
     When nothing needs the host between epochs (no callbacks, ``on_epoch``, ``progress`` or
-    ``every_steps``), all of them run in one compiled call with the same results (weights
-    and training metrics bit for bit) and ``ms_per_step`` is the run's average.
+    ``every_steps``), all of them run in one compiled call with the same results (up to
+    float32 rounding, see `Trainer.run_epoch`) and ``ms_per_step`` is the run's average.
     """
     epochs = overrides.get("epochs")
     if trainer is None:

@@ -98,8 +98,34 @@ def test_col2im_matches_reference(in_hw, kernel, strides, before, out_hw):
 
 
 @pytest.mark.parametrize("rows, k, o", [(1, 5, 3), (3, 5, 3), (4, 3, 7), (1, 128, 10)])
-def test_matmul_matches_reference(rows, k, o):
-    _same(matmul.matmul_2d, jnp.matmul, [_normal(rows, k), _normal(k, o, seed=2)])
+@pytest.mark.parametrize("kernel", ["matmul_2d", "small_matmul"])
+def test_matmul_matches_reference(rows, k, o, kernel):
+    _same(getattr(matmul, kernel), jnp.matmul, [_normal(rows, k), _normal(k, o, seed=2)])
+
+
+@pytest.mark.parametrize("rows, small", [(16, True), (256, False)])
+def test_fully_connected_takes_the_small_product_by_size(rows, small):
+    """A FULLY_CONNECTED of at most SMALL_MATMUL_MACS multiply-adds has no dot in its
+    compiled step (forward and gradients); a larger one keeps its GEMMs. Both equal the
+    reference."""
+    b = Builder()
+    x = b.input("x", (rows, 6))
+    w = b.constant("w", _normal(8, 6).astype(np.float32))
+    b.output(b.op("FULLY_CONNECTED", [x, w, -1], {"fused_activation_function": 1}))
+    assert (rows * 6 * 8 <= matmul.SMALL_MATMUL_MACS) == small
+    data = b.to_bytes("circle")
+    fast, ref = cj.load(data), cj.load(data, lowering="reference")
+    xs = _normal(rows, 6).astype(np.float32)
+
+    def grads(model):
+        return jax.jit(jax.value_and_grad(lambda p: jnp.sum(model.apply(p, xs)[0] ** 2)))
+
+    hlo = grads(fast).lower(fast.params).compile().as_text()
+    assert (" dot(" not in hlo and "dot_general" not in hlo.split("ENTRY")[-1]) == small
+    for got, want in zip(jax.tree.leaves(grads(fast)(fast.params)),
+                         jax.tree.leaves(grads(ref)(ref.params)), strict=True):
+        # float32, different summation orders: 1e-5 of the largest value
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * np.max(np.abs(want)))
 
 
 # ----------------------------------------------------------------------------- pooling

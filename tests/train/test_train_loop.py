@@ -75,9 +75,7 @@ def test_chunked_epochs_equal_whole_ones_and_call_back(shuffle: bool) -> None:
     whole = fit(model, x, y, **cfg)
     rec = Recorder()
     chunked = fit(model, x, y, every_steps=2, callbacks=[rec], **cfg)
-    assert whole.history.loss == chunked.history.loss
-    for k in whole.params:
-        np.testing.assert_array_equal(whole.params[k], chunked.params[k])
+    _same_run(whole, chunked)
     assert rec.events == [("chunk", 0, 2), ("chunk", 0, 4), ("chunk", 0, 5), ("epoch", 0, 6, 1),
                           ("chunk", 1, 8), ("chunk", 1, 10), ("chunk", 1, 11),
                           ("epoch", 1, 12, 2)]
@@ -85,10 +83,9 @@ def test_chunked_epochs_equal_whole_ones_and_call_back(shuffle: bool) -> None:
 
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_epochs_in_one_compiled_call_equal_epoch_by_epoch(shuffle: bool) -> None:
-    """With nothing to call back, ``fit`` runs all epochs in one compiled call; the weights,
-    losses and accuracies are bit for bit those of the epoch-by-epoch loop (an ``on_epoch``
-    forces it), validation the same within float32 rounding (2e-7 relative: one compiled
-    program against two)."""
+    """With nothing to call back, ``fit`` runs all epochs in one compiled call; weights,
+    losses, accuracies and validation are those of the epoch-by-epoch loop (an ``on_epoch``
+    forces it) up to float32 rounding."""
     model = reshape_mlp()
     x, y = toy_data(31)  # 6 steps of 4 and a trailing 1 kept; validation: 3 more samples
     cfg = dict(epochs=3, batch_size=4, learning_rate=0.1, loss="cce", optimizer="adam",
@@ -99,12 +96,20 @@ def test_epochs_in_one_compiled_call_equal_epoch_by_epoch(shuffle: bool) -> None
     assert seen == [0, 1, 2]
     assert sum("epochs" in key for key in fused.trainer._compiled) == 1
     assert not any("epochs" in key for key in stepwise.trainer._compiled)
-    for k in fused.params:
-        np.testing.assert_array_equal(fused.params[k], stepwise.params[k])
+    _same_run(fused, stepwise)
     h, g = fused.history, stepwise.history
-    assert (h.loss, h.accuracy, h.steps, h.skipped) == (g.loss, g.accuracy, g.steps, g.skipped)
-    np.testing.assert_allclose(h.val_loss, g.val_loss, rtol=2e-7)
+    assert (h.accuracy, h.steps, h.skipped) == (g.accuracy, g.steps, g.skipped)
+    np.testing.assert_allclose(h.val_loss, g.val_loss, rtol=1e-6)
     assert h.val_accuracy == g.val_accuracy and len(h.val_loss) == 3
+
+
+def _same_run(a, b) -> None:
+    """The same training up to float32 rounding: each compiled program is deterministic, but
+    XLA may round the tiny products' sums (`small_matmul`) differently in differently shaped
+    programs (seen: 1 ulp, 6e-8, in a few weights). 1e-6 relative is ~8 ulp."""
+    np.testing.assert_allclose(a.history.loss, b.history.loss, rtol=1e-6)
+    for k in a.params:
+        np.testing.assert_allclose(a.params[k], b.params[k], rtol=1e-6, atol=1e-7)
 
 
 def test_resuming_inside_an_epoch_continues_the_run() -> None:
