@@ -200,10 +200,6 @@ def test_in_loop_lowering_chooses_im2col():
 
 # ----------------------------------------------------------------------------- whole models
 
-SMALL = {"aeq_branching_conv_fc.tflite", "aeq_conv_fc_mnist.tflite",
-         "aeq_single_conv2d_transpose_bias.tflite", "mlperftiny_ad01_autoencoder_fp32.tflite",
-         "onert_micro_simple_mnist_model.circle", "tfexamples_planestrike_mlp.tflite",
-         "tflm_hello_world_sine_float.tflite"}
 SHARED = sorted(p.name for p in MODELS.glob("*") if p.suffix in (".circle", ".tflite"))
 
 
@@ -229,9 +225,8 @@ EAGER = {
 
 @pytest.mark.parametrize("name", SHARED)
 def test_reference_equals_default_on_shared_models(name):
-    """Outputs of every shared model (and, for the small ones, the gradient of a random
-    weighting of the outputs w.r.t. every param) agree between the default and the
-    reference lowering."""
+    """Outputs of every shared model agree between the default and the reference lowering
+    (float32, 1e-4)."""
     path = MODELS / name
     fast, ref = cj.load(path), cj.load(path, lowering="reference")
     assert fast.lowering.fast and not ref.lowering.fast
@@ -241,25 +236,48 @@ def test_reference_equals_default_on_shared_models(name):
     want = (ref.apply if name in EAGER else jax.jit(ref.apply))(ref.params, *feeds)
     for g, w in zip(got, want, strict=True):
         np.testing.assert_allclose(np.asarray(g), np.asarray(w), rtol=1e-4, atol=1e-4)
-    if name not in SMALL:
-        return
 
-    # A random weighting of the outputs: their plain sum has a zero gradient wherever an
-    # output is a softmax (the probabilities sum to 1), and the comparison would be of noise.
+
+#: Shared models whose gradients are not compared, and why.
+NO_GRADIENT = {
+    "one_vscode_while_000.circle": "its WHILE runs eagerly with concrete trip counts only",
+}
+
+
+@pytest.mark.parametrize("name", [n for n in SHARED if n not in NO_GRADIENT])
+def test_reference_gradients_equal_default_on_shared_models(name, x64):
+    """The gradient of a random weighting of the outputs w.r.t. every param agrees between
+    the default and the reference lowering, computed in float64 (params and inputs).
+
+    In float32 the two differ by rounding alone, which a deep network accumulates: DeepLab
+    v3's earliest layers' gradients differ by 0.4% of their largest value in float32 and by
+    7e-15 in float64. Hence float64 (float16 weights too), and 1e-9 of each tensor's
+    largest gradient. Both run jitted: the face detector's float32 miscompile (``EAGER``)
+    does not occur in float64 (its gradients agree to 4e-15)."""
+    path = MODELS / name
+    fast, ref = cj.load(path), cj.load(path, lowering="reference")
+    feeds = [jnp.asarray(f, jnp.float64) if f.dtype.kind == "f" else f
+             for f in _feeds(name, fast)]
+
+    def wide(model: cj.Model) -> dict:
+        return {k: jnp.asarray(v, jnp.float64) if jnp.issubdtype(v.dtype, jnp.floating)
+                else v for k, v in model.params.items()}
+
+    outputs = jax.eval_shape(ref.apply, wide(ref), *feeds)
+    # A random weighting: the plain sum of a softmax's outputs has a zero gradient.
     rng = np.random.default_rng(4)
-    weights = [rng.standard_normal(np.shape(o)).astype(np.float32) for o in want]
+    weights = [rng.standard_normal(o.shape) for o in outputs]
 
     def total(model: cj.Model) -> Callable:
         return lambda p: sum(jnp.sum(o * w) for o, w in zip(model.apply(p, *feeds), weights)
                              if jnp.issubdtype(o.dtype, jnp.floating))
 
-    g_fast = jax.jit(jax.grad(total(fast)))(fast.params)
-    g_ref = (jax.grad if name in EAGER else lambda f: jax.jit(jax.grad(f)))(total(ref))(
-        ref.params)
-    assert g_fast.keys() == g_ref.keys() and g_fast
+    g_fast = jax.jit(jax.grad(total(fast)))(wide(fast))
+    g_ref = jax.jit(jax.grad(total(ref)))(wide(ref))
+    assert g_fast.keys() == g_ref.keys()
     for k in g_ref:
         scale = float(np.max(np.abs(g_ref[k]))) or 1.0
-        np.testing.assert_allclose(g_fast[k], g_ref[k], rtol=1e-4, atol=1e-4 * scale,
+        np.testing.assert_allclose(g_fast[k], g_ref[k], rtol=1e-9, atol=1e-9 * scale,
                                    err_msg=k)
 
 
