@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
@@ -14,7 +15,7 @@ import numpy as np
 from . import ir
 from .aliases import param_aliases, resolve_param_names
 from .errors import CircleFormatError, TrainingError
-from .formats.reader import MAX_TENSOR_ELEMENTS, read_model
+from .formats.reader import MAX_TENSOR_ELEMENTS, read_bytes, read_model
 from .formats.writer import export_model
 from .graph_checks import check_graph
 from .lower import Lowered, ParamKey, param_table
@@ -54,6 +55,9 @@ class Model:
         self.rewrites = rewrites or Rewrites()
         self._lowered = Lowered(model, lowering)
         self._variants: dict[tuple, Lowered] = {}
+        #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
+        #: the model's traced programs depend on besides their arguments
+        self.digest: str | None = None
         self.param_keys: dict[str, ParamKey] = dict(self._lowered.params)
         self.params: dict[str, jax.Array] = {
             name: jnp.asarray(model.subgraphs[k].tensors[i].data)
@@ -238,7 +242,11 @@ def load(
     model, rewrites = rewrite_params(
         original, untie=not prof.tie_shared_weights, add_bias=prof.add_missing_bias,
         policy=prof.trainable_policy)
-    return Model(model, lowering, prof, rewrites, original)
+    loaded = Model(model, lowering, prof, rewrites, original)
+    digest = hashlib.sha256(read_bytes(source)[0])
+    digest.update(repr((loaded.lowering, prof, signature, max_elements)).encode())
+    loaded.digest = digest.hexdigest()
+    return loaded
 
 
 def summarize(model: ir.Model, param_keys: Mapping[str, ParamKey] | None = None) -> str:

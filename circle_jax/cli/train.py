@@ -101,7 +101,7 @@ def _train(run: TrainRun, log: Log, cache: str) -> int:
     _check(run, model, cfg)
     print(out.parameter_block(**_parameters(run, model, cfg)), flush=True)
     _log_trainable(log, model, cfg)
-    result = _fit(run, model, xs, y, cfg, clock, log)
+    result = _fit(run, model, xs, y, cfg, clock, log, cache)
     clock.mark("EXECUTE")
     _export(run, model, result, log)
     print(out.timing_summary(_timing(clock, result.history, cache)))
@@ -261,10 +261,16 @@ class Reporter:
 
 
 def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,
-         log: Log) -> Any:
-    """Train, printing epoch lines as they end; the fit result."""
-    from circle_jax.train import fit
+         log: Log, cache: str) -> Any:
+    """Train, printing epoch lines as they end; the fit result. With the compile cache on,
+    the traced epochs are kept beside it (`circle_jax.train.programs`)."""
+    from circle_jax.distributed import DataParallel
+    from circle_jax.train import Trainer, fit
+    from circle_jax.train.programs import ProgramCache
 
+    trainer = Trainer(model, cfg, placement=DataParallel.of(run.devices, None))
+    if cache != "off":
+        trainer.program_cache = ProgramCache(os.path.join(cache, "programs"))
     rep = Reporter(run, cfg.epochs, clock, log)
     clock.mark("fit")
     rep.notice.start()
@@ -273,14 +279,13 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
         if o.checkpoint or run.resume:
             from circle_jax.checkpoints import fit_checkpointed
 
-            return fit_checkpointed(model, xs, y, cfg, resume=run.resume, save=o.checkpoint,
-                                    every_steps=o.checkpoint_every_steps,
+            return fit_checkpointed(model, xs, y, trainer=trainer, resume=run.resume,
+                                    save=o.checkpoint, every_steps=o.checkpoint_every_steps,
                                     order=o.checkpoint_order,
                                     protect=run.input_files(resume=False),
-                                    on_epoch=rep.on_epoch, devices=run.devices)
-        return fit(model, xs, y, cfg, on_epoch=rep.on_epoch,
-                   progress=rep.progress if rep.bar is not None else None,
-                   devices=run.devices)
+                                    on_epoch=rep.on_epoch)
+        return fit(model, xs, y, trainer=trainer, on_epoch=rep.on_epoch,
+                   progress=rep.progress if rep.bar is not None else None)
     finally:
         rep.notice.stop()
 

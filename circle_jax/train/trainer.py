@@ -42,6 +42,7 @@ from ..optim import (
 )
 from .config import TrainConfig, output_index, select_trainable
 from .data import Batch, as_inputs, batched, correct
+from .programs import ProgramCache, describe_config
 from .state import StepMetrics, TrainState
 
 
@@ -60,6 +61,9 @@ class Trainer:
         #: compute the steps' data-only work for a whole epoch before its loop
         #: (`circle_jax.hoisting`; set before the first epoch compiles)
         self.hoist = True
+        #: where traced epochs are kept between runs (`circle_jax.train.programs`; None:
+        #: traced every run). Used when no progress callback is set and on one device.
+        self.program_cache: ProgramCache | None = None
         self.placement = placement
         lowering = {} if placement is None or model.lowering.backend is not None else \
             {"backend": placement.platform}
@@ -112,7 +116,6 @@ class Trainer:
         self._step = jax.jit(self.train_step)
         self._score = jax.jit(self._score_impl)
         self._summary = jax.jit(_summary)
-        self._epochs = jax.jit(self._epochs_impl, static_argnames="count")
         self._permute = jax.jit(self._permuted)
 
     # -- state -------------------------------------------------------------------------
@@ -367,7 +370,9 @@ class Trainer:
         return state, frozen, data, tail, scored, jnp.asarray(first_epoch, jnp.int32)
 
     def _compiled_epochs(self, args: tuple, count: int) -> Callable[..., Any]:
-        return self._compiled_for(self._epochs, ("epochs", count), args, count=count)
+        metrics = (0,) * (7 if args[4] is not None else 5)  # with validation: 2 more
+        return self._compiled_for(functools.partial(self._epochs_impl, count=count),
+                                  f"epochs{count}", args, (args[0], metrics))
 
     def _ordered(self, x: Sequence[jax.Array], y: jax.Array, epoch: int
                  ) -> tuple[tuple, jax.Array]:
@@ -428,18 +433,26 @@ class Trainer:
         """The epoch (``shuffled``: the one drawing its permutation, see `epoch_arguments`)
         compiled ahead of time for these arguments' shapes (cached), so that compile time is
         measured apart from steady-state steps."""
-        return self._compiled_for(self._shuffled_epoch if shuffled else self._epoch,
-                                  ("epoch", shuffled), args)
+        return self._compiled_for(self._shuffled_epoch_impl if shuffled else self._epoch_impl,
+                                  f"epoch shuffled={shuffled}", args,
+                                  (args[0], StepMetrics(0, 0, 0, 0, 0)))
 
-    def _compiled_for(self, fn: Any, tag: tuple, args: tuple, **static: Any
+    def _compiled_for(self, fn: Callable[..., Any], name: str, args: tuple, out: Any
                       ) -> Callable[..., Any]:
-        """``fn`` (jitted; ``static`` its static arguments) compiled ahead of time for
-        ``args``' shapes, cached by ``tag``."""
-        key = str((tag, jax.tree.structure(args),
+        """``fn`` compiled ahead of time for ``args``' shapes (``out``: a value shaped like
+        its result), kept per trainer and, with a ``program_cache``, its trace on disk."""
+        key = str((name, jax.tree.structure(args),
                    [(a.shape, a.dtype, getattr(a, "sharding", None))
                     for a in jax.tree.leaves(args)]))
         if key not in self._compiled:
-            self._compiled[key] = _compile(fn.lower(*args, **static), self.placement)
+            cache = self.program_cache
+            if cache is not None and self.progress is None and self.placement is None \
+                    and self.model.digest is not None:
+                self._compiled[key] = cache.compiled(
+                    (self.model.digest, name, describe_config(self.config), str(self.hoist)),
+                    fn, args, jax.tree.structure(out), lambda low: _compile(low, None))
+            else:
+                self._compiled[key] = _compile(jax.jit(fn).lower(*args), self.placement)
         return self._compiled[key]
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,

@@ -280,7 +280,8 @@ def _script(name: str) -> str:
 
 
 def test_repeated_run_prepares_from_the_persistent_cache(files, tmp_path) -> None:
-    """Two ``onert-train-jax`` processes, one cache: the second finds its compiled epoch.
+    """Two ``onert-train-jax`` processes, one cache: the second finds its traced epoch
+    (``programs/``) and its compiled one, and prints the same losses.
 
     The compile of this small CNN is about 0.8 s and its cached load about 0.3 s here; the
     assertion keeps a 25% margin for a shared machine.
@@ -288,14 +289,16 @@ def test_repeated_run_prepares_from_the_persistent_cache(files, tmp_path) -> Non
     env = {**os.environ, "CIRCLE_JAX_CACHE": str(tmp_path / "xla")}
     argv = [_script("onert-train-jax"), files["model"], *_data(files), "--epoch", "1",
             "--batch_size", "4"]
-    prepare = []
+    prepare, losses = [], []
     for _ in range(2):
         p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
         assert p.returncode == 0, p.stderr
         prepare.append(float(re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)[1]))
+        losses.append(re.findall(r"loss: \[0\] (\S+)", p.stdout))
         assert f"persistent cache {tmp_path / 'xla'}" in p.stdout
-    assert os.listdir(tmp_path / "xla")
+    assert len(os.listdir(tmp_path / "xla" / "programs")) == 1
     assert prepare[1] < 0.75 * prepare[0], prepare
+    assert losses[0] == losses[1] and losses[0]
 
 
 def test_cli_functions_are_simple() -> None:

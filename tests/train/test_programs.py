@@ -1,0 +1,73 @@
+"""Traced epochs kept on disk (`circle_jax.train.programs`): a second trainer reads the
+program instead of tracing it and trains to the same weights; the key follows the
+configuration; a damaged entry is traced again; a progress callback bypasses the cache."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.train import TrainConfig, Trainer, fit
+from circle_jax.train.programs import ProgramCache, describe_config
+from tests.toy_models import reshape_mlp, toy_data
+
+CFG = dict(epochs=2, batch_size=4, learning_rate=0.1, loss="cce", optimizer="adam")
+
+
+@pytest.fixture(scope="module")
+def model() -> cj.Model:
+    return reshape_mlp()
+
+
+def _fit(model, directory, **changes):
+    x, y = toy_data(20)
+    trainer = Trainer(model, **{**CFG, **changes})
+    cache = trainer.program_cache = ProgramCache(directory)
+    return fit(model, x, y, trainer=trainer), cache
+
+
+def test_a_second_trainer_reads_the_program_and_trains_alike(model, tmp_path) -> None:
+    first, c1 = _fit(model, tmp_path)
+    second, c2 = _fit(model, tmp_path)
+    assert (c1.misses, c1.hits, c2.misses, c2.hits) == (1, 0, 0, 1)
+    assert len(list(tmp_path.iterdir())) == 1
+    x, y = toy_data(20)
+    plain = fit(model, x, y, **CFG)
+    for k in plain.params:
+        np.testing.assert_array_equal(second.params[k], plain.params[k])
+        np.testing.assert_array_equal(first.params[k], plain.params[k])
+    assert second.history.loss == plain.history.loss
+
+
+def test_another_configuration_is_another_program(model, tmp_path) -> None:
+    _fit(model, tmp_path)
+    _, cache = _fit(model, tmp_path, learning_rate=0.2)  # baked into the trace
+    assert cache.misses == 1 and len(list(tmp_path.iterdir())) == 2
+    _, cache = _fit(model, tmp_path, epochs=3)  # three epochs in one call: another program
+    assert cache.misses == 1 and len(list(tmp_path.iterdir())) == 3
+
+
+def test_a_damaged_entry_is_traced_again(model, tmp_path) -> None:
+    _fit(model, tmp_path)
+    (entry,) = tmp_path.iterdir()
+    entry.write_bytes(entry.read_bytes()[:100])
+    result, cache = _fit(model, tmp_path)
+    assert cache.misses == 1 and np.isfinite(result.history.loss).all()
+    assert _fit(model, tmp_path)[1].hits == 1  # rewritten whole
+
+
+def test_a_progress_callback_bypasses_the_cache(model, tmp_path) -> None:
+    x, y = toy_data(20)
+    trainer = Trainer(model, **CFG)
+    trainer.program_cache = cache = ProgramCache(tmp_path)
+    fit(model, x, y, trainer=trainer, progress=lambda done, total: None)
+    assert (cache.hits, cache.misses) == (0, 0)
+    assert not any(tmp_path.iterdir())
+
+
+def test_the_configuration_text_is_deterministic() -> None:
+    a = TrainConfig(trainable={"b", "a", "c"}, optimizer_kwargs={"beta_2": 0.9, "beta_1": 0.8})
+    b = TrainConfig(trainable={"c", "a", "b"}, optimizer_kwargs={"beta_1": 0.8, "beta_2": 0.9})
+    assert describe_config(a) == describe_config(b)
+    assert describe_config(a) != describe_config(TrainConfig(trainable={"a"}))
