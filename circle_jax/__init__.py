@@ -29,6 +29,7 @@ if TYPE_CHECKING:
     from .train import (
         FitResult,
         History,
+        ProgramCache,
         TrainConfig,
         Trainer,
         TrainState,
@@ -47,6 +48,7 @@ _LAZY = {
     "supported_operators": ".ops.registry",
     "FitResult": ".train", "History": ".train", "TrainConfig": ".train", "Trainer": ".train",
     "TrainState": ".train", "fit": ".train", "select_trainable": ".train",
+    "ProgramCache": ".train",
 }
 
 
@@ -68,7 +70,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Builder", "CircleFormatError", "CircleJaxError", "DataError", "FitResult", "GraphBuilder",
-    "History", "Model", "TensorSpec", "TrainConfig", "TrainState", "Trainer", "TrainingError",
-    "UnsupportedOperatorError", "checkpoints", "fit", "formats", "load", "losses", "optim",
-    "read_model", "select_trainable", "supported_operators", "unsupported_operators",
+    "History", "Model", "ProgramCache", "TensorSpec", "TrainConfig", "TrainState", "Trainer",
+    "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats", "load",
+    "losses", "optim", "read_model", "select_trainable", "supported_operators",
+    "unsupported_operators",
 ]

@@ -3,7 +3,8 @@ and ``fit``, the one loop around them.
 
 Modules: `config` (what a run is, resolved once), `state` (the values passed around),
 `data` (checks, validation split, batches), `trainer` (the step, its data flow, and the
-compiled epochs), `loop` (``fit``: epochs, chunks, callbacks, resumption).
+compiled epochs), `loop` (``fit``: epochs, chunks, callbacks, resumption), `programs`
+(traced epochs kept on disk between runs).
 """
 
 from __future__ import annotations
@@ -11,11 +12,13 @@ from __future__ import annotations
 from .config import TrainConfig, select_trainable
 from .data import batched, split_validation
 from .loop import Callback, FitResult, fit, prepare_data, record_epoch
+from .programs import ProgramCache
 from .state import History, StepMetrics, TrainState
 from .trainer import CPU_COMPILER_OPTIONS, Trainer
 
 __all__ = [
-    "CPU_COMPILER_OPTIONS", "Callback", "FitResult", "History", "StepMetrics", "TrainConfig",
+    "CPU_COMPILER_OPTIONS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",
+    "TrainConfig",
     "TrainState", "Trainer", "batched", "fit", "prepare_data", "record_epoch",
     "select_trainable", "split_validation",
 ]

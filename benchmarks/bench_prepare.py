@@ -1,0 +1,93 @@
+"""PREPARE of a first and a repeated ``circle-jax train`` run of every shared model.
+
+    python benchmarks/bench_prepare.py [--models NAME,...] [--runs 3]
+
+Per model: one fresh cache directory (``--compile_cache DIR``: JAX's persistent compilation
+cache and circle-jax's traced programs), then ``--runs`` runs of ``circle-jax train MODEL
+--epoch 1 --batch_size B --loss 1 --optimizer 1 --learning_rate 1e-5`` in new processes on
+2 x B random samples (B: the model's declared batch; integer inputs are zeros), each run's
+PREPARE (reading the data, tracing and compiling the epoch) read from its timing summary.
+Models this random data does not fit (inputs or outputs without a batch axis, dynamic
+shapes) are listed with the command line's or the script's reason.
+
+Not a test: numbers depend on the machine and its load. Prints a Markdown table.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
+import numpy as np
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+SHARED_MODELS = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "models"))
+INPUT_SHAPES = {"oww_melspectrogram.tflite": [(1, 1760)]}  # dynamic input: a concrete size
+
+
+def _data(path: str, name: str, tmp: str) -> tuple[str, str, int]:
+    """(inputs .npz, expected .npy, batch) of random data for the model at ``path``."""
+    import circle_jax as cj
+
+    model = cj.load(path)
+    shapes = INPUT_SHAPES.get(name, [s.shape for s in model.inputs])
+    batch = max(1, shapes[0][0])
+    rng = np.random.default_rng(0)
+    xs = {s.name: (rng.standard_normal((2 * batch, *shape[1:])) if "float" in s.dtype
+                   else np.zeros((2 * batch, *shape[1:]))).astype(s.dtype)
+          for s, shape in zip(model.inputs, shapes, strict=True)}
+    out = model.outputs[0]
+    y = rng.standard_normal((2 * batch, *out.shape[1:])).astype(out.dtype)
+    xf, yf = os.path.join(tmp, f"{name}.x.npz"), os.path.join(tmp, f"{name}.y.npy")
+    np.savez(xf, **xs)
+    np.save(yf, y)
+    return xf, yf, batch
+
+
+def measure(name: str, runs: int, tmp: str) -> list[float] | str:
+    path = os.path.join(SHARED_MODELS, name)
+    try:
+        xf, yf, batch = _data(path, name, tmp)
+    except Exception as e:  # noqa: BLE001 - reported in the table
+        return f"{type(e).__name__}: {e}"[:120]
+    cache = tempfile.mkdtemp(dir=tmp)
+    times = []
+    for _ in range(runs):
+        p = subprocess.run([sys.executable, "-m", "circle_jax.cli", "train", path,
+                            "--load_input", xf, "--load_expected", yf, "--epoch", "1",
+                            "--batch_size", str(batch), "--loss", "1", "--optimizer", "1",
+                            "--learning_rate", "1e-5",
+                            "--compile_cache", cache], capture_output=True, text=True)
+        found = re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)
+        if p.returncode or not found:
+            return (p.stderr.strip().splitlines() or ["?"])[-1][:120]
+        times.append(float(found[1]))
+    return times
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--models", default="", help="comma-separated (default: all shared)")
+    ap.add_argument("--runs", type=int, default=3)
+    args = ap.parse_args()
+    names = [n for n in args.models.split(",") if n] or sorted(
+        f for f in os.listdir(SHARED_MODELS) if f.endswith((".tflite", ".circle")))
+    print("| model | PREPARE first run (ms) | repeated runs (ms) |")
+    print("|---|---|---|")
+    with tempfile.TemporaryDirectory() as tmp:
+        for name in names:
+            r = measure(name, args.runs, tmp)
+            if isinstance(r, str):
+                print(f"| {name} | not trained: {r} | |", flush=True)
+            else:
+                print(f"| {name} | {r[0]:.0f} | {', '.join(f'{t:.0f}' for t in r[1:])} |",
+                      flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
