@@ -448,8 +448,11 @@ class Trainer:
             cache = self.program_cache
             if cache is not None and self.progress is None and self.placement is None \
                     and self.model.digest is not None:
+                # how many epochs a run trains is not in the programs (``name`` says how
+                # many one call runs), so runs of other lengths share them
+                config = describe_config(replace(self.config, epochs=0))
                 self._compiled[key] = cache.compiled(
-                    (self.model.digest, name, describe_config(self.config), str(self.hoist)),
+                    (self.model.digest, name, config, str(self.hoist)),
                     fn, args, jax.tree.structure(out), lambda low: _compile(low, None))
             else:
                 self._compiled[key] = _compile(jax.jit(fn).lower(*args), self.placement)

@@ -46,6 +46,14 @@ def test_another_configuration_is_another_program(model, tmp_path) -> None:
     assert cache.misses == 1 and len(list(tmp_path.iterdir())) == 2
     _, cache = _fit(model, tmp_path, epochs=3)  # three epochs in one call: another program
     assert cache.misses == 1 and len(list(tmp_path.iterdir())) == 3
+    x, y = toy_data(20)
+    trainer = Trainer(model, **{**CFG, "epochs": 5})
+    trainer.program_cache = cache = ProgramCache(tmp_path)
+    fit(model, x, y, trainer=trainer, on_epoch=lambda i, h: None)  # epoch by epoch
+    trainer = Trainer(model, **{**CFG, "epochs": 4})
+    trainer.program_cache = again = ProgramCache(tmp_path)
+    fit(model, x, y, trainer=trainer, on_epoch=lambda i, h: None)  # the same one-epoch program
+    assert (cache.misses, again.hits, again.misses) == (1, 1, 0)
 
 
 def test_a_damaged_entry_is_traced_again(model, tmp_path) -> None:
