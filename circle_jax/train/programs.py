@@ -8,8 +8,9 @@ caller's description of the model and configuration, the program's name, the arg
 tree, shapes and dtypes, the JAX and jaxlib versions, the backend and circle_jax's own
 source). A run with the same key deserializes the program instead of tracing it, and XLA's
 compile of it then comes from JAX's persistent cache. An entry that cannot be read is
-traced again and rewritten. Programs with host callbacks (a progress bar) or sharded
-arguments are not cached (`Trainer` does not ask). Measurements: benchmarks/README.md.
+traced again and rewritten; a program ``jax.export`` refuses is compiled as usual and not
+kept. Programs with host callbacks (a progress bar) or sharded arguments are not cached
+(`Trainer` does not ask). Measurements: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -81,8 +82,12 @@ class ProgramCache:
             def flat(*xs: Any) -> list:
                 return jax.tree.leaves(fn(*jax.tree.unflatten(in_tree, xs)))
 
-            program = export.export(jax.jit(flat))(*leaves)
-            self._write(path, program.serialize())
+            try:
+                program = export.export(jax.jit(flat))(*leaves)
+                data = program.serialize()
+            except Exception:  # noqa: BLE001 - a program jax.export cannot take: not kept
+                return compile(jax.jit(fn).lower(*args))
+            self._write(path, data)
         else:
             self.hits += 1
         run = compile(jax.jit(program.call).lower(*leaves))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.train import TrainConfig, Trainer, fit
+from circle_jax.train import TrainConfig, Trainer, fit, programs
 from circle_jax.train.programs import ProgramCache, describe_config
 from tests.toy_models import reshape_mlp, toy_data
 
@@ -63,6 +63,17 @@ def test_a_damaged_entry_is_traced_again(model, tmp_path) -> None:
     result, cache = _fit(model, tmp_path)
     assert cache.misses == 1 and np.isfinite(result.history.loss).all()
     assert _fit(model, tmp_path)[1].hits == 1  # rewritten whole
+
+
+def test_a_program_export_refuses_is_compiled_as_usual(model, tmp_path, monkeypatch) -> None:
+    def refuse(*args, **kwargs):
+        raise NotImplementedError("not exportable")
+
+    monkeypatch.setattr(programs.export, "export", refuse)
+    result, cache = _fit(model, tmp_path)
+    assert cache.misses == 1 and not any(tmp_path.iterdir())
+    x, y = toy_data(20)
+    assert result.history.loss == fit(model, x, y, **CFG).history.loss
 
 
 def test_a_progress_callback_bypasses_the_cache(model, tmp_path) -> None:
