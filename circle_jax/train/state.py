@@ -47,6 +47,8 @@ class History:
     val_accuracy: list[float] = field(default_factory=list)
     skipped: list[int] = field(default_factory=list)
     loss_scale: list[float] = field(default_factory=list)
+    #: wall time per step of each epoch; when ``fit`` ran all epochs in one call, the
+    #: run's average for every epoch
     ms_per_step: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
     compile_ms: float = 0.0
