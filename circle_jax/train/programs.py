@@ -3,14 +3,15 @@
 Compiling an epoch first traces the model's training step in Python (over a second for a
 MobileNet), then XLA compiles it; JAX's persistent compilation cache saves only the second
 part. A :class:`ProgramCache` keeps the first: the traced program, serialized by
-``jax.export`` (StableHLO), stored under a key of everything the trace depends on (the
+``jax.export`` (StableHLO), stored under a key of everything the trace depends on: the
 caller's description of the model and configuration, the program's name, the arguments'
-tree, shapes and dtypes, the JAX and jaxlib versions, the backend and circle_jax's own
-source). A run with the same key deserializes the program instead of tracing it, and XLA's
-compile of it then comes from JAX's persistent cache. An entry that cannot be read is
-traced again and rewritten; a program ``jax.export`` refuses is compiled as usual and not
-kept. Programs with host callbacks (a progress bar) or sharded arguments are not cached
-(`Trainer` does not ask). Measurements: benchmarks/README.md.
+tree, shapes and dtypes, the JAX and jaxlib versions, the settings that change a trace
+(64-bit mode, default matmul precision), the backend and circle_jax's own source. A run
+with the same key deserializes the program instead of tracing it, and XLA's compile of it
+then comes from JAX's persistent cache. An entry that cannot be read is traced again and
+rewritten; a program ``jax.export`` refuses is compiled as usual and not kept. Programs
+with host callbacks (a progress bar) or sharded arguments are not cached (`Trainer` does
+not ask). Measurements: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -98,6 +99,9 @@ class ProgramCache:
         h = hashlib.sha256()
         parts = [*key, str(in_tree), jax.__version__, jax.lib.__version__,
                  jax.default_backend(), source_digest(),
+                 # JAX settings that change what a trace produces
+                 f"x64={jax.config.jax_enable_x64}",
+                 f"matmul={jax.config.jax_default_matmul_precision}",
                  *(f"{a.shape}:{a.dtype}" for a in leaves)]
         for part in parts:
             h.update(part.encode())

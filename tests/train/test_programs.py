@@ -4,6 +4,7 @@ configuration; a damaged entry is traced again; a progress callback bypasses the
 
 from __future__ import annotations
 
+import jax
 import numpy as np
 import pytest
 
@@ -54,6 +55,13 @@ def test_another_configuration_is_another_program(model, tmp_path) -> None:
     trainer.program_cache = again = ProgramCache(tmp_path)
     fit(model, x, y, trainer=trainer, on_epoch=lambda i, h: None)  # the same one-epoch program
     assert (cache.misses, again.hits, again.misses) == (1, 1, 0)
+
+
+def test_64_bit_mode_is_another_program(model, tmp_path) -> None:
+    _fit(model, tmp_path)
+    with jax.enable_x64(True):
+        _, cache = _fit(model, tmp_path)  # the same float32 arguments, another trace
+    assert cache.misses == 1 and len(list(tmp_path.iterdir())) == 2
 
 
 def test_a_damaged_entry_is_traced_again(model, tmp_path) -> None:
