@@ -15,7 +15,7 @@ import numpy as np
 from . import ir
 from .aliases import param_aliases, resolve_param_names
 from .errors import CircleFormatError, TrainingError
-from .formats.reader import MAX_TENSOR_ELEMENTS, read_bytes, read_model
+from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import export_model
 from .graph_checks import check_graph
 from .lower import Lowered, ParamKey, param_table
@@ -232,7 +232,8 @@ def load(
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
         trainable_policy=trainable_policy)
-    original = read_model(source, max_elements=max_elements)
+    data, where = read_bytes(source)
+    original = parse_model(data, where, max_elements=max_elements)
     if signature is not None:
         original = select_signature(original, signature)
     refusals = check_graph(original)
@@ -243,7 +244,7 @@ def load(
         original, untie=not prof.tie_shared_weights, add_bias=prof.add_missing_bias,
         policy=prof.trainable_policy)
     loaded = Model(model, lowering, prof, rewrites, original)
-    digest = hashlib.sha256(read_bytes(source)[0])
+    digest = hashlib.sha256(data)
     digest.update(repr((loaded.lowering, prof, signature, max_elements)).encode())
     loaded.digest = digest.hexdigest()
     return loaded

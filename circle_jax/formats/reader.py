@@ -171,9 +171,13 @@ def read_model(source: str | os.PathLike | bytes, *,
                max_elements: int = MAX_TENSOR_ELEMENTS) -> ir.Model:
     """Read a .circle or .tflite model (path or bytes) into the IR; a tensor declaring more
     than ``max_elements`` elements is refused (:data:`MAX_TENSOR_ELEMENTS`)."""
-    buf, where = read_bytes(source)
-    m = unpack(buf, where)
-    return model_from_object(m, buf, where, max_elements=max_elements)
+    return parse_model(*read_bytes(source), max_elements=max_elements)
+
+
+def parse_model(buf: bytes, where: str = "<model bytes>", *,
+                max_elements: int = MAX_TENSOR_ELEMENTS) -> ir.Model:
+    """The IR of a model file's bytes (``where`` names it in messages)."""
+    return model_from_object(unpack(buf, where), buf, where, max_elements=max_elements)
 
 
 def model_from_object(m: Any, buf: bytes, where: str = "<bytes>", *,

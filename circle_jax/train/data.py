@@ -24,6 +24,11 @@ def batched(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int) -> tuple[t
     return tuple(cut(a) for a in x), cut(y)
 
 
+def trailing(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int) -> Batch:
+    """The samples after ``steps`` batches of ``b``: the trailing partial batch."""
+    return tuple(a[steps * b:] for a in x), y[steps * b:]
+
+
 def correct(out: jax.Array, y: jax.Array) -> jax.Array:
     """Per-sample categorical accuracy (argmax, first max wins); sparse labels accepted."""
     pred = jnp.argmax(out.reshape(out.shape[0], -1), axis=-1)

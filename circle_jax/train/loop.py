@@ -105,10 +105,10 @@ def fit(
     fresh, frozen = trainer.init(params)
     state, frozen = trainer.placed((fresh if state is None else state, frozen))
     hist = History()
-    n_train, b = int(y_tr.shape[0]), cfg.batch_size
+    n_train = int(y_tr.shape[0])
     # Nothing needs the host between epochs: all of them run in one compiled call.
     fused = (epochs > 1 and not callbacks and on_epoch is None and progress is None
-             and every_steps is None and not initial_step and n_train >= b)
+             and every_steps is None and not initial_step and n_train >= cfg.batch_size)
     t0 = time.perf_counter()
     if fused:
         trainer.compile_epochs(state, frozen, x_tr, y_tr, epochs, val)
@@ -116,18 +116,9 @@ def fit(
         trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
     hist.compile_ms = (time.perf_counter() - t0) * 1000
     if fused:
-        t = time.perf_counter()
-        state, summaries = trainer.run_epochs(state, frozen, x_tr, y_tr, initial_epoch,
-                                              epochs, val)
-        steps = n_train // b + (not cfg.drop_remainder and n_train % b > 0)
-        ms = (time.perf_counter() - t) * 1000 / (epochs * steps)
-        unscaled = isinstance(state.loss_scale, NoLossScale)
-        for i, (summary, validation) in enumerate(summaries):
-            _record(cfg, hist, i, unscaled, summary, steps, ms, n_train)
-            if validation is not None:
-                _record_validation(hist, i, *validation)
-        epochs = 0
-    for i in range(epochs):
+        state = _fused_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
+                              epochs)
+    for i in range(0 if fused else epochs):
         epoch = initial_epoch + i
         t = time.perf_counter()
 
@@ -138,13 +129,31 @@ def fit(
         state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch, every_steps=every_steps,
                                      skip_steps=initial_step if i == 0 else 0,
                                      after_chunk=chunk_done)
-        record_epoch(trainer, hist, i, state, frozen, m, t, int(y_tr.shape[0]), val)
+        record_epoch(trainer, hist, i, state, frozen, m, t, n_train, val)
         for cb in callbacks:
             cb.on_epoch_end(epoch, hist, state, frozen)
         if on_epoch is not None:
             on_epoch(i, hist)
     state, frozen = local((state, frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
+
+
+def _fused_epochs(trainer: Trainer, hist: History, state: TrainState, frozen: dict,
+                  x: tuple, y: jax.Array, val: tuple, first_epoch: int, epochs: int
+                  ) -> TrainState:
+    """All ``epochs`` in one compiled call (`Trainer.run_epochs`), then each recorded in
+    ``hist`` as `record_epoch` does; the final state."""
+    cfg, n = trainer.config, int(y.shape[0])
+    t = time.perf_counter()
+    state, summaries = trainer.run_epochs(state, frozen, x, y, first_epoch, epochs, val)
+    steps = n // cfg.batch_size + (not cfg.drop_remainder and n % cfg.batch_size > 0)
+    ms = (time.perf_counter() - t) * 1000 / (epochs * steps)
+    unscaled = isinstance(state.loss_scale, NoLossScale)
+    for i, (summary, validation) in enumerate(summaries):
+        _record(cfg, hist, i, unscaled, summary, steps, ms, n)
+        if validation is not None:
+            _record_validation(hist, i, *validation)
+    return state
 
 
 def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:

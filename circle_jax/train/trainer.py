@@ -41,7 +41,7 @@ from ..optim import (
     select_tree,
 )
 from .config import TrainConfig, output_index, select_trainable
-from .data import Batch, as_inputs, batched, correct
+from .data import Batch, as_inputs, batched, correct, trailing
 from .programs import ProgramCache, describe_config
 from .state import StepMetrics, TrainState
 
@@ -109,8 +109,6 @@ class Trainer:
             micro_batches=self.micro_batches, reduction=acc_reduction,
             micro_batch_groups=1 if placement is None else placement.size,
         ) for in_loop in (False, True)}
-        self._epoch = jax.jit(self._epoch_impl)
-        self._shuffled_epoch = jax.jit(self._shuffled_epoch_impl)
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
         self._step = jax.jit(self.train_step)
@@ -250,7 +248,7 @@ class Trainer:
                 steps = y.shape[0] // b
                 xs, ys = batched(x, y, b, steps)
                 if rest is not None:
-                    rest = tuple(a[steps * b:] for a in x), y[steps * b:]
+                    rest = trailing(x, y, b, steps)
             s, m = self._epoch_impl(s, frozen, xs, ys)
             if rest is not None:
                 s, last = self.train_step(s, frozen, rest)
@@ -326,7 +324,7 @@ class Trainer:
                 if after_chunk is not None:
                     after_chunk(state)
         if tail:
-            rest = self.placed((tuple(a[steps * b:] for a in x), y[steps * b:]))
+            rest = self.placed(trailing(x, y, b, steps))
             state, metrics = self._step(state, frozen, rest)
             parts.append(jax.tree.map(lambda a: a[None], metrics))
         if len(parts) == 1:
@@ -344,9 +342,10 @@ class Trainer:
         args = self._epochs_arguments(state, frozen, x, y, first_epoch, val)
         state, out = self._compiled_epochs(args, count)(*args)
         out = jax.device_get(out)
-        kinds = (float, int, int, bool, float, float, float)
+        kinds = (*SUMMARY_TYPES, float, float)  # then the validation loss and accuracy
         rows = [tuple(k(v[i]) for k, v in zip(kinds, out)) for i in range(count)]
-        return state, [(row[:5], row[5:] or None) for row in rows]
+        n = len(SUMMARY_TYPES)
+        return state, [(row[:n], row[n:] or None) for row in rows]
 
     def compile_epochs(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                        y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
@@ -363,7 +362,7 @@ class Trainer:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
         tail = None
         if not self.config.drop_remainder and n % b:
-            tail = self.placed((tuple(a[steps * b:] for a in x), y[steps * b:]))
+            tail = self.placed(trailing(x, y, b, steps))
         data = (self.placed((tuple(x), y), batch_axis=0) if self.config.shuffle
                 else self._batches(tuple(x), y))
         scored = None if val is None or not val[1].shape[0] else self.scoring_batches(*val)
@@ -381,13 +380,12 @@ class Trainer:
             return tuple(x), y
         return self._permute(tuple(x), y, jnp.asarray(epoch, jnp.int32))
 
-    def summarize_epoch(self, metrics: StepMetrics, state: TrainState
-                        ) -> tuple[float, int, int, bool, float]:
+    def summarize_epoch(self, metrics: StepMetrics, state: TrainState) -> tuple:
         """(mean loss, skipped steps, correct samples, all weights finite, loss scale) of an
         epoch: one compiled reduction and one transfer to the host (the logging point)."""
-        loss, skipped, right, finite, scale = jax.device_get(
-            self._summary(metrics, state.params, state.loss_scale.loss_scale))
-        return float(loss), int(skipped), int(right), bool(finite), float(scale)
+        values = jax.device_get(self._summary(metrics, state.params,
+                                              state.loss_scale.loss_scale))
+        return tuple(k(v) for k, v in zip(SUMMARY_TYPES, values))
 
     def placed(self, tree: Any, batch_axis: int | None = None) -> Any:
         """``tree`` on the placement's devices (sharded on ``batch_axis``), or as it is."""
@@ -485,7 +483,7 @@ class Trainer:
         n = y.shape[0]
         b = min(batch_size or self.config.batch_size, n)
         steps, rest = divmod(n, b)
-        tail = (tuple(a[steps * b:] for a in x), y[steps * b:]) if rest else None
+        tail = trailing(x, y, b, steps) if rest else None
         return self.placed(batched(tuple(x), y, b, steps), batch_axis=1), self.placed(tail)
 
 
@@ -503,6 +501,11 @@ def _compile(lowered: jax.stages.Lowered, placement: DataParallel | None) -> Cal
             if "compile option" not in str(e):
                 raise
     return lowered.compile()
+
+
+#: The host types of `_summary`'s values: mean loss, skipped steps, correct samples, all
+#: weights finite, loss scale.
+SUMMARY_TYPES = (float, int, int, bool, float)
 
 
 def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> tuple[jax.Array, ...]:

@@ -108,7 +108,7 @@ def test_no_split_above_the_size_limits(monkeypatch, limit: str) -> None:
     monkeypatch.setattr(hoisting, limit, 1)
     split, (state, frozen, xs, ys), trainer = _split_example(batch=2, steps=3)
     assert split is None
-    new, m = trainer._epoch(state, frozen, xs, ys)
+    new, m = jax.jit(trainer._epoch_impl)(state, frozen, xs, ys)
     assert np.all(np.isfinite(np.asarray(m.loss)))
 
 
