@@ -157,7 +157,7 @@ def _depthwise_cnn():
 
 
 def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
-           lowering: str = "auto") -> dict:
+           lowering: str = "auto", dispatch: str = "inline") -> dict:
     """Runs in a fresh process: train one model with one runtime; returns the figures."""
     import numpy as np
 
@@ -166,6 +166,8 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
 
         import circle_jax as cj
         from circle_jax.train import fit
+        if dispatch == "inline":  # as the command line runs (circle_jax.train.dispatch)
+            assert cj.inline_cpu_dispatch()
         jax.numpy.zeros(1).block_until_ready()  # backend up: part of the baseline
     else:
         sys.path.insert(0, ROOT)
@@ -247,9 +249,9 @@ def matmul_peak_gflops(size: int = 1024, repeats: int = 20) -> float:
 
 
 def _run_worker(runtime: str, name: str, batch: int, epochs: int, files: tuple,
-                lowering: str) -> dict:
+                lowering: str, dispatch: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", runtime, name, str(batch),
-           str(epochs), *files, lowering]
+           str(epochs), *files, lowering, dispatch]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode or not lines:
@@ -340,7 +342,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
         runtime, name, batch, epochs = argv[1:5]
-        print(json.dumps(worker(runtime, name, int(batch), int(epochs), argv[5:8], argv[8])),
+        print(json.dumps(worker(runtime, name, int(batch), int(epochs), argv[5:8], *argv[8:10])),
               flush=True)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -352,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--conv-lowering", default="auto", choices=["auto", "xla", "im2col"],
                     help="force circle-jax's convolution lowering (circle_jax.lowering."
                          "LoweringOptions(force=...)); auto: its own per-shape choice")
+    ap.add_argument("--dispatch", default="inline", choices=["inline", "async"],
+                    help="how circle-jax's process runs CPU programs: inline, on the calling "
+                         "thread, as the command line does (circle_jax.inline_cpu_dispatch), "
+                         "or JAX's default asynchronous dispatch")
     ap.add_argument("--runtimes", default="onert,circle-jax")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every (model, batch) this many times, the runtimes "
@@ -368,7 +374,8 @@ def main(argv: list[str] | None = None) -> int:
             for batch, _, runtime in itertools.product(
                     (int(b) for b in args.batches.split(",")), range(args.rounds),
                     args.runtimes.split(",")):
-                r = _run_worker(runtime, name, batch, args.epochs, files, args.conv_lowering)
+                r = _run_worker(runtime, name, batch, args.epochs, files, args.conv_lowering,
+                                args.dispatch)
                 results.append(r)
                 print(f"# {name} b{batch} {runtime}: "
                       + (r["error"] if "error" in r else

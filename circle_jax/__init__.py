@@ -34,6 +34,7 @@ if TYPE_CHECKING:
         Trainer,
         TrainState,
         fit,
+        inline_cpu_dispatch,
         select_trainable,
     )
 
@@ -48,7 +49,7 @@ _LAZY = {
     "supported_operators": ".ops.registry",
     "FitResult": ".train", "History": ".train", "TrainConfig": ".train", "Trainer": ".train",
     "TrainState": ".train", "fit": ".train", "select_trainable": ".train",
-    "ProgramCache": ".train",
+    "ProgramCache": ".train", "inline_cpu_dispatch": ".train",
 }
 
 
@@ -71,7 +72,7 @@ def __dir__() -> list[str]:
 __all__ = [
     "Builder", "CircleFormatError", "CircleJaxError", "DataError", "FitResult", "GraphBuilder",
     "History", "Model", "ProgramCache", "TensorSpec", "TrainConfig", "TrainState", "Trainer",
-    "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats", "load",
-    "losses", "optim", "read_model", "select_trainable", "supported_operators",
-    "unsupported_operators",
+    "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats",
+    "inline_cpu_dispatch", "load", "losses", "optim", "read_model", "select_trainable",
+    "supported_operators", "unsupported_operators",
 ]

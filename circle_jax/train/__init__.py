@@ -4,13 +4,15 @@ and ``fit``, the one loop around them.
 Modules: `config` (what a run is, resolved once), `state` (the values passed around),
 `data` (checks, validation split, batches), `trainer` (the step, its data flow, and the
 compiled epochs), `loop` (``fit``: epochs, chunks, callbacks, resumption), `programs`
-(traced epochs kept on disk between runs).
+(traced epochs kept on disk between runs), `dispatch` (CPU programs run on the calling
+thread).
 """
 
 from __future__ import annotations
 
 from .config import TrainConfig, select_trainable
 from .data import batched, split_validation
+from .dispatch import inline_cpu_dispatch
 from .loop import Callback, FitResult, fit, prepare_data, record_epoch
 from .programs import ProgramCache
 from .state import History, StepMetrics, TrainState
@@ -19,6 +21,7 @@ from .trainer import CPU_COMPILER_OPTIONS, Trainer
 __all__ = [
     "CPU_COMPILER_OPTIONS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",
     "TrainConfig",
-    "TrainState", "Trainer", "batched", "fit", "prepare_data", "record_epoch",
+    "TrainState", "Trainer", "batched", "fit", "inline_cpu_dispatch", "prepare_data",
+    "record_epoch",
     "select_trainable", "split_validation",
 ]

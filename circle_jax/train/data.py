@@ -39,8 +39,9 @@ def correct(out: jax.Array, y: jax.Array) -> jax.Array:
     return (pred == target).astype(jnp.int32)
 
 
-def as_inputs(model: Model, x: Any) -> tuple[jax.Array, ...]:
-    """``x`` (an array or one per model input) as the model's input dtypes, shapes checked."""
+def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
+    """``x`` (an array or one per model input) as host arrays of the model's input dtypes,
+    shapes checked (callers move them to the device in one `jax.device_put`)."""
     xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if len(xs) != len(model.inputs):
         raise DataError(f"the model has {len(model.inputs)} inputs, got {len(xs)} arrays")
@@ -50,7 +51,7 @@ def as_inputs(model: Model, x: Any) -> tuple[jax.Array, ...]:
         if a.shape[1:] != spec.shape[1:]:
             raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
                             f"the model expects {list(spec.shape[1:])}")
-        out.append(jnp.asarray(a, spec.dtype))
+        out.append(np.asarray(a, spec.dtype))
     return tuple(out)
 
 
@@ -58,7 +59,5 @@ def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tup
     """(train x, train y, val x, val y): the LAST ``fraction`` of samples validate (onert)."""
     if not 0.0 <= fraction < 1.0:
         raise ValueError(f"validation_split must be in [0, 1), got {fraction}")
-    n = y.shape[0]
-    n_val = int(n * fraction)
-    cut = n - n_val
+    cut = y.shape[0] - int(y.shape[0] * fraction)
     return tuple(a[:cut] for a in x), y[:cut], tuple(a[cut:] for a in x), y[cut:]

@@ -10,7 +10,6 @@ from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..distributed import DataParallel, local
@@ -159,14 +158,15 @@ def _fused_epochs(trainer: Trainer, hist: History, state: TrainState, frozen: di
 def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:
     """(train inputs, train targets, (validation inputs, validation targets)) on device."""
     cfg = trainer.config
-    xs, ys = as_inputs(trainer.model, x), jnp.asarray(y, trainer.loss_dtype)
+    xs, ys = as_inputs(trainer.model, x), np.asarray(y, trainer.loss_dtype)
     if any(a.shape[0] != ys.shape[0] for a in xs):
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
     sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
-    check_training_data(xs, np.asarray(y), trainer.model.outputs[trainer.loss_output].shape[-1]
+    check_training_data(xs, ys, trainer.model.outputs[trainer.loss_output].shape[-1]
                         if sparse else None)
-    x_tr, y_tr, x_val, y_val = split_validation(xs, ys, cfg.validation_split)
+    # split on the host, then one transfer for all four
+    x_tr, y_tr, x_val, y_val = jax.device_put(split_validation(xs, ys, cfg.validation_split))
     if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:
         raise DataError(f"{y_tr.shape[0]} training samples are fewer than one batch of "
                         f"{cfg.batch_size}")

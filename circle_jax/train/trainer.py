@@ -115,6 +115,8 @@ class Trainer:
         self._score = jax.jit(self._score_impl)
         self._summary = jax.jit(_summary)
         self._permute = jax.jit(self._permuted)
+        self._fresh = jax.jit(self._fresh_state)
+        self._cut = jax.jit(batched, static_argnums=(2, 3))
 
     # -- state -------------------------------------------------------------------------
     def split_params(self, params: Mapping[str, Any]) -> tuple[dict, dict]:
@@ -128,13 +130,16 @@ class Trainer:
         return jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating)
 
     def init(self, params: Mapping[str, Any] | None = None) -> tuple[TrainState, dict]:
-        """A fresh state and the frozen params for ``params`` (default: the model's)."""
-        trainable, frozen = self.split_params(params if params is not None else
-                                              self.model.params)
-        state = TrainState(trainable, self.tx.init(trainable),
-                           loss_scale_from_spec(self.config.loss_scale),
-                           jnp.zeros([], jnp.int32))
-        return state, frozen
+        """A fresh state and the frozen params for ``params`` (default: the model's): one
+        compiled call and one transfer, whatever the number of params."""
+        params = params if params is not None else self.model.params
+        frozen = jax.device_put({k: v for k, v in params.items() if k not in self.trainable})
+        return self._fresh({k: v for k, v in params.items() if k in self.trainable}), frozen
+
+    def _fresh_state(self, trainable: dict) -> TrainState:
+        trainable = self.split_params(trainable)[0]
+        return TrainState(trainable, self.tx.init(trainable),
+                          loss_scale_from_spec(self.config.loss_scale), jnp.zeros([], jnp.int32))
 
     def merge(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, jax.Array]:
         """All params in the model's own dtypes (for ``model.apply`` and export)."""
@@ -233,15 +238,16 @@ class Trainer:
 
     def _epochs_impl(self, state: TrainState, frozen: dict, data: tuple, tail: Batch | None,
                      val: tuple | None, first: jax.Array, *, count: int
-                     ) -> tuple[TrainState, tuple[jax.Array, ...]]:
+                     ) -> tuple[TrainState, tuple[jax.Array, jax.Array]]:
         """``count`` whole epochs from epoch ``first`` in one compiled call: per epoch what
         `run_epoch` does (its batches, then the trailing batch ``tail``; with ``shuffle``,
         ``data`` is all samples and both are cut from the epoch's permutation), then the
-        `_summary` and, given ``val`` (`_score`'s batches), the validation (loss, accuracy).
-        Returns the state and each summary value stacked over the epochs."""
+        `_summary` and, given ``val`` (`_score`'s batches), the validation (loss, accuracy)
+        appended to its floats. Returns the state and the two vectors stacked over the
+        epochs (two transfers for the whole run)."""
         b = self.config.batch_size
 
-        def epoch(s: TrainState, e: jax.Array) -> tuple[TrainState, tuple[jax.Array, ...]]:
+        def epoch(s: TrainState, e: jax.Array) -> tuple[TrainState, tuple[jax.Array, jax.Array]]:
             (xs, ys), rest = data, tail
             if self.config.shuffle:
                 x, y = self._permuted(*data, e)
@@ -253,10 +259,11 @@ class Trainer:
             if rest is not None:
                 s, last = self.train_step(s, frozen, rest)
                 m = jax.tree.map(lambda a, z: jnp.concatenate([a, z[None]]), m, last)
-            out = _summary(m, s.params, s.loss_scale.loss_scale)
+            floats, ints = _summary(m, s.params, s.loss_scale.loss_scale)
             if val is not None:
-                out += self._score_impl(*self.split_params({**s.params, **frozen}), *val)
-            return s, out
+                scores = self._score_impl(*self.split_params({**s.params, **frozen}), *val)
+                floats = jnp.concatenate([floats, jnp.stack(scores).astype(floats.dtype)])
+            return s, (floats, ints)
 
         return lax.scan(epoch, state, first + jnp.arange(count, dtype=jnp.int32))
 
@@ -338,14 +345,11 @@ class Trainer:
         """``count`` epochs from ``first_epoch`` in one compiled call (nothing needs the host
         between them); the same steps as `run_epoch` ``count`` times. Returns the state and,
         per epoch, (the `summarize_epoch` values, the validation (loss, accuracy) over
-        ``val``, or None without validation samples): one transfer to the host in all."""
+        ``val``, or None without validation samples): two transfers to the host in all."""
         args = self._epochs_arguments(state, frozen, x, y, first_epoch, val)
-        state, out = self._compiled_epochs(args, count)(*args)
-        out = jax.device_get(out)
-        kinds = (*SUMMARY_TYPES, float, float)  # then the validation loss and accuracy
-        rows = [tuple(k(v[i]) for k, v in zip(kinds, out)) for i in range(count)]
-        n = len(SUMMARY_TYPES)
-        return state, [(row[:n], row[n:] or None) for row in rows]
+        state, (floats, ints) = self._compiled_epochs(args, count)(*args)
+        floats, ints = jax.device_get((floats, ints))
+        return state, [host_summary(f, i) for f, i in zip(floats, ints)]
 
     def compile_epochs(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                        y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
@@ -366,12 +370,11 @@ class Trainer:
         data = (self.placed((tuple(x), y), batch_axis=0) if self.config.shuffle
                 else self._batches(tuple(x), y))
         scored = None if val is None or not val[1].shape[0] else self.scoring_batches(*val)
-        return state, frozen, data, tail, scored, jnp.asarray(first_epoch, jnp.int32)
+        return state, frozen, data, tail, scored, np.int32(first_epoch)
 
     def _compiled_epochs(self, args: tuple, count: int) -> Callable[..., Any]:
-        metrics = (0,) * (7 if args[4] is not None else 5)  # with validation: 2 more
         return self._compiled_for(functools.partial(self._epochs_impl, count=count),
-                                  f"epochs{count}", args, (args[0], metrics))
+                                  f"epochs{count}", args, (args[0], (0, 0)))
 
     def _ordered(self, x: Sequence[jax.Array], y: jax.Array, epoch: int
                  ) -> tuple[tuple, jax.Array]:
@@ -382,10 +385,10 @@ class Trainer:
 
     def summarize_epoch(self, metrics: StepMetrics, state: TrainState) -> tuple:
         """(mean loss, skipped steps, correct samples, all weights finite, loss scale) of an
-        epoch: one compiled reduction and one transfer to the host (the logging point)."""
-        values = jax.device_get(self._summary(metrics, state.params,
-                                              state.loss_scale.loss_scale))
-        return tuple(k(v) for k, v in zip(SUMMARY_TYPES, values))
+        epoch: one compiled reduction and two transfers to the host (the logging point)."""
+        floats, ints = jax.device_get(self._summary(metrics, state.params,
+                                                    state.loss_scale.loss_scale))
+        return host_summary(floats, ints)[0]
 
     def placed(self, tree: Any, batch_axis: int | None = None) -> Any:
         """``tree`` on the placement's devices (sharded on ``batch_axis``), or as it is."""
@@ -397,7 +400,7 @@ class Trainer:
         all of it and the epoch number (the permutation is drawn inside)."""
         if self.config.shuffle:
             return (state, frozen, *self.placed((tuple(x), y), batch_axis=0),
-                    jnp.asarray(epoch, jnp.int32))
+                    np.int32(epoch))
         return (state, frozen, *self._batches(tuple(x), y))
 
     def _batches(self, x: tuple, y: jax.Array) -> tuple[tuple, jax.Array]:
@@ -408,7 +411,7 @@ class Trainer:
                 and all(a is b for a, b in zip(kept[0], x)):
             return kept[2]
         b = self.config.batch_size
-        cut = self.placed(batched(x, y, b, y.shape[0] // b), batch_axis=1)
+        cut = self.placed(self._cut(x, y, b, y.shape[0] // b), batch_axis=1)
         self._last_batches = (x, y, cut)
         return cut
 
@@ -439,9 +442,9 @@ class Trainer:
                       ) -> Callable[..., Any]:
         """``fn`` compiled ahead of time for ``args``' shapes (``out``: a value shaped like
         its result), kept per trainer and, with a ``program_cache``, its trace on disk."""
-        key = str((name, jax.tree.structure(args),
-                   [(a.shape, a.dtype, getattr(a, "sharding", None))
-                    for a in jax.tree.leaves(args)]))
+        leaves, tree = jax.tree.flatten(args)
+        key = (name, tree, tuple((a.shape, a.dtype, getattr(a, "sharding", None))
+                                 for a in leaves))
         if key not in self._compiled:
             cache = self.program_cache
             if cache is not None and self.progress is None and self.placement is None \
@@ -468,7 +471,7 @@ class Trainer:
         are all params (model dtypes, or ``{**state.params, **frozen}`` for the masters);
         the forward runs as in training (precision policy).
         """
-        x, y = as_inputs(self.model, x), jnp.asarray(y)
+        x, y = jax.device_put((as_inputs(self.model, x), np.asarray(y)))
         if y.shape[0] == 0:
             raise DataError("no samples to evaluate")
         trainable, frozen = self.placed(self.split_params(params))
@@ -503,14 +506,23 @@ def _compile(lowered: jax.stages.Lowered, placement: DataParallel | None) -> Cal
     return lowered.compile()
 
 
-#: The host types of `_summary`'s values: mean loss, skipped steps, correct samples, all
-#: weights finite, loss scale.
-SUMMARY_TYPES = (float, int, int, bool, float)
+def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> tuple[jax.Array, jax.Array]:
+    """An epoch's summary as two vectors, so that reading it is two transfers: floats (mean
+    loss, loss scale) and int32 (skipped steps, correct samples, all weights finite);
+    `host_summary` reads them."""
+    floats = jnp.stack([jnp.mean(m.loss), jnp.asarray(scale, m.loss.dtype)])
+    ints = jnp.stack([jnp.sum(m.skipped), jnp.sum(m.correct),
+                      all_finite(params).astype(jnp.int32)]).astype(jnp.int32)
+    return floats, ints
 
 
-def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> tuple[jax.Array, ...]:
-    return (jnp.mean(m.loss), jnp.sum(m.skipped), jnp.sum(m.correct), all_finite(params),
-            scale)
+def host_summary(floats: np.ndarray, ints: np.ndarray) -> tuple[tuple, tuple | None]:
+    """(mean loss, skipped steps, correct samples, all weights finite, loss scale) from
+    `_summary`'s vectors as host numbers, and the validation (loss, accuracy) that follows
+    the floats, or None without it."""
+    loss, scale, *validation = (float(v) for v in floats)
+    skipped, right, finite = (int(v) for v in ints)
+    return (loss, skipped, right, bool(finite), scale), (tuple(validation) or None)
 
 
 def _grad_cast(tree: dict, dtype: Any) -> dict:
