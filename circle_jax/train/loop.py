@@ -80,8 +80,9 @@ def fit(
     ``initial_epoch`` (it numbers the shuffling order and callbacks), of which
     ``initial_step`` steps are already done. ``every_steps`` runs each epoch as compiled
     chunks of that many steps, calling ``Callback.on_chunk_end`` after each; no per-step
-    Python either way. After each epoch (the logging point: one host sync) the history is
-    recorded (per-epoch loss = mean of the batches' pre-update losses, accuracy,
+    Python either way. A whole epoch is one compiled call that also validates and
+    summarizes it; after each epoch (the logging point: one read of that summary) the
+    history is recorded (per-epoch loss = mean of the batches' pre-update losses, accuracy,
     validation loss and accuracy over all validation samples, skipped steps, loss scale,
     ms/step), then the callbacks and ``on_epoch(i, history)`` (``i`` from 0 in this call)
     run. ``progress(done, total)`` is called from the compiled epoch about 40 times.
@@ -105,30 +106,36 @@ def fit(
     state, frozen = trainer.placed((fresh if state is None else state, frozen))
     hist = History()
     n_train = int(y_tr.shape[0])
-    # Nothing needs the host between epochs: all of them run in one compiled call.
-    fused = (epochs > 1 and not callbacks and on_epoch is None and progress is None
-             and every_steps is None and not initial_step and n_train >= cfg.batch_size)
+    # Whole epochs (not in chunks, at least one full batch) run as `Trainer.run_epochs`;
+    # when nothing needs the host between epochs, all of them in one compiled call.
+    whole = every_steps is None and n_train >= cfg.batch_size
+    fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None
+             and not initial_step)
     t0 = time.perf_counter()
-    if fused:
-        trainer.compile_epochs(state, frozen, x_tr, y_tr, epochs, val)
+    if whole:
+        trainer.compile_epochs(state, frozen, x_tr, y_tr, epochs if fused else 1, val)
     else:
         trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
     hist.compile_ms = (time.perf_counter() - t0) * 1000
     if fused:
-        state = _fused_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
+        state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
                               epochs)
     for i in range(0 if fused else epochs):
         epoch = initial_epoch + i
-        t = time.perf_counter()
+        if whole and not (i == 0 and initial_step):
+            state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, epoch, 1)
+        else:
+            t = time.perf_counter()
 
-        def chunk_done(s: TrainState, e: int = epoch) -> None:
-            for cb in callbacks:
-                cb.on_chunk_end(e, s, frozen)
+            def chunk_done(s: TrainState, e: int = epoch) -> None:
+                for cb in callbacks:
+                    cb.on_chunk_end(e, s, frozen)
 
-        state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch, every_steps=every_steps,
-                                     skip_steps=initial_step if i == 0 else 0,
-                                     after_chunk=chunk_done)
-        record_epoch(trainer, hist, i, state, frozen, m, t, n_train, val)
+            state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch,
+                                         every_steps=every_steps,
+                                         skip_steps=initial_step if i == 0 else 0,
+                                         after_chunk=chunk_done)
+            record_epoch(trainer, hist, i, state, frozen, m, t, n_train, val)
         for cb in callbacks:
             cb.on_epoch_end(epoch, hist, state, frozen)
         if on_epoch is not None:
@@ -137,21 +144,22 @@ def fit(
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 
 
-def _fused_epochs(trainer: Trainer, hist: History, state: TrainState, frozen: dict,
-                  x: tuple, y: jax.Array, val: tuple, first_epoch: int, epochs: int
+def _whole_epochs(trainer: Trainer, hist: History, state: TrainState, frozen: dict,
+                  x: tuple, y: jax.Array, val: tuple, first_epoch: int, count: int
                   ) -> TrainState:
-    """All ``epochs`` in one compiled call (`Trainer.run_epochs`), then each recorded in
-    ``hist`` as `record_epoch` does; the final state."""
+    """``count`` whole epochs in one compiled call (`Trainer.run_epochs`: validation
+    included, two transfers), each appended to ``hist`` as `record_epoch` does; the final
+    state."""
     cfg, n = trainer.config, int(y.shape[0])
     t = time.perf_counter()
-    state, summaries = trainer.run_epochs(state, frozen, x, y, first_epoch, epochs, val)
+    state, summaries = trainer.run_epochs(state, frozen, x, y, first_epoch, count, val)
     steps = n // cfg.batch_size + (not cfg.drop_remainder and n % cfg.batch_size > 0)
-    ms = (time.perf_counter() - t) * 1000 / (epochs * steps)
+    ms = (time.perf_counter() - t) * 1000 / (count * steps)
     unscaled = isinstance(state.loss_scale, NoLossScale)
-    for i, (summary, validation) in enumerate(summaries):
-        _record(cfg, hist, i, unscaled, summary, steps, ms, n)
+    for summary, validation in summaries:
+        _record(cfg, hist, len(hist.loss), unscaled, summary, steps, ms, n)
         if validation is not None:
-            _record_validation(hist, i, *validation)
+            _record_validation(hist, len(hist.val_loss), *validation)
     return state
 
 
