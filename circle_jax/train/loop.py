@@ -148,7 +148,7 @@ def _whole_epochs(trainer: Trainer, hist: History, state: TrainState, frozen: di
                   x: tuple, y: jax.Array, val: tuple, first_epoch: int, count: int
                   ) -> TrainState:
     """``count`` whole epochs in one compiled call (`Trainer.run_epochs`: validation
-    included, two transfers), each appended to ``hist`` as `record_epoch` does; the final
+    included, one transfer), each appended to ``hist`` as `record_epoch` does; the final
     state."""
     cfg, n = trainer.config, int(y.shape[0])
     t = time.perf_counter()

@@ -238,16 +238,16 @@ class Trainer:
 
     def _epochs_impl(self, state: TrainState, frozen: dict, data: tuple, tail: Batch | None,
                      val: tuple | None, first: jax.Array, *, count: int
-                     ) -> tuple[TrainState, tuple[jax.Array, jax.Array]]:
+                     ) -> tuple[TrainState, jax.Array]:
         """``count`` whole epochs from epoch ``first`` in one compiled call: per epoch what
         `run_epoch` does (its batches, then the trailing batch ``tail``; with ``shuffle``,
         ``data`` is all samples and both are cut from the epoch's permutation), then the
         `_summary` and, given ``val`` (`_score`'s batches), the validation (loss, accuracy)
-        appended to its floats. Returns the state and the two vectors stacked over the
-        epochs (two transfers for the whole run)."""
+        appended to it. Returns the state and the summaries stacked over the epochs (one
+        transfer for the whole run)."""
         b = self.config.batch_size
 
-        def epoch(s: TrainState, e: jax.Array) -> tuple[TrainState, tuple[jax.Array, jax.Array]]:
+        def epoch(s: TrainState, e: jax.Array) -> tuple[TrainState, jax.Array]:
             (xs, ys), rest = data, tail
             if self.config.shuffle:
                 x, y = self._permuted(*data, e)
@@ -259,11 +259,11 @@ class Trainer:
             if rest is not None:
                 s, last = self.train_step(s, frozen, rest)
                 m = jax.tree.map(lambda a, z: jnp.concatenate([a, z[None]]), m, last)
-            floats, ints = _summary(m, s.params, s.loss_scale.loss_scale)
+            summary = _summary(m, s.params, s.loss_scale.loss_scale)
             if val is not None:
                 scores = self._score_impl(*self.split_params({**s.params, **frozen}), *val)
-                floats = jnp.concatenate([floats, jnp.stack(scores).astype(floats.dtype)])
-            return s, (floats, ints)
+                summary = jnp.concatenate([summary, jnp.stack(scores).astype(summary.dtype)])
+            return s, summary
 
         return lax.scan(epoch, state, first + jnp.arange(count, dtype=jnp.int32))
 
@@ -345,11 +345,10 @@ class Trainer:
         """``count`` epochs from ``first_epoch`` in one compiled call (nothing needs the host
         between them); the same steps as `run_epoch` ``count`` times. Returns the state and,
         per epoch, (the `summarize_epoch` values, the validation (loss, accuracy) over
-        ``val``, or None without validation samples): two transfers to the host in all."""
+        ``val``, or None without validation samples): one transfer to the host in all."""
         args = self._epochs_arguments(state, frozen, x, y, first_epoch, val)
-        state, (floats, ints) = self._compiled_epochs(args, count)(*args)
-        floats, ints = jax.device_get((floats, ints))
-        return state, [host_summary(f, i) for f, i in zip(floats, ints)]
+        state, summaries = self._compiled_epochs(args, count)(*args)
+        return state, [host_summary(row) for row in np.asarray(summaries).tolist()]
 
     def compile_epochs(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                        y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
@@ -374,7 +373,7 @@ class Trainer:
 
     def _compiled_epochs(self, args: tuple, count: int) -> Callable[..., Any]:
         return self._compiled_for(functools.partial(self._epochs_impl, count=count),
-                                  f"epochs{count}", args, (args[0], (0, 0)))
+                                  f"epochs{count}", args, (args[0], 0))
 
     def _ordered(self, x: Sequence[jax.Array], y: jax.Array, epoch: int
                  ) -> tuple[tuple, jax.Array]:
@@ -385,10 +384,9 @@ class Trainer:
 
     def summarize_epoch(self, metrics: StepMetrics, state: TrainState) -> tuple:
         """(mean loss, skipped steps, correct samples, all weights finite, loss scale) of an
-        epoch: one compiled reduction and two transfers to the host (the logging point)."""
-        floats, ints = jax.device_get(self._summary(metrics, state.params,
-                                                    state.loss_scale.loss_scale))
-        return host_summary(floats, ints)[0]
+        epoch: one compiled reduction and one transfer to the host (the logging point)."""
+        row = np.asarray(self._summary(metrics, state.params, state.loss_scale.loss_scale))
+        return host_summary(row.tolist())[0]
 
     def placed(self, tree: Any, batch_axis: int | None = None) -> Any:
         """``tree`` on the placement's devices (sharded on ``batch_axis``), or as it is."""
@@ -506,23 +504,22 @@ def _compile(lowered: jax.stages.Lowered, placement: DataParallel | None) -> Cal
     return lowered.compile()
 
 
-def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> tuple[jax.Array, jax.Array]:
-    """An epoch's summary as two vectors, so that reading it is two transfers: floats (mean
-    loss, loss scale) and int32 (skipped steps, correct samples, all weights finite);
-    `host_summary` reads them."""
-    floats = jnp.stack([jnp.mean(m.loss), jnp.asarray(scale, m.loss.dtype)])
-    ints = jnp.stack([jnp.sum(m.skipped), jnp.sum(m.correct),
-                      all_finite(params).astype(jnp.int32)]).astype(jnp.int32)
-    return floats, ints
+def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> jax.Array:
+    """An epoch's summary as one vector of the loss dtype, so that reading it is one
+    transfer: mean loss, loss scale, skipped steps, correct samples, all weights finite
+    (counts are exact below 2**24 in float32; beyond, off by less than one in 2**24);
+    `host_summary` reads it."""
+    return jnp.stack([jnp.mean(m.loss), scale, jnp.sum(m.skipped), jnp.sum(m.correct),
+                      all_finite(params)]).astype(m.loss.dtype)
 
 
-def host_summary(floats: np.ndarray, ints: np.ndarray) -> tuple[tuple, tuple | None]:
-    """(mean loss, skipped steps, correct samples, all weights finite, loss scale) from
-    `_summary`'s vectors as host numbers, and the validation (loss, accuracy) that follows
-    the floats, or None without it."""
-    loss, scale, *validation = (float(v) for v in floats)
-    skipped, right, finite = (int(v) for v in ints)
-    return (loss, skipped, right, bool(finite), scale), (tuple(validation) or None)
+def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
+    """(mean loss, skipped steps, correct samples, all weights finite, loss scale) from a
+    `_summary` vector as host numbers, and the validation (loss, accuracy) that follows it,
+    or None without it."""
+    loss, scale, skipped, right, finite, *validation = row
+    return ((loss, int(skipped), int(right), bool(finite), scale),
+            (tuple(validation) or None))
 
 
 def _grad_cast(tree: dict, dtype: Any) -> dict:
