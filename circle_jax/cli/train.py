@@ -107,7 +107,8 @@ def _train(run: TrainRun, log: Log, cache: str) -> int:
     result = _fit(run, model, xs, y, cfg, clock, log, cache)
     clock.mark("EXECUTE")
     _export(run, model, result, log)
-    print(out.timing_summary(_timing(clock, result.history, cache)))
+    print(out.timing_summary(_timing(clock, result.history, cache,
+                                     run.outputs.checkpoint_every_steps is not None)))
     if run.mem_poll:
         print(out.memory_summary(clock.rss_kb, _memory_kb("VmHWM")))
     if run.example and result.history.val_accuracy:
@@ -293,16 +294,18 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
         rep.notice.stop()
 
 
-def _timing(clock: Clock, history: Any, cache: str) -> out.Timing:
-    """The phases as onert_train names them. ``fit`` compiles the epoch before the first
-    one: that compile is PREPARE's (with reading the data); the rest of ``fit`` (setup,
-    epochs, validation) is EXECUTE, so epoch 1 also holds the setup and, with validation,
-    compiling the validation pass."""
-    compiled = clock.marks["fit"] + history.compile_ms / 1000
+def _timing(clock: Clock, history: Any, cache: str, chunked: bool) -> out.Timing:
+    """The phases as onert_train names them. PREPARE reads the data and is ``fit``'s
+    preparation (data to the device, state, compiling the epoch); the rest of ``fit``
+    (epochs, validation, checkpoints) is EXECUTE. Epoch 1 also holds the compiled epoch's
+    first run and, for epochs in chunks (``chunked``), compiling the per-epoch metrics and
+    the validation pass."""
+    compiled = clock.marks["fit"] + history.prepare_ms / 1000
     starts = [compiled, *clock.epoch_ends[:-1]]
     epoch_ms = [(e - s) * 1000 for s, e in zip(starts, clock.epoch_ends)]
-    note = "includes one-time setup: data to the device, compiling the per-epoch metrics" + (
-        " and the validation pass" if history.val_loss else "")
+    note = "includes one-time work: the compiled epoch's first run" + (
+        ", compiling the per-epoch metrics" if chunked else "") + (
+        " and the validation pass" if chunked and history.val_loss else "")
     return out.Timing(load_ms=clock.ms("start", "MODEL_LOAD"),
                       prepare_ms=(compiled - clock.marks["MODEL_LOAD"]) * 1000,
                       execute_ms=(clock.epoch_ends[-1] - compiled) * 1000,

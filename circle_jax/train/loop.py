@@ -90,6 +90,7 @@ def fit(
     ``every_steps``), all of them run in one compiled call with the same results (up to
     float32 rounding, see `Trainer.run_epoch`) and ``ms_per_step`` is the run's average.
     """
+    started = time.perf_counter()
     epochs = overrides.get("epochs")
     if trainer is None:
         trainer = Trainer(model, config, placement=DataParallel.of(devices, mesh), **overrides)
@@ -117,6 +118,7 @@ def fit(
     else:
         trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
     hist.compile_ms = (time.perf_counter() - t0) * 1000
+    hist.prepare_ms = (time.perf_counter() - started) * 1000
     if fused:
         state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
                               epochs)

@@ -51,4 +51,7 @@ class History:
     #: run's average for every epoch
     ms_per_step: list[float] = field(default_factory=list)
     steps: list[int] = field(default_factory=list)
+    #: ``fit``'s time before its first epoch: data checked and moved to the device, state
+    #: initialized, epochs compiled (``compile_ms`` of it)
+    prepare_ms: float = 0.0
     compile_ms: float = 0.0
