@@ -31,6 +31,7 @@ def fit_checkpointed(
     epochs: int | None = None,
     protect: PathLike | Iterable[PathLike] | None = None,
     on_epoch: Callable[[int, History], None] | None = None,
+    on_start: Callable[[History], None] | None = None,
     devices: int | Sequence[jax.Device] | None = None,
     mesh: jax.sharding.Mesh | None = None,
     **overrides: Any,
@@ -82,7 +83,8 @@ def fit_checkpointed(
         callbacks.append(_Checkpointer(save, model, trainer, order, protect))
     return fit(model, x, y, trainer=trainer, params=params, state=state, initial_epoch=epoch,
                initial_step=step, every_steps=every_steps, callbacks=callbacks,
-               on_epoch=on_epoch, **({} if epochs is None else {"epochs": epochs}))
+               on_epoch=on_epoch, on_start=on_start,
+               **({} if epochs is None else {"epochs": epochs}))
 
 
 class _Checkpointer:

@@ -1,13 +1,14 @@
 """onert_train's console output: the parameter block, the epoch lines, the timing summary
 (and, with ``-m``, a memory block), plus the transient lines circle-jax adds on stderr
-(progress bar, "compiling…"). Formatting only: nothing here trains or measures."""
+("compiling…"; the epoch bar is tqdm's). Formatting only: nothing here trains or
+measures."""
 
 from __future__ import annotations
 
 import sys
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 RULE = "==================================="
@@ -96,17 +97,21 @@ def memory_summary(rss_kb: dict[str, int], peak_kb: int) -> str:
     return "\n".join(lines)
 
 
-def progress_bar(width: int = 30, stream: object = None) -> object:
-    """A ``progress(done, total)`` that draws ``[=====>    ] done/total`` on a terminal."""
-    out = stream or sys.stdout
+class Ticker:
+    """Calls ``tick()`` every ``every_s`` seconds from a daemon thread until `stop`."""
 
-    def draw(done: object, total: object) -> None:
-        done_i, total_i = int(done), int(total)  # type: ignore[call-overload]
-        filled = width * done_i // max(total_i, 1)
-        print(f"\r[{'=' * filled}{'>' if filled < width else ''}"
-              f"{' ' * (width - filled - 1)}] {done_i}/{total_i}", end="", flush=True, file=out)
+    def __init__(self, tick: Callable[[], object], every_s: float = 1.0) -> None:
+        self._done = threading.Event()
+        self._thread = threading.Thread(target=self._run, args=(tick, every_s), daemon=True)
+        self._thread.start()
 
-    return draw
+    def _run(self, tick: Callable[[], object], every_s: float) -> None:
+        while not self._done.wait(every_s):
+            tick()
+
+    def stop(self) -> None:
+        self._done.set()
+        self._thread.join()
 
 
 def clear_line(stream: object = None) -> None:
@@ -124,35 +129,33 @@ class CompileNotice:
 
     def __init__(self, what: str, terminal: bool, verbose: bool, after_s: float = 1.0) -> None:
         self.what, self.terminal, self.verbose, self.after_s = what, terminal, verbose, after_s
-        self._done = threading.Event()
-        self._shown = False
+        self._shown = self._stopped = False
         self._t0 = time.perf_counter()
-        self._thread: threading.Thread | None = None
+        self._ticker: Ticker | None = None
 
     def start(self) -> CompileNotice:
         self._t0 = time.perf_counter()
         if self.terminal:
-            self._thread = threading.Thread(target=self._tick, daemon=True)
-            self._thread.start()
+            self._ticker = Ticker(self._tick, every_s=min(self.after_s, 1.0))
         elif self.verbose:
             print(f"{self.what}…", file=sys.stderr, flush=True)
         return self
 
     def _tick(self) -> None:
-        while not self._done.wait(self.after_s if not self._shown else 1.0):
+        elapsed = time.perf_counter() - self._t0
+        if elapsed >= self.after_s:
             self._shown = True
-            print(f"\r\033[K{self.what}… {time.perf_counter() - self._t0:.0f} s", end="",
-                  file=sys.stderr, flush=True)
+            print(f"\r\033[K{self.what}… {elapsed:.0f} s", end="", file=sys.stderr, flush=True)
 
     def stop(self, measured_ms: float | None = None) -> None:
         """End the notice; with ``-v`` say how long it took (``measured_ms`` when the
         caller measured the compile itself, else the time since ``start``)."""
-        if self._done.is_set():
+        if self._stopped:
             return
-        self._done.set()
+        self._stopped = True
         elapsed_ms = (time.perf_counter() - self._t0) * 1000
-        if self._thread is not None:
-            self._thread.join()
+        if self._ticker is not None:
+            self._ticker.stop()
             if self._shown:
                 clear_line(sys.stderr)
         if self.verbose:

@@ -230,38 +230,52 @@ def _log_trainable(log: Log, model: Any, cfg: Any) -> None:
 
 
 class Reporter:
-    """Prints each epoch's line as it ends and keeps the transient stderr lines tidy."""
+    """Prints each epoch's line as it ends; on a terminal, a "compiling…" line on stderr
+    while the epochs compile, then a bar of the epochs (tqdm, stderr) that the epoch lines
+    print above. The bar advances per epoch, from the host: the compiled epochs hold no
+    host callback, so a traced epoch is kept by the program cache in a terminal too."""
 
     def __init__(self, run: TrainRun, epochs: int, clock: Clock, log: Log) -> None:
         self.run, self.epochs, self.clock, self.log = run, epochs, clock, log
-        terminal = sys.stderr.isatty()
-        self.bar = out.progress_bar() if sys.stdout.isatty() else None
-        self.notice = out.CompileNotice("compiling the training epoch", terminal,
+        self.terminal = sys.stderr.isatty()
+        self.notice = out.CompileNotice("compiling the training epoch", self.terminal,
                                         run.verbosity >= 1)
+        self.bar: Any = None
+        if self.terminal:
+            from tqdm import tqdm
 
-    def _compiled(self, compile_ms: float | None = None) -> None:
-        if "PREPARE" not in self.clock.marks:
-            self.notice.stop(compile_ms)
-            self.clock.mark("PREPARE")
+            self.tqdm = tqdm
+            tqdm.get_lock()  # made now (a few ms), not in epoch 1
 
-    def progress(self, done: Any, total: Any) -> None:
-        self._compiled()  # the first progress report: the epoch runs, compiled
-        if self.bar is not None:
-            self.bar(done, total)
+    def on_start(self, h: Any) -> None:
+        self.notice.stop(h.compile_ms)
+        self.clock.mark("PREPARE")
+        if self.terminal:
+            self.bar = self.tqdm(total=self.epochs, unit="epoch", leave=False, file=sys.stderr,
+                            dynamic_ncols=True)
+            self.ticker = out.Ticker(self.bar.refresh)  # elapsed time moves in long epochs
 
     def on_epoch(self, epoch: int, h: Any) -> None:
-        self._compiled(h.compile_ms)
         self.clock.epoch_ends.append(time.perf_counter())
-        if self.bar is not None:
-            out.clear_line()
         metric = self.run.metric == 0
         extra = {}
         if self.run.train.get("loss_scale", "none") != "none":
             extra = {"skipped": str(h.skipped[-1]), "loss_scale": f"{h.loss_scale[-1]:g}"}
-        print(out.epoch_line(out.EpochResult(
+        line = out.epoch_line(out.EpochResult(
             epoch + 1, self.epochs, h.ms_per_step[-1], h.loss[-1],
             h.accuracy[-1] if metric else None, h.val_loss[-1] if h.val_loss else None,
-            h.val_accuracy[-1] if metric and h.val_loss else None, extra)), flush=True)
+            h.val_accuracy[-1] if metric and h.val_loss else None, extra))
+        if self.bar is None:
+            print(line, flush=True)
+            return
+        self.bar.write(line, file=sys.stdout)
+        self.bar.update(1)
+
+    def stop(self) -> None:
+        self.notice.stop()
+        if self.bar is not None:
+            self.ticker.stop()
+            self.bar.close()
 
 
 def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,
@@ -287,11 +301,11 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
                                     save=o.checkpoint, every_steps=o.checkpoint_every_steps,
                                     order=o.checkpoint_order,
                                     protect=run.input_files(resume=False),
-                                    on_epoch=rep.on_epoch)
+                                    on_epoch=rep.on_epoch, on_start=rep.on_start)
         return fit(model, xs, y, trainer=trainer, on_epoch=rep.on_epoch,
-                   progress=rep.progress if rep.bar is not None else None)
+                   on_start=rep.on_start)
     finally:
-        rep.notice.stop()
+        rep.stop()
 
 
 def _timing(clock: Clock, history: Any, cache: str, chunked: bool) -> out.Timing:

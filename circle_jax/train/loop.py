@@ -61,6 +61,7 @@ def fit(
     every_steps: int | None = None,
     callbacks: Sequence[Callback] = (),
     on_epoch: Callable[[int, History], None] | None = None,
+    on_start: Callable[[History], None] | None = None,
     progress: Callable[[Any, Any], None] | None = None,
     devices: int | Sequence[jax.Device] | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -85,7 +86,10 @@ def fit(
     history is recorded (per-epoch loss = mean of the batches' pre-update losses, accuracy,
     validation loss and accuracy over all validation samples, skipped steps, loss scale,
     ms/step), then the callbacks and ``on_epoch(i, history)`` (``i`` from 0 in this call)
-    run. ``progress(done, total)`` is called from the compiled epoch about 40 times.
+    run. ``on_start(history)`` is called once, when the epochs are compiled and before the
+    first runs (``history.prepare_ms`` and ``compile_ms`` set). ``progress(done, total)``
+    is called from the compiled epoch about 40 times (a host callback: such a trace is not
+    kept by a ``Trainer.program_cache``).
     When nothing needs the host between epochs (no callbacks, ``on_epoch``, ``progress`` or
     ``every_steps``), all of them run in one compiled call with the same results (up to
     float32 rounding, see `Trainer.run_epoch`) and ``ms_per_step`` is the run's average.
@@ -119,6 +123,8 @@ def fit(
         trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
     hist.compile_ms = (time.perf_counter() - t0) * 1000
     hist.prepare_ms = (time.perf_counter() - started) * 1000
+    if on_start is not None:
+        on_start(hist)
     if fused:
         state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
                               epochs)

@@ -280,25 +280,56 @@ def _script(name: str) -> str:
 
 
 def test_repeated_run_prepares_from_the_persistent_cache(files, tmp_path) -> None:
-    """Two ``onert-train-jax`` processes, one cache: the second finds its traced epoch
-    (``programs/``) and its compiled one, and prints the same losses.
+    """Two ``onert-train-jax`` processes, one cache: the second, in a terminal (stderr on a
+    pseudo-terminal: the epoch bar drawn), finds its traced epoch (``programs/``) and its
+    compiled one, and prints the same losses.
 
     The compile of this small CNN is about 0.8 s and its cached load about 0.3 s here; the
     assertion keeps a 25% margin for a shared machine.
     """
     env = {**os.environ, "CIRCLE_JAX_CACHE": str(tmp_path / "xla")}
-    argv = [_script("onert-train-jax"), files["model"], *_data(files), "--epoch", "1",
+    argv = [_script("onert-train-jax"), files["model"], *_data(files), "--epoch", "2",
             "--batch_size", "4"]
     prepare, losses = [], []
-    for _ in range(2):
-        p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
-        assert p.returncode == 0, p.stderr
-        prepare.append(float(re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)[1]))
-        losses.append(re.findall(r"loss: \[0\] (\S+)", p.stdout))
-        assert f"persistent cache {tmp_path / 'xla'}" in p.stdout
+    for terminal in (False, True):
+        stdout, stderr = _run(argv, env, terminal)
+        prepare.append(float(re.search(r"^PREPARE +takes (\S+) ms$", stdout, re.M)[1]))
+        losses.append(re.findall(r"loss: \[0\] (\S+)", stdout))
+        assert f"persistent cache {tmp_path / 'xla'}" in stdout
+    assert "/2 [" in stderr and "epoch" in stderr, stderr  # tqdm's bar, on the terminal only
+    assert all(line.startswith(("Epoch", "=", "-", "MODEL_LOAD", "PREPARE", "EXECUTE", "("))
+               for line in stdout.splitlines()[stdout.splitlines().index("=" * 24) + 1:])
     assert len(os.listdir(tmp_path / "xla" / "programs")) == 1
     assert prepare[1] < 0.75 * prepare[0], prepare
-    assert losses[0] == losses[1] and losses[0]
+    assert losses[0] == losses[1] and len(losses[0]) == 2
+
+
+def _run(argv: list[str], env: dict, terminal: bool) -> tuple[str, str]:
+    """(stdout, stderr) of a successful run; ``terminal``: stderr is a pseudo-terminal."""
+    if not terminal:
+        p = subprocess.run(argv, capture_output=True, text=True, timeout=300, env=env)
+        assert p.returncode == 0, p.stderr
+        return p.stdout, p.stderr
+    import fcntl
+    import pty
+    import struct
+    import termios
+
+    main_fd, side_fd = pty.openpty()
+    fcntl.ioctl(side_fd, termios.TIOCSWINSZ, struct.pack("HHHH", 24, 80, 0, 0))  # 80 columns
+    try:
+        p = subprocess.run(argv, stdout=subprocess.PIPE, stderr=side_fd, text=True,
+                           timeout=300, env=env)
+        os.set_blocking(main_fd, False)
+        try:
+            err = os.read(main_fd, 1 << 16).decode(errors="replace")
+        except BlockingIOError:
+            err = ""
+    finally:
+        os.close(side_fd)
+        os.close(main_fd)
+    assert p.returncode == 0, err
+    return p.stdout, err
 
 
 def test_cli_functions_are_simple() -> None:
