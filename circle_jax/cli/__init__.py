@@ -69,7 +69,7 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"E: {msg}", file=sys.stderr)
         return 1
     except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback under -v 2
-        if getattr(args, "verbose_level", 0) >= 2:
+        if (getattr(args, "verbose_level", None) or 0) >= 2:
             traceback.print_exc()
         msg = (str(e).splitlines() or [""])[0][:200]
         print(f"E: internal error: {type(e).__name__}: {msg} (a bug in circle-jax; "

@@ -30,9 +30,11 @@ def trailing(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int) -> Batch:
 
 
 def correct(out: jax.Array, y: jax.Array) -> jax.Array:
-    """Per-sample categorical accuracy (argmax, first max wins); sparse labels accepted."""
+    """Per-sample categorical accuracy: the argmax of the flattened sample (first max wins)
+    against the label's argmax, or against the label itself where a sample's label is one
+    value (a class index)."""
     pred = jnp.argmax(out.reshape(out.shape[0], -1), axis=-1)
-    if y.ndim == out.ndim and y.shape[-1] == out.shape[-1] and out.shape[-1] > 1:
+    if y.size > y.shape[0]:
         target = jnp.argmax(y.reshape(y.shape[0], -1), axis=-1)
     else:
         target = y.reshape(y.shape[0]).astype(pred.dtype)

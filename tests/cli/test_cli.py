@@ -425,6 +425,20 @@ def test_an_internal_error_is_one_line_with_a_pointer_to_v2(files, capsys, monke
     assert "-v 2" in err and "Traceback" not in err
 
 
+def test_an_internal_error_in_train_without_v_is_one_line(files, capsys, monkeypatch) -> None:
+    """train's --verbose_level is None when absent (circle+ defaults): still one line."""
+    from circle_jax.cli import train
+
+    def broken(args):
+        raise KeyError("boom")
+
+    monkeypatch.setattr(train, "run", broken)
+    assert main(["train", files["model"], "--load_input:raw", files["x"],
+                 "--load_expected:raw", files["y"]]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("E: internal error: KeyError"), err
+
+
 def test_non_finite_validation_data_ends_the_run(files, tmp_path, capsys) -> None:
     """NaN only in the validation split (the last samples): refused before compiling."""
     x = np.frombuffer(open(files["x"], "rb").read(), "<f4").copy()

@@ -152,3 +152,18 @@ def test_eval_command(tmp_path, capsys) -> None:
         f"loss: {loss:.4f} - categorical_accuracy: {acc:.4f} (23 samples, batch 4)")
     assert main(["eval", str(path), "--load_input", str(tmp_path / "x.npy")]) == 1
     assert capsys.readouterr().err.startswith("E: data missing")
+
+
+def test_accuracy_of_image_shaped_and_sparse_targets() -> None:
+    """Targets of several values per sample are compared by argmax over the flattened sample
+    (a [N, 20, 20, 1] map too), targets of one value per sample as class indices."""
+    from circle_jax.train.data import correct
+
+    out = np.zeros((2, 20, 20, 1), np.float32)
+    out[0, 3, 4, 0] = out[1, 0, 1, 0] = 1.0
+    y = np.zeros_like(out)
+    y[0, 3, 4, 0] = y[1, 5, 5, 0] = 1.0
+    np.testing.assert_array_equal(correct(out, y), [1, 0])
+    logits = np.array([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3]], np.float32)
+    np.testing.assert_array_equal(correct(logits, np.array([1, 2])), [1, 0])
+    np.testing.assert_array_equal(correct(logits, np.eye(3, dtype=np.float32)[[1, 0]]), [1, 1])
