@@ -217,9 +217,8 @@ def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
         bad = ~((y >= 0) & (y < classes) & (y == np.floor(y))).all(axis=1)
         if bad.any():
             i = int(np.argmax(bad))
-            labels = [int(v) if v == np.floor(v) else v for v in y[i][:4].tolist()]
             raise DataError(f"the expected data: sample {i} has label(s) "
-                            f"{labels} outside the {classes} classes [0, {classes})")
+                            f"{y[i][:4].tolist()} outside the {classes} classes [0, {classes})")
 
 
 def _count(arrays: Sequence[np.ndarray], what: str) -> int:

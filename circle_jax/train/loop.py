@@ -174,12 +174,13 @@ def _whole_epochs(trainer: Trainer, hist: History, state: TrainState, frozen: di
 def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:
     """(train inputs, train targets, (validation inputs, validation targets)) on device."""
     cfg = trainer.config
-    xs, ys = as_inputs(trainer.model, x), np.asarray(y, trainer.loss_dtype)
+    y = np.asarray(y)  # checked as given (sparse labels keep their own type)
+    xs, ys = as_inputs(trainer.model, x), y.astype(trainer.loss_dtype, copy=False)
     if any(a.shape[0] != ys.shape[0] for a in xs):
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
     sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
-    check_training_data(xs, ys, trainer.model.outputs[trainer.loss_output].shape[-1]
+    check_training_data(xs, y, trainer.model.outputs[trainer.loss_output].shape[-1]
                         if sparse else None)
     # split on the host, then one transfer for all four
     x_tr, y_tr, x_val, y_val = jax.device_put(split_validation(xs, ys, cfg.validation_split))
