@@ -17,7 +17,9 @@ trainable, sequential batches, trailing partial batch dropped.
   compilation, reported apart, and first-execution costs): all epochs in one compiled
   call, as ``fit`` runs them without callbacks, timed from the call's arguments to the
   summaries on the host; the process runs CPU programs inline (``--dispatch``, as the
-  command line does: `circle_jax.inline_cpu_dispatch`); in parentheses the same epoch by
+  command line does: `circle_jax.inline_cpu_dispatch`) and keeps freed host memory for the
+  next call (``--host-memory``, as the command line does: `circle_jax.retain_host_memory`);
+  in parentheses the same epoch by
   epoch (an ``on_epoch`` callback: one compiled scan and one host sync per epoch, the
   median epoch after the first). onert: the median
   over ``--epochs`` epochs of the epoch's Python loop of ``train_set_input`` /
@@ -162,7 +164,8 @@ def _depthwise_cnn():
 
 
 def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
-           lowering: str = "auto", dispatch: str = "inline") -> dict:
+           lowering: str = "auto", dispatch: str = "inline",
+           host_memory: str = "retain") -> dict:
     """Runs in a fresh process: train one model with one runtime; returns the figures."""
     import numpy as np
 
@@ -173,6 +176,8 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
         from circle_jax.train import fit
         if dispatch == "inline":  # as the command line runs (circle_jax.train.dispatch)
             assert cj.inline_cpu_dispatch()
+        if host_memory == "retain":  # as the command line runs (circle_jax.train.memory)
+            assert cj.retain_host_memory()
         jax.numpy.zeros(1).block_until_ready()  # backend up: part of the baseline
     else:
         sys.path.insert(0, ROOT)
@@ -255,9 +260,9 @@ def matmul_peak_gflops(size: int = 1024, repeats: int = 20) -> float:
 
 
 def _run_worker(runtime: str, name: str, batch: int, epochs: int, files: tuple,
-                lowering: str, dispatch: str) -> dict:
+                lowering: str, dispatch: str, host_memory: str) -> dict:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", runtime, name, str(batch),
-           str(epochs), *files, lowering, dispatch]
+           str(epochs), *files, lowering, dispatch, host_memory]
     p = subprocess.run(cmd, capture_output=True, text=True, cwd=ROOT)
     lines = [line for line in p.stdout.splitlines() if line.startswith("{")]
     if p.returncode or not lines:
@@ -348,7 +353,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else argv
     if argv and argv[0] == "--worker":
         runtime, name, batch, epochs = argv[1:5]
-        print(json.dumps(worker(runtime, name, int(batch), int(epochs), argv[5:8], *argv[8:10])),
+        print(json.dumps(worker(runtime, name, int(batch), int(epochs), argv[5:8], *argv[8:11])),
               flush=True)
         return 0
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -364,6 +369,10 @@ def main(argv: list[str] | None = None) -> int:
                     help="how circle-jax's process runs CPU programs: inline, on the calling "
                          "thread, as the command line does (circle_jax.inline_cpu_dispatch), "
                          "or JAX's default asynchronous dispatch")
+    ap.add_argument("--host-memory", default="retain", choices=["retain", "default"],
+                    help="circle-jax's process keeps freed host memory for the next call, as "
+                         "the command line does (circle_jax.retain_host_memory), or leaves "
+                         "glibc's malloc as it is")
     ap.add_argument("--runtimes", default="onert,circle-jax")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every (model, batch) this many times, the runtimes "
@@ -381,7 +390,7 @@ def main(argv: list[str] | None = None) -> int:
                     (int(b) for b in args.batches.split(",")), range(args.rounds),
                     args.runtimes.split(",")):
                 r = _run_worker(runtime, name, batch, args.epochs, files, args.conv_lowering,
-                                args.dispatch)
+                                args.dispatch, args.host_memory)
                 results.append(r)
                 print(f"# {name} b{batch} {runtime}: "
                       + (r["error"] if "error" in r else

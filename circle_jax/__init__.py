@@ -35,6 +35,7 @@ if TYPE_CHECKING:
         TrainState,
         fit,
         inline_cpu_dispatch,
+        retain_host_memory,
         select_trainable,
     )
 
@@ -49,7 +50,7 @@ _LAZY = {
     "supported_operators": ".ops.registry",
     "FitResult": ".train", "History": ".train", "TrainConfig": ".train", "Trainer": ".train",
     "TrainState": ".train", "fit": ".train", "select_trainable": ".train",
-    "ProgramCache": ".train", "inline_cpu_dispatch": ".train",
+    "ProgramCache": ".train", "inline_cpu_dispatch": ".train", "retain_host_memory": ".train",
 }
 
 
@@ -73,6 +74,7 @@ __all__ = [
     "Builder", "CircleFormatError", "CircleJaxError", "DataError", "FitResult", "GraphBuilder",
     "History", "Model", "ProgramCache", "TensorSpec", "TrainConfig", "TrainState", "Trainer",
     "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats",
-    "inline_cpu_dispatch", "load", "losses", "optim", "read_model", "select_trainable",
+    "inline_cpu_dispatch", "load", "losses", "optim", "read_model", "retain_host_memory",
+    "select_trainable",
     "supported_operators", "unsupported_operators",
 ]

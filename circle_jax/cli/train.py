@@ -61,9 +61,10 @@ def train(run: TrainRun) -> int:
     In a multi-process run every process trains its slice of each batch; process 0 alone
     prints and writes files (the others' errors still go to stderr).
     """
-    from circle_jax.train import inline_cpu_dispatch
+    from circle_jax.train import inline_cpu_dispatch, retain_host_memory
 
     inline_cpu_dispatch()  # before JAX starts: one program at a time, on this thread
+    retain_host_memory()  # each epoch's call reuses the last one's pages
     if run.processes is not None:
         from circle_jax.distributed import initialize, is_main_process
 

@@ -5,7 +5,7 @@ Modules: `config` (what a run is, resolved once), `state` (the values passed aro
 `data` (checks, validation split, batches), `trainer` (the step, its data flow, and the
 compiled epochs), `loop` (``fit``: epochs, chunks, callbacks, resumption), `programs`
 (traced epochs kept on disk between runs), `dispatch` (CPU programs run on the calling
-thread).
+thread), `memory` (freed host memory kept for the next call).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ from .config import TrainConfig, select_trainable
 from .data import batched, split_validation
 from .dispatch import inline_cpu_dispatch
 from .loop import Callback, FitResult, fit, prepare_data, record_epoch
+from .memory import retain_host_memory
 from .programs import ProgramCache
 from .state import History, StepMetrics, TrainState
 from .trainer import CPU_COMPILER_OPTIONS, Trainer
@@ -22,6 +23,5 @@ __all__ = [
     "CPU_COMPILER_OPTIONS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",
     "TrainConfig",
     "TrainState", "Trainer", "batched", "fit", "inline_cpu_dispatch", "prepare_data",
-    "record_epoch",
-    "select_trainable", "split_validation",
+    "record_epoch", "retain_host_memory", "select_trainable", "split_validation",
 ]
