@@ -35,6 +35,9 @@ def _data(path: str, name: str, tmp: str) -> tuple[str, str, int]:
 
     model = cj.load(path)
     shapes = INPUT_SHAPES.get(name, [s.shape for s in model.inputs])
+    scalar = [s.name for s, shape in zip(model.inputs, shapes, strict=True) if not shape]
+    if scalar:
+        raise ValueError(f"scalar input {scalar[0]!r}: no batch axis to fill")
     batch = max(1, shapes[0][0])
     rng = np.random.default_rng(0)
     xs = {s.name: (rng.standard_normal((2 * batch, *shape[1:])) if "float" in s.dtype
