@@ -33,9 +33,10 @@ def test_a_freed_block_is_reused_without_faulting_its_pages_in_again():
     _, *later = eval(retained)
     default_later = eval(default)[1:]
     # glibc's default mmaps a block this large and unmaps it when freed: every allocation
-    # faults its pages in again. Kept, the later ones reuse mapped pages.
-    assert min(default_later) > 100
+    # faults its pages in again (how many faults depends on the kernel's page sizes). Kept,
+    # the later ones reuse mapped pages: under 1% of the 16,384 4-KiB pages.
     assert max(later) * 10 < min(default_later), (retained, default)
+    assert max(later) < 164, retained
 
 
 def test_training_results_are_bit_identical():
