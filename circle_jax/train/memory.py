@@ -3,12 +3,11 @@
 XLA's CPU runtime allocates each execution's temporary buffers with ``malloc`` and frees
 them when the call returns. glibc serves a block of more than 32 MiB (the ceiling of its
 dynamic mmap threshold) with a fresh ``mmap`` and gives it back with ``munmap``, so every
-call of a large model's compiled epoch faults all of its temporary pages in again: a call of
-MobileNet 0.25/128 at batch 32 took about 25,000 page faults, some 40 ms, whatever the
-number of steps in it (benchmarks/README.md, "Small models"). With mmap off and trimming
-off, malloc serves those blocks from its heap and keeps what is freed there, so the next
-call finds its pages already mapped. The same results; the process holds its peak heap
-until it exits, as a training run does anyway.
+call of a large model's compiled epoch faults all of its temporary pages in again, whatever
+the number of steps in it (measured in benchmarks/README.md, "Small models"). With mmap off
+and trimming off, malloc serves those blocks from its heap and keeps what is freed there, so
+the next call finds its pages already mapped. The same results; the process holds its peak
+heap until it exits, as a training run does anyway.
 
 It is a process-wide C-library setting, so the library never changes it behind a
 caller's back: the command line calls `retain_host_memory` as it starts, and a notebook or
