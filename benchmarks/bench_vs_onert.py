@@ -19,9 +19,8 @@ trainable, sequential batches, trailing partial batch dropped.
   summaries on the host; the process runs CPU programs inline (``--dispatch``, as the
   command line does: `circle_jax.inline_cpu_dispatch`) and keeps freed host memory for the
   next call (``--host-memory``, as the command line does: `circle_jax.retain_host_memory`);
-  in parentheses the same epoch by
-  epoch (an ``on_epoch`` callback: one compiled scan and one host sync per epoch, the
-  median epoch after the first). onert: the median
+  in parentheses the same epoch by epoch (an ``on_epoch`` callback: one compiled scan and
+  one host sync per epoch, the median epoch after the first). onert: the median
   over ``--epochs`` epochs of the epoch's Python loop of ``train_set_input`` /
   ``train_set_expected`` / ``train`` / ``train_get_loss`` per batch (tests/onert_peer.py);
   onert_train's own ms/step covers the same loop in C++; the time inside ``train()``

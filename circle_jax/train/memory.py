@@ -17,7 +17,6 @@ script may call it at any time (blocks allocated before keep their own way of be
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import platform
 
 #: ``mallopt`` parameters (glibc's malloc.h).
@@ -32,11 +31,8 @@ def retain_host_memory() -> bool:
     """Make glibc's malloc serve every block from its heap (``M_MMAP_MAX`` 0) and keep freed
     memory there (``M_TRIM_THRESHOLD`` 2 GiB). Returns whether it did: False where the C
     library is not glibc (macOS, musl, Windows), which keeps its own behaviour."""
-    if platform.system() != "Linux" or platform.libc_ver()[0] != "glibc":
+    if platform.libc_ver()[0] != "glibc":
         return False
-    name = ctypes.util.find_library("c")
-    if name is None:
-        return False
-    libc = ctypes.CDLL(name)
+    libc = ctypes.CDLL(None)  # the C library this process runs on (no ldconfig lookup)
     return bool(libc.mallopt(M_MMAP_MAX, 0)) and bool(libc.mallopt(M_TRIM_THRESHOLD,
                                                                     TRIM_THRESHOLD))

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import platform
 
 import pytest
@@ -30,8 +31,8 @@ def test_a_freed_block_is_reused_without_faulting_its_pages_in_again():
                               + FAULTS)
     *_, default = _run(FAULTS)
     assert kept == "True"
-    _, *later = eval(retained)
-    default_later = eval(default)[1:]
+    _, *later = ast.literal_eval(retained)
+    default_later = ast.literal_eval(default)[1:]
     # glibc's default mmaps a block this large and unmaps it when freed: every allocation
     # faults its pages in again (how many faults depends on the kernel's page sizes). Kept,
     # the later ones reuse mapped pages: under 1% of the 16,384 4-KiB pages.
