@@ -1,8 +1,14 @@
 """The intermediate representation: immutable dataclasses describing a Circle/TFLite model.
 
-The IR is what the reader produces and what lowering consumes. It holds everything needed
-to run the model and, through ``Model.source`` (the original file bytes), everything needed
-to write it back with new weights.
+The IR is what the reader produces, what graph passes rewrite (`circle_jax.passes`) and what
+lowering consumes. It holds everything needed to run the model. ``Model.source`` keeps the
+bytes the model was read from, and every subgraph, tensor and operator read from them
+records its position there (``origin``; None for what a pass added), so the writer
+(`circle_jax.formats.writer.write_model`) writes the IR back with every field of the source
+the IR does not model (custom fields, sparsity, buffers no tensor reads) preserved.
+
+A tensor's ``buffer`` is its buffer index in the source; a constant a pass adds has
+``buffer == NEW_BUFFER`` and is written with a buffer of its own.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ stopped, so no file makes circle-jax allocate without bound (``load(max_elements
 # Fused activation codes (ActivationFunctionType) and padding codes (Padding).
 ACT_NONE, ACT_RELU, ACT_RELU_N1_TO_1, ACT_RELU6, ACT_TANH, ACT_SIGN_BIT = range(6)
 PAD_SAME, PAD_VALID = 0, 1
+
+NEW_BUFFER = -1
+"""``Tensor.buffer`` of a constant that has no buffer in the source (a pass made it)."""
 
 
 def as_numpy_dtype(name: str) -> np.dtype:
@@ -89,6 +98,8 @@ class Tensor:
     quantization: Quantization | None = None
     shape_signature: tuple[int, ...] | None = None
     is_variable: bool = False
+    origin: int | None = None
+    """Index of the source tensor this one was read from (None: a pass added it)."""
 
     @property
     def is_constant(self) -> bool:
@@ -112,6 +123,8 @@ class Operator:
     custom_code: str | None = None
     custom_options: bytes | None = field(default=None, repr=False)
     version: int = 1
+    origin: int | None = None
+    """Index of the source operator this one was read from (None: a pass added it)."""
 
     @property
     def key(self) -> str:
@@ -127,6 +140,8 @@ class Subgraph:
     operators: tuple[Operator, ...]
     inputs: tuple[int, ...]
     outputs: tuple[int, ...]
+    origin: int | None = None
+    """Index of the source subgraph this one was read from (None: a pass added it)."""
 
 
 @dataclass(frozen=True)
@@ -137,9 +152,26 @@ class SignatureDef:
     outputs: Mapping[str, int]
 
 
+@dataclass(frozen=True)
+class PassRecord:
+    """What one graph pass changed: ``changes`` maps each changed or added element (a tensor
+    name, an operator, ``signature``) to what happened to it, in words a person reads
+    (``circle-jax info``) and tests check."""
+
+    name: str
+    changes: Mapping[str, str] = field(default_factory=dict)
+
+    def describe(self) -> list[str]:
+        """One line naming the pass, then one line per change."""
+        head = f"pass {self.name}: " + (f"{len(self.changes)} change(s)" if self.changes
+                                        else "no change")
+        return [head, *(f"  {what}: {how}" for what, how in self.changes.items())]
+
+
 @dataclass(frozen=True, eq=False)
 class Model:
-    """A whole model file. ``source`` keeps the original bytes for exact write-back."""
+    """A whole model file. ``source`` keeps the bytes it was read from (for the writer);
+    ``passes`` records the graph passes that rewrote it since, in order."""
 
     subgraphs: tuple[Subgraph, ...]
     file_identifier: str
@@ -148,6 +180,7 @@ class Model:
     metadata: Mapping[str, bytes] = field(repr=False)
     signature_defs: tuple[SignatureDef, ...] = ()
     source: bytes = field(default=b"", repr=False)
+    passes: tuple[PassRecord, ...] = ()
 
     @property
     def main(self) -> Subgraph:
