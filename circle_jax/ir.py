@@ -155,17 +155,19 @@ class SignatureDef:
 @dataclass(frozen=True)
 class PassRecord:
     """What one graph pass changed: ``changes`` maps each changed or added element (a tensor
-    name, an operator, ``signature``) to what happened to it, in words a person reads
-    (``circle-jax info``) and tests check."""
+    name, an operator) to what it is now; ``legend`` says what the keys and values are
+    (``"copy: shared tensor"``). ``circle-jax info`` prints it; tests check it."""
 
     name: str
     changes: Mapping[str, str] = field(default_factory=dict)
+    legend: str = ""
 
     def describe(self) -> list[str]:
         """One line naming the pass, then one line per change."""
-        head = f"pass {self.name}: " + (f"{len(self.changes)} change(s)" if self.changes
-                                        else "no change")
-        return [head, *(f"  {what}: {how}" for what, how in self.changes.items())]
+        legend = f" ({self.legend})" if self.legend and self.changes else ""
+        count = f"{len(self.changes)} change(s)" if self.changes else "no change"
+        return [f"pass {self.name}{legend}: {count}",
+                *(f"  {what}: {how}" for what, how in self.changes.items())]
 
 
 @dataclass(frozen=True, eq=False)
