@@ -1,4 +1,5 @@
-"""``info``: a model's summary, its params with their short aliases, unsupported operators."""
+"""``info``: a model's summary, its params with their short aliases, the graph passes a
+default load runs and what they change, unsupported operators."""
 
 from __future__ import annotations
 
@@ -46,6 +47,18 @@ def trainability(model: object, param_keys: dict) -> str:
     return "\n".join(lines)
 
 
+def default_passes(model: object) -> str:
+    """What the passes of a default `load` (the onert profile) change in ``model``."""
+    from circle_jax.numerics import get_numerics
+    from circle_jax.passes import pipeline, run
+
+    prof = get_numerics(None)
+    done = run(model, pipeline(untie=not prof.tie_shared_weights,  # type: ignore[arg-type]
+                               add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
+    lines = [f"graph passes of a default load ({prof.name} profile):"]
+    return "\n".join(lines + [line for r in done.passes for line in r.describe()])
+
+
 def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.reader import read_model
     from circle_jax.lower import param_table, unsupported_operators
@@ -56,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     print(summarize(m, keys))
     print(params_table(m, keys))
     print("\n" + trainability(m, keys))
+    print("\n" + default_passes(m))
     missing = unsupported_operators(m)
     if missing:
         print(f"\nunsupported operators ({len(missing)}): " + "; ".join(missing))

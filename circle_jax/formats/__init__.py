@@ -21,7 +21,7 @@ from circle_jax.formats.traininfo import (
     traininfo_to_json,
 )
 from circle_jax.formats.wof import decode_wof, encode_wof
-from circle_jax.formats.writer import export_model
+from circle_jax.formats.writer import export_model, write_model
 
 __all__ = [
     "Checkpoint",
@@ -41,5 +41,6 @@ __all__ = [
     "read_raw",
     "traininfo_from_json",
     "traininfo_to_json",
+    "write_model",
     "write_raw",
 ]

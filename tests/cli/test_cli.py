@@ -390,6 +390,8 @@ def test_aliases_of_a_shared_constant_name_each_readers_copy(capsys) -> None:
     out = capsys.readouterr().out
     assert re.search(r"^  op0\.bias +float32\[4\] +arith\.constant1 \(also op1\.bias, "
                      r"op2\.bias\)$", out, re.M), out
+    assert ("pass untie_shared_constants (copy: shared tensor): 2 change(s)\n"
+            "  arith.constant1/op1: arith.constant1\n") in out
     model = cj.load(path)
     assert model.resolve_params(["op0.bias", "op1.bias", "op2.bias"]) == {
         "arith.constant1", "arith.constant1/op1", "arith.constant1/op2"}
