@@ -9,11 +9,13 @@ or operator moves outputs by far more.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from functools import partial
 from typing import Any
 
 import flatbuffers
+import jax
 import numpy as np
 import pytest
 from circle_schema.v0_10 import circle as schema
@@ -25,18 +27,19 @@ from circle_jax.formats.writer import write_model
 from circle_jax.model import Model
 from tests.conformance import run_litert
 from tests.formats.test_writer import differences
-from tests.paths import shared_model
+from tests.paths import KERAS_DATA, shared_model
 
 TRANSFORMER = "aeq_toy_transformer_kv_cache_2sig.tflite"
 MNIST_CIRCLE = "onert_micro_simple_mnist_model.circle"  # two FULLY_CONNECTED without bias
 MELSPEC = "oww_melspectrogram.tflite"  # one convolution weight read by two operators
-AUDIO = "tflite_support_audio_classifier_float.tflite"  # six biases shared by two readers
+BRANCHING = os.path.join(KERAS_DATA, "branching_cnn.tflite")  # a bias read by three convs
 
 
-def _feeds(model: Model, shapes: list[tuple[int, ...]] | None = None) -> list[np.ndarray]:
+def _feeds(model: Model) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     out = []
-    for spec, shape in zip(model.inputs, shapes or [s.shape for s in model.inputs]):
+    for spec in model.inputs:
+        shape = spec.shape
         if np.issubdtype(np.dtype(spec.dtype), np.integer):
             out.append(rng.integers(0, 8, shape).astype(spec.dtype))
         else:
@@ -144,17 +147,17 @@ def _trained_apart(model: Model) -> dict[str, Any]:
     return params
 
 
-@pytest.mark.parametrize("name, options, shapes", [
-    (TRANSFORMER, {"signature": "signature_2"}, None),
-    (MNIST_CIRCLE, {"numerics": "keras"}, None),
-    (AUDIO, {}, None),
-])
-def test_every_pass_output_runs_in_litert_as_in_circle_jax(name: str, options: dict,
-                                                           shapes: list | None) -> None:
-    model = cj.load(shared_model(name), **options)
+@pytest.mark.parametrize("path, options", [
+    (shared_model(TRANSFORMER), {"signature": "signature_2"}),
+    (shared_model(MNIST_CIRCLE), {"numerics": "keras"}),
+    (BRANCHING, {}),
+], ids=["select_signature", "add_missing_biases", "untie_shared_constants"])
+def test_every_pass_output_runs_in_litert_as_in_circle_jax(path: str, options: dict) -> None:
+    model = cj.load(path, **options)
+    assert any(r.changes for r in model.passes)
     params = _trained_apart(model)
-    feeds = _feeds(model, shapes)
-    ours = model.apply(params, *feeds)
+    feeds = _feeds(model)
+    ours = jax.jit(model.apply)(params, *feeds)
     tflite = model.export(params, file_format="tflite")
     _assert_same(ours, run_litert(tflite, feeds))
     circle = model.export(params, file_format="circle")
@@ -164,13 +167,18 @@ def test_every_pass_output_runs_in_litert_as_in_circle_jax(name: str, options: d
     assert differences(a, b) == []  # the .circle holds the same model as the .tflite
     again = cj.load(circle, tie_shared_weights=True)  # the copies are tensors of the file
     assert len(again.params) == len(model.params)
-    _assert_same(again(*feeds), [np.asarray(o) for o in ours])
+    _assert_same(jax.jit(again.apply)(again.params, *feeds), [np.asarray(o) for o in ours])
 
 
-def test_the_circle_output_runs_in_onert(tmp_path: Any) -> None:
+@pytest.mark.parametrize("path, options", [
+    (shared_model(MNIST_CIRCLE), {"numerics": "keras"}),
+    (BRANCHING, {}),
+], ids=["add_missing_biases", "untie_shared_constants"])
+def test_the_circle_output_runs_in_onert(path: str, options: dict, tmp_path: Any) -> None:
     from onert.infer import session
 
-    model = cj.load(shared_model(MNIST_CIRCLE), numerics="keras")
+    model = cj.load(path, **options)
+    assert model.rewrites
     params = _trained_apart(model)
     path = tmp_path / "m.circle"
     path.write_bytes(model.export(params, file_format="circle"))
