@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ir
 from .formats.reader import options_of
 from .formats.schema import OPERATOR_CODES, options_class, options_tag, schema, tensor_type
 from .formats.writer import opcode_object, pack
+from .graph import ir
 from .ops.common import is_static
 from .ops.registry import OpContext, definition
 

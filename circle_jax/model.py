@@ -12,16 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ir
-from .aliases import param_aliases, resolve_param_names
 from .errors import CircleFormatError, TrainingError
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import export_model
-from .graph_checks import check_graph
+from .graph import ir
+from .graph.aliases import param_aliases, resolve_param_names
+from .graph.checks import check_graph
+from .graph.params_policy import ParamRole, classify_params, describe_roles
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
-from .params_policy import ParamRole, classify_params, describe_roles
 from .passes import pipeline, run
 
 
@@ -144,7 +144,7 @@ class Model:
 
     @property
     def aliases(self) -> dict[str, str]:
-        """Param name -> short readable alias (``op3.bias``; see `circle_jax.aliases`)."""
+        """Param name -> short readable alias (``op3.bias``; see `circle_jax.graph.aliases`)."""
         return param_aliases(self.ir, self.param_keys)
 
     def resolve_params(self, names: Iterable[str]) -> frozenset[str]:

@@ -15,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def params_table(model: object, param_keys: dict) -> str:
     """One line per param: alias, dtype/shape, tensor name (aliases work wherever names do)."""
-    from circle_jax.aliases import alias_table, param_aliases
+    from circle_jax.graph.aliases import alias_table, param_aliases
 
     aliases = param_aliases(model, param_keys)  # type: ignore[arg-type]
     others: dict[str, list[str]] = {}
@@ -34,7 +34,7 @@ def params_table(model: object, param_keys: dict) -> str:
 def trainability(model: object, param_keys: dict) -> str:
     """Each param trainable or frozen with the reason (default policy), and the shared
     constants a default load unties."""
-    from circle_jax.params_policy import classify_params, describe_roles, shared_constants
+    from circle_jax.graph.params_policy import classify_params, describe_roles, shared_constants
 
     roles = classify_params(model, param_keys)  # type: ignore[arg-type]
     shapes = {n: model.subgraphs[k].tensors[i].shape  # type: ignore[attr-defined]

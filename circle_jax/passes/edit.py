@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import ir
 from ..formats.schema import OPERATOR_CODES
+from ..graph import ir
 
 
 def replace_subgraph(model: ir.Model, k: int, **changes: Any) -> ir.Model:

@@ -21,9 +21,10 @@ import pytest
 from circle_schema.v0_10 import circle as schema
 
 import circle_jax as cj
-from circle_jax import ir, passes
+from circle_jax import passes
 from circle_jax.formats.reader import read_model, unpack
 from circle_jax.formats.writer import write_model
+from circle_jax.graph import ir
 from circle_jax.model import Model
 from tests.conformance import run_litert
 from tests.formats.test_writer import differences
