@@ -159,7 +159,9 @@ class Model:
     ) -> bytes:
         """The model file's bytes with ``params`` written in (default: the model's own).
 
-        Everything else (operators, tensors, names, metadata, signature defs) is preserved.
+        The IR as load's passes left it is written by `circle_jax.formats.write_model`:
+        everything else of the source (operators, tensors, names, metadata, signature defs,
+        fields the IR does not model) is preserved.
         ``file_format`` is "circle" or "tflite" (TFL3, version 3: LiteRT runs it). Untied
         copies and added biases (``rewrites``) are written as tensors with buffers of their
         own, so the file computes the trained function; while every copy still equals the
