@@ -18,6 +18,7 @@ import flatbuffers
 import jax
 import numpy as np
 import pytest
+from ai_edge_litert.interpreter import Interpreter
 from circle_schema.v0_10 import circle as schema
 
 import circle_jax as cj
@@ -218,6 +219,12 @@ def test_a_pass_that_adds_an_operator_exports_and_runs_in_litert() -> None:
     want = run_litert(source.source, feeds)
     got = run_litert(data, feeds)
     _assert_same(got, [3.0 * w for w in want])
+    (sig,) = written.signature_defs  # the signature's output follows the new output
+    assert tuple(sig.outputs.values()) == written.main.outputs != source.main.outputs
+    runner = Interpreter(model_content=data).get_signature_runner(sig.key)
+    by_name = runner(**{n: feeds[list(written.main.inputs).index(i)]
+                        for n, i in sig.inputs.items()})
+    _assert_same([by_name[n] for n in sig.outputs], got)
     _assert_same(model(*feeds), got)
     _assert_same(cj.load(data)(*feeds), got)
 
