@@ -246,3 +246,24 @@ def test_a_model_built_from_nothing_is_written_and_runs_in_litert() -> None:
     want = np.maximum(feed @ np.arange(12, dtype=np.float32).reshape(4, 3).T, 0)
     _assert_same(run_litert(data, [feed]), [want])
     _assert_same(Model(m)(feed), [want])
+
+
+def test_a_copied_tensor_keeps_every_field_of_its_source_but_name_and_buffer() -> None:
+    """An untied copy starts from its source tensor's object (``origin``): fields the IR
+    does not model (``hasRank``, sparsity, ...) come along; only the name and a buffer of
+    its own differ, and the file's other tensors and operators are unchanged."""
+    source = read_model(BRANCHING)
+    out = passes.untie_shared_constants(source)
+    ((copy_name, shared),) = list(out.passes[0].changes.items())[:1]
+    written, before = unpack(write_model(out)), unpack(source.source)
+    sg, old = written.subgraphs[0], before.subgraphs[0]
+    names = [t.name.decode() for t in sg.tensors]
+    copy_t, orig_t = sg.tensors[names.index(copy_name)], sg.tensors[names.index(shared)]
+    assert {d.split(":")[0] for d in differences(orig_t, copy_t, "t")} == {"t.buffer", "t.name"}
+    assert len(written.buffers) == len(before.buffers) + len(out.passes[0].changes)
+    assert differences(old.tensors, sg.tensors[:len(old.tensors)]) == []
+    copies = {names.index(n) for n in out.passes[0].changes}
+    readers = [j for j, op in enumerate(sg.operators) if copies & set(op.inputs)]
+    assert len(readers) == len(copies) == 2  # one bias read by three convolutions
+    assert differences([o for j, o in enumerate(old.operators) if j not in readers],
+                       [o for j, o in enumerate(sg.operators) if j not in readers]) == []
