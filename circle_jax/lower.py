@@ -21,30 +21,15 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import ir
 from .errors import CircleFormatError, CircleJaxError, UnsupportedOperatorError
-from .graph_checks import check_arity, check_graph
+from .graph import ir
+from .graph.checks import check_arity, check_graph
+from .graph.params_policy import param_table
 from .lowering import LoweringOptions, as_options, implementation
 from .ops.common import check_padding
-from .ops.registry import OpContext, OpDef, definition, lookup, static_inputs
+from .ops.registry import OpContext, OpDef, definition, lookup
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
-
-
-def param_table(model: ir.Model) -> dict[str, ParamKey]:
-    """Unique readable names for every float constant tensor that some operator reads as a
-    value (not only at inputs that must be static, such as RANGE's bounds)."""
-    table: dict[str, ParamKey] = {}
-    for sg in model.subgraphs:
-        read = {i for op in sg.operators for pos, i in enumerate(op.inputs)
-                if i >= 0 and pos not in static_inputs(op.key)}
-        for t in sg.tensors:
-            if t.is_constant and t.is_float and not t.is_variable and t.index in read:
-                name, n = t.name, 1
-                while name in table:
-                    name, n = f"{t.name}_{n}", n + 1
-                table[name] = (sg.index, t.index)
-    return table
 
 
 def unsupported_operators(model: ir.Model) -> list[str]:

@@ -5,25 +5,42 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ir
-from .aliases import param_aliases, resolve_param_names
 from .errors import CircleFormatError, TrainingError
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import export_model
-from .graph_checks import check_graph
+from .graph import ir
+from .graph.aliases import param_aliases, resolve_param_names
+from .graph.checks import check_graph
+from .graph.params_policy import ParamRole, classify_params, describe_roles
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
-from .params_policy import ParamRole, classify_params, describe_roles
-from .signatures import select_signature
-from .untie import Rewrites, rewrite_params
+from .passes import pipeline, run
+
+
+@dataclass(frozen=True)
+class Rewrites:
+    """The params the passes added: untied copies (copy name -> shared tensor name) and
+    added biases (names), read from the model's pass records."""
+
+    untied: dict[str, str] = field(default_factory=dict)
+    added_bias: tuple[str, ...] = ()
+
+    def __bool__(self) -> bool:
+        return bool(self.untied or self.added_bias)
+
+    @classmethod
+    def of(cls, model: ir.Model) -> Rewrites:
+        changes = {r.name: r.changes for r in model.passes}
+        return cls(dict(changes.get("untie_shared_constants", {})),
+                   tuple(changes.get("add_missing_biases", {})))
 
 
 @dataclass(frozen=True)
@@ -42,17 +59,18 @@ class Model:
     differentiated, jitted and vmapped. ``params`` maps unique tensor names to arrays.
     ``lowering`` chooses the operators' implementations (see :func:`load`). ``numerics`` is
     the profile training uses by default; ``param_roles`` says which params train under its
-    trainable policy, and why; ``rewrites`` lists the untied copies and added biases `load`
-    made (``original``: the model before them).
+    trainable policy, and why; ``passes`` lists the graph passes `load` ran and what each
+    changed, ``rewrites`` the untied copies and added biases among them (``original``: the
+    model before those two, which export writes while they were not trained apart).
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
-                 numerics: Numerics | str | None = None, rewrites: Rewrites | None = None,
+                 numerics: Numerics | str | None = None,
                  original: ir.Model | None = None) -> None:
         self.ir = model
-        self._original = original if rewrites else None
+        self.rewrites = Rewrites.of(model)
+        self._original = original if self.rewrites else None
         self.numerics = get_numerics(numerics)
-        self.rewrites = rewrites or Rewrites()
         self._lowered = Lowered(model, lowering)
         self._variants: dict[tuple, Lowered] = {}
         #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
@@ -126,7 +144,7 @@ class Model:
 
     @property
     def aliases(self) -> dict[str, str]:
-        """Param name -> short readable alias (``op3.bias``; see `circle_jax.aliases`)."""
+        """Param name -> short readable alias (``op3.bias``; see `circle_jax.graph.aliases`)."""
         return param_aliases(self.ir, self.param_keys)
 
     def resolve_params(self, names: Iterable[str]) -> frozenset[str]:
@@ -141,7 +159,9 @@ class Model:
     ) -> bytes:
         """The model file's bytes with ``params`` written in (default: the model's own).
 
-        Everything else (operators, tensors, names, metadata, signature defs) is preserved.
+        The IR as load's passes left it is written by `circle_jax.formats.write_model`:
+        everything else of the source (operators, tensors, names, metadata, signature defs,
+        fields the IR does not model) is preserved.
         ``file_format`` is "circle" or "tflite" (TFL3, version 3: LiteRT runs it). Untied
         copies and added biases (``rewrites``) are written as tensors with buffers of their
         own, so the file computes the trained function; while every copy still equals the
@@ -185,7 +205,13 @@ class Model:
                  describe_roles(self.param_roles, shapes)]
         lines += [f"  untied copy {new} of {old}" for new, old in self.rewrites.untied.items()]
         lines += [f"  added zero bias {name}" for name in self.rewrites.added_bias]
+        lines += [line for r in self.passes for line in r.describe()]
         return "\n".join(lines)
+
+    @property
+    def passes(self) -> tuple[ir.PassRecord, ...]:
+        """The graph passes `load` ran, in order, each with what it changed."""
+        return self.ir.passes
 
     def __repr__(self) -> str:
         n = sum(int(np.prod(p.shape)) for p in self.params.values())
@@ -222,28 +248,27 @@ def load(
     here: one error lists every refusal.
 
     ``numerics`` names the profile ("onert", the default; "keras"; "onert-micro"; see
-    `circle_jax.numerics`); the other keywords override its fields. Unless tied, a trainable
-    constant read by several operators becomes one param per reader; with
-    ``add_missing_bias`` weighted operators without a bias get a zero one (see
-    `circle_jax.untie`). ``trainable_policy`` is "weights" (default) or "all_float".
-    ``signature`` picks a SignatureDef by key: its subgraph becomes the model's main one
-    (`circle_jax.signatures`; default: subgraph 0).
+    `circle_jax.numerics`); the other keywords override its fields. They choose the graph
+    passes run on the parsed model (`circle_jax.passes.pipeline`, recorded in
+    ``Model.passes``): ``signature`` picks a SignatureDef by key, whose subgraph becomes the
+    model's main one (default: subgraph 0); unless tied, a trainable constant read by
+    several operators becomes one param per reader; with ``add_missing_bias`` weighted
+    operators without a bias get a zero one. ``trainable_policy`` is "weights" (default)
+    or "all_float". The file is parsed once; nothing is serialized.
     """
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
         trainable_policy=trainable_policy)
     data, where = read_bytes(source)
-    original = parse_model(data, where, max_elements=max_elements)
-    if signature is not None:
-        original = select_signature(original, signature)
-    refusals = check_graph(original)
-    if refusals:  # before the params are rewritten, which walks the graph
+    parsed = parse_model(data, where, max_elements=max_elements)
+    refusals = check_graph(parsed)
+    if refusals:  # before the passes, which walk the graph
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
-    model, rewrites = rewrite_params(
-        original, untie=not prof.tie_shared_weights, add_bias=prof.add_missing_bias,
-        policy=prof.trainable_policy)
-    loaded = Model(model, lowering, prof, rewrites, original)
+    original = run(parsed, pipeline(signature=signature))
+    model = run(original, pipeline(untie=not prof.tie_shared_weights,
+                                   add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
+    loaded = Model(model, lowering, prof, original)
     digest = hashlib.sha256(data)
     digest.update(repr((loaded.lowering, prof, signature, max_elements)).encode())
     loaded.digest = digest.hexdigest()

@@ -50,11 +50,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import ir
 from ..errors import CircleFormatError, DataError, TrainingError
 from ..formats.atomic import PathLike, atomic_write
 from ..formats.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
 from ..formats.reader import read_bytes
+from ..formats.writer import write_model
+from ..graph import ir
 from ..interop.onert import onert_checkpoint_order
 from ..model import Model
 from ..optim import AccumulateState, AdamTFState
@@ -229,7 +230,7 @@ def onert_order(model: Model) -> tuple[int, ...]:
     copy of the model whose float constants hold distinct marker values, exports a
     checkpoint and matches entries by content. Cached per model; needs ``onert``.
     """
-    return onert_checkpoint_order(model.ir.source)
+    return onert_checkpoint_order(write_model(model.ir))  # the model after load's passes
 
 
 def read_checkpoint(source: Source, model: Model, params: Mapping[str, Any] | None = None,

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import ir
 from ..errors import CircleFormatError
-from ..ir import MAX_TENSOR_ELEMENTS, as_numpy_dtype
+from ..graph import ir
+from ..graph.ir import MAX_TENSOR_ELEMENTS, as_numpy_dtype
 from .nnpackage import nnpackage_model_path
 from .schema import (
     CIRCLE_IDENTIFIER,
@@ -272,7 +272,7 @@ def _tensor(k: int, t: Any, buffers: list, sg: int, where: str,
             tuple(float(s) for s in q.scale), tuple(int(z) for z in zp), int(q.quantizedDimension)
         )
     sig = tuple(int(d) for d in t.shapeSignature) if t.shapeSignature is not None else None
-    return ir.Tensor(k, name, shape, dtype, bidx, data, quant, sig, bool(t.isVariable))
+    return ir.Tensor(k, name, shape, dtype, bidx, data, quant, sig, bool(t.isVariable), origin=k)
 
 
 def options_of(o: Any) -> ir.Options:
@@ -324,6 +324,7 @@ def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, where: str,
                 custom_code=custom,
                 custom_options=custom_options,
                 version=version,
+                origin=i,
             )
         )
     return ir.Subgraph(
@@ -333,6 +334,7 @@ def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, where: str,
         operators=tuple(operators),
         inputs=indices(sg.inputs, "input"),
         outputs=indices(sg.outputs, "output"),
+        origin=k,
     )
 
 

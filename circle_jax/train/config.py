@@ -31,7 +31,7 @@ class TrainConfig:
     ``shuffle``: epoch e takes the samples in the order ``jax.random.permutation(
     fold_in(key(seed), e), n)``, drawn on the device inside the compiled epoch.
     ``trainable`` "all" / N selects among the params the model's trainable policy trains
-    (`circle_jax.params_policy`); names and aliases select exactly those params.
+    (`circle_jax.graph.params_policy`); names and aliases select exactly those params.
     """
 
     epochs: int | None = None
@@ -90,7 +90,7 @@ def _tail_count(ops: Sequence[int], n: int) -> int:
 
 def select_trainable(model: Model, spec: Any) -> frozenset[str]:
     """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
-    names may be aliases such as ``op3.bias``, see `circle_jax.aliases`)."""
+    names may be aliases such as ``op3.bias``, see `circle_jax.graph.aliases`)."""
     names = set(model.trainable_params)
     if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
         return frozenset(names)

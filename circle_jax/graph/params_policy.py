@@ -1,7 +1,7 @@
 """What is a weight: the trainability policy for a model's float constant tensors.
 
-Every float constant an operator reads as a value is a param of the loaded model (see
-``circle_jax.lower.param_table``); the policy decides which params train. Policies:
+Every float constant an operator reads as a value is a param of the loaded model
+(:func:`param_table`); the policy decides which params train. Policies:
 
 - ``"weights"`` (default): a param trains when some operator reads it as a weight:
   the weight and bias inputs of FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D, CONV_3D,
@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.registry import static_inputs
 from . import ir
 
 POLICIES = ("weights", "all_float")
@@ -63,6 +64,22 @@ _CONTROL = ("WHILE", "IF")
 #: The operators that take an optional bias, and the bias's input position.
 BIAS_POSITION = {"FULLY_CONNECTED": 2, "CONV_2D": 2, "DEPTHWISE_CONV_2D": 2, "CONV_3D": 2,
                  "TRANSPOSE_CONV": 3}
+
+
+def param_table(model: ir.Model) -> dict[str, ParamKey]:
+    """Unique readable names for every float constant tensor that some operator reads as a
+    value (not only at inputs that must be static, such as RANGE's bounds)."""
+    table: dict[str, ParamKey] = {}
+    for sg in model.subgraphs:
+        read = {i for op in sg.operators for pos, i in enumerate(op.inputs)
+                if i >= 0 and pos not in static_inputs(op.key)}
+        for t in sg.tensors:
+            if t.is_constant and t.is_float and not t.is_variable and t.index in read:
+                name, n = t.name, 1
+                while name in table:
+                    name, n = f"{t.name}_{n}", n + 1
+                table[name] = (sg.index, t.index)
+    return table
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,55 @@
+"""Choosing a signature of a multi-signature model: its subgraph becomes the main one.
+
+A SignatureDef names a subgraph (e.g. a transformer's prefill and decode graphs).
+:func:`select_signature` swaps that subgraph with subgraph 0 and renumbers every reference
+to either: each option naming a subgraph (an integer option whose name holds
+``subgraph``, such as WHILE's ``cond_subgraph_index``) and each signature def.
+Running, training and exporting then act on the chosen signature, and an exported file
+still holds every signature, each naming its own subgraph.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from ..errors import CircleFormatError
+from ..graph import ir
+from .edit import record
+
+
+def signature_keys(model: ir.Model) -> list[str]:
+    """The model's signature keys, in file order."""
+    return [s.key for s in model.signature_defs]
+
+
+def select_signature(model: ir.Model, key: str) -> ir.Model:
+    """``model`` with signature ``key``'s subgraph as subgraph 0 (see the module docstring);
+    one-line `CircleFormatError` naming the available keys when there is no such one."""
+    found = {s.key: s.subgraph_index for s in model.signature_defs}
+    if key not in found:
+        have = ", ".join(repr(k) for k in found) or "none"
+        raise CircleFormatError(f"the model has no signature {key!r} (signatures: {have})")
+    k = found[key]
+    if not 0 <= k < len(model.subgraphs):
+        raise CircleFormatError(f"signature {key!r} names subgraph {k}; the model has "
+                                f"{len(model.subgraphs)}")
+    if k == 0:
+        return record(model, "select_signature", {"signature": key})
+    swap = {0: k, k: 0}
+    order = [swap.get(j, j) for j in range(len(model.subgraphs))]
+    subgraphs = tuple(
+        replace(model.subgraphs[j], index=n,
+                operators=tuple(_renumbered(op, swap) for op in model.subgraphs[j].operators))
+        for n, j in enumerate(order))
+    signatures = tuple(replace(s, subgraph_index=swap.get(s.subgraph_index, s.subgraph_index))
+                       for s in model.signature_defs)
+    out = replace(model, subgraphs=subgraphs, signature_defs=signatures)
+    return record(out, "select_signature", {"signature": key, "subgraph 0": f"was subgraph {k}",
+                                            f"subgraph {k}": "was subgraph 0"})
+
+
+def _renumbered(op: ir.Operator, swap: dict[int, int]) -> ir.Operator:
+    """``op`` with the subgraph indices its options name renumbered by ``swap``."""
+    refs = {name: swap[v] for name, v in op.options.items()
+            if "subgraph" in name and isinstance(v, int) and v in swap}
+    return replace(op, options=ir.Options({**op.options, **refs})) if refs else op

@@ -1,0 +1,56 @@
+"""The writer: every shared model read and written back with no pass is equal to its source
+field by field (external buffers moved inside the FlatBuffer, the one change allowed)."""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import pytest
+
+from circle_jax.formats.reader import read_model, unpack
+from circle_jax.formats.writer import _inline_external_buffers, write_model
+from tests.paths import SHARED_MODELS
+
+
+def differences(a: Any, b: Any, path: str = "model") -> list[str]:
+    """Where two circle-schema object trees differ (empty when equal field by field)."""
+    if isinstance(a, np.ndarray) or isinstance(b, np.ndarray):
+        if a is None or b is None:
+            return [f"{path}: {type(a).__name__} vs {type(b).__name__}"]
+        return [] if np.array_equal(np.asarray(a), np.asarray(b)) else [f"{path}: values"]
+    if isinstance(a, list) or isinstance(b, list):
+        if a is None or b is None or len(a) != len(b):
+            return [f"{path}: {a if a is None else len(a)} vs {b if b is None else len(b)}"]
+        return [d for j, (x, y) in enumerate(zip(a, b)) for d in differences(x, y, f"{path}[{j}]")]
+    if hasattr(a, "__dict__") or hasattr(b, "__dict__"):
+        if type(a) is not type(b):
+            return [f"{path}: {type(a).__name__} vs {type(b).__name__}"]
+        return [d for k in vars(a) for d in differences(getattr(a, k), getattr(b, k),
+                                                        f"{path}.{k}")]
+    return [] if a == b else [f"{path}: {a!r} vs {b!r}"]
+
+
+def source_tree(data: bytes) -> Any:
+    m = unpack(data)
+    _inline_external_buffers(m, data)
+    return m
+
+
+def test_differences_finds_a_changed_field() -> None:
+    data = open(os.path.join(SHARED_MODELS, "tflm_hello_world_sine_float.tflite"), "rb").read()
+    a, b = source_tree(data), source_tree(data)
+    b.subgraphs[0].tensors[1].shape = np.array([7])
+    b.signatureDefs = None
+    assert differences(a, a) == []
+    assert differences(a, b) == ["model.subgraphs[0].tensors[1].shape: values",
+                                 "model.signatureDefs: 1 vs None"]
+
+
+@pytest.mark.parametrize("name", sorted(n for n in os.listdir(SHARED_MODELS)
+                                        if n.endswith((".circle", ".tflite"))))
+def test_a_round_trip_with_no_pass_keeps_every_field(name: str) -> None:
+    data = open(os.path.join(SHARED_MODELS, name), "rb").read()
+    written = write_model(read_model(data))
+    assert differences(source_tree(data), source_tree(written)) == []
