@@ -35,7 +35,10 @@ def check_overlay(path: str, model: str | None) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    """Serve until Ctrl+C or SIGTERM (both stop the server cleanly: exit 0, the TFL3 copy
+    of a Circle file removed)."""
     import os
+    import signal
 
     from circle_jax.interop.model_explorer import explorer, view
 
@@ -45,5 +48,9 @@ def run(args: argparse.Namespace) -> int:
     for path in [args.model, *args.overlay]:
         if not os.path.exists(path):
             raise CliError(f"{path!r} does not exist")
-    view(args.model, args.overlay, port=args.port, open_browser=not args.no_browser)
+    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        view(args.model, args.overlay, port=args.port, open_browser=not args.no_browser)
+    except KeyboardInterrupt:
+        pass
     return 0

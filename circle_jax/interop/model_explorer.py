@@ -64,16 +64,40 @@ def graph_id(model: ir.Model, k: int = 0) -> str:
     return "main" if k == 0 else f"subgraph_{k}"
 
 
-def node_data(model: ir.Model, values: Mapping[int, float], name: str, k: int = 0) -> Any:
+def node_data(model: ir.Model, values: Mapping[int, float], name: str, k: int = 0, *,
+              log_scale: bool = False) -> Any:
     """A ``ModelNodeData`` giving operator ``i`` of subgraph ``k`` the value ``values[i]``,
-    coloured by the `GRADIENT` from the smallest value to the largest. Non-finite values
+    coloured by the `GRADIENT` from the smallest value to the largest: linearly in the
+    value (Model Explorer's own gradient), or with ``log_scale`` linearly in its logarithm
+    (each node's colour set here; values <= 0 take the first colour). Non-finite values
     are left out (a browser cannot parse NaN in JSON)."""
     ndb = explorer()
-    results = {str(i): ndb.NodeDataResult(value=float(v))
-               for i, v in sorted(values.items()) if math.isfinite(v)}
+    finite = {i: float(v) for i, v in sorted(values.items()) if math.isfinite(v)}
+    colours = _log_colours(finite) if log_scale else {}
+    results = {str(i): ndb.NodeDataResult(value=v, bgColor=colours.get(i))
+               for i, v in finite.items()}
     gradient = [ndb.GradientItem(stop=stop, bgColor=colour) for colour, stop in GRADIENT]
     graph = ndb.GraphNodeData(results=results, name=name, gradient=gradient)
     return ndb.ModelNodeData(graphsData={graph_id(model, k): graph})
+
+
+def _log_colours(values: Mapping[int, float]) -> dict[int, str]:
+    """The `GRADIENT` colour of each value, placed linearly in log10 between the smallest
+    and the largest positive value."""
+    logs = {i: math.log10(v) for i, v in values.items() if v > 0}
+    lo, hi = min(logs.values(), default=0.0), max(logs.values(), default=0.0)
+    return {i: _colour_at((logs[i] - lo) / (hi - lo) if i in logs and hi > lo else
+                          float(i in logs)) for i in values}
+
+
+def _colour_at(t: float) -> str:
+    """The `GRADIENT` colour at stop ``t`` (0..1), interpolated in RGB."""
+    for (c0, s0), (c1, s1) in zip(GRADIENT, GRADIENT[1:]):
+        if t <= s1:
+            f = (t - s0) / (s1 - s0)
+            a, b = (tuple(int(c[j:j + 2], 16) for j in (1, 3, 5)) for c in (c0, c1))
+            return "#" + "".join(f"{round(x + f * (y - x)):02x}" for x, y in zip(a, b))
+    return GRADIENT[-1][0]
 
 
 def read_overlay(path: str | os.PathLike) -> Any:

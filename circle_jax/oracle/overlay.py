@@ -7,7 +7,8 @@ own classes, keyed by the node ids its TFLite adapter gives the operators).
   over every compared step; operators that read no compared weight have no value.
 - ``golden_overlay``: with gradients (golden with expected outputs), per operator the L2
   norm of dLoss/d(its outputs) (over all its float outputs together); without them, the
-  largest |value| of its float outputs. Operators with neither have no value.
+  largest |value| of its float outputs. Operators with neither have no value. These span
+  decades, so nodes are coloured by the logarithm of the value.
 
 ``write_overlay`` writes one atomically; ``circle-jax view MODEL --overlay FILE`` (or
 `circle_jax.oracle.view`) shows it on the graph.
@@ -55,7 +56,7 @@ def golden_overlay(data: GoldenData, model: Model) -> Any:
             values[op.index] = (float(np.sqrt(sum(np.sum(o * o) for o in outs))) if grads
                                 else max(float(np.max(np.abs(o), initial=0.0)) for o in outs))
     name = ("golden: L2 norm of dLoss/d(output)" if grads else "golden: max |output|")
-    return node_data(model.ir, values, f"{name} ({data.settings['dtype']})")
+    return node_data(model.ir, values, f"{name} ({data.settings['dtype']})", log_scale=True)
 
 
 def write_overlay(overlay: Any, path: str | os.PathLike) -> None:

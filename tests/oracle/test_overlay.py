@@ -141,6 +141,7 @@ def test_compare_overlay_holds_each_operators_largest_weight_difference(tmp_path
     assert report.first_divergence["tensor"] == "arith.constant1"
     shared = max(report.tensors["arith.constant1"].values())
     assert shared > 1e-3 and all(results[str(op)].value >= shared for op in (0, 1, 2))
+    assert all(r.bgColor is None for r in results.values())  # Model Explorer's linear scale
 
 
 def test_golden_overlay_gradient_norms_and_output_magnitudes(tmp_path):
@@ -158,6 +159,9 @@ def test_golden_overlay_gradient_norms_and_output_magnitudes(tmp_path):
     for op in ops:
         want = np.sqrt(sum(np.sum(grads[i].astype(np.float64) ** 2) for i in op.outputs))
         assert results[str(op.index)].value == pytest.approx(want, rel=1e-12)
+    by_value = sorted(results.values(), key=lambda r: r.value)  # coloured on a log scale
+    assert (by_value[0].bgColor, by_value[-1].bgColor) == ("#ffffff", "#d32f2f")
+    assert len({r.bgColor for r in by_value}) > 2
     assert overlay_ids(tmp_path / "grad.json", tmp_path, CNN) == {"main": set(results)}
 
     forward = golden(model, [x])
@@ -275,10 +279,11 @@ def test_view_serves_the_page_and_the_overlay_on_loopback(tmp_path):
         assert graph["id"] == "main" and set(served["main"]["results"]) == {
             str(i) for i in range(7)} and set(served["main"]["results"]) <= nodes
     finally:
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signal.SIGTERM)
         try:
-            proc.wait(timeout=20)
+            code = proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             proc.kill()
-            proc.wait(timeout=20)
+            code = proc.wait(timeout=30)
         proc.stdout.close()
+    assert code == 0 and not os.path.exists(os.path.dirname(source["url"]))
