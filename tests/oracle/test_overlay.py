@@ -1,16 +1,19 @@
 """Model Explorer overlays (`circle_jax.oracle.overlay`, `circle_jax.interop.model_explorer`)
 checked against Model Explorer itself (``ai-edge-model-explorer``, a test dependency):
 
-- graph and node ids: what `graph_id` predicts and the node id each operator gets are those
-  of the graph Model Explorer's own TFLite adapter builds for the same file (every subgraph
-  of five shared/Keras models, the bundled example through its TFL3 copy, and subgraph
-  name/signature variants);
+- graph and node ids: the id `graph_id` predicts for every subgraph and the node id of every
+  operator are those of the graph Model Explorer's own TFLite adapter builds for the same
+  file (five shared models, two of them Circle files through their TFL3 copy; the bundled
+  example; the Keras LSTM's three subgraphs; a two-signature transformer with its subgraph
+  names removed three ways);
 - overlays: read back through Model Explorer's node-data classes (dacite, strict), every
-  node id in the adapter's graph, every value recomputed from the oracle's own numbers
-  (compare's per-tensor differences, golden's gradients.h5 / tensors.h5);
-- ``circle-jax view`` serves the page on 127.0.0.1 (HTTP 200) and the graph and overlay it
-  points the page to, in a subprocess stopped within the test (outbound requests sent to a
-  closed loopback port through the proxy variables);
+  node id in the adapter's graph (the Keras CNN, MobileNet 0.25/128, the bundled example),
+  every value recomputed from the oracle's own numbers (compare's per-tensor differences in
+  its --report, golden's gradients.h5 and tensors);
+- ``circle-jax view`` serves the page on 127.0.0.1 (HTTP 200), and the graph and overlay the
+  page is pointed to, in a subprocess stopped by SIGTERM within the test (exit 0, its TFL3
+  copy removed); the server's outbound requests go to a closed loopback port through the
+  proxy variables;
 - without the package every overlay/view command says, in one line, how to install it.
 """
 
@@ -37,7 +40,6 @@ from circle_jax.formats.reader import read_model
 from circle_jax.formats.writer import pack, unpack
 from circle_jax.interop.model_explorer import INSTALL, graph_id, tflite_path
 from circle_jax.oracle import (
-    compare_overlay,
     golden,
     golden_overlay,
     read_h5,
@@ -45,7 +47,6 @@ from circle_jax.oracle import (
     write_golden,
     write_overlay,
 )
-from circle_jax.oracle.compare import compare_with_onert
 from tests.paths import KERAS_DATA, REPO_ROOT, shared_model
 
 CNN = os.path.join(KERAS_DATA, "branching_cnn.tflite")
@@ -117,16 +118,19 @@ def overlay_ids(path, tmp_path, model_path: str) -> dict[str, set[str]]:
     return found
 
 
-def test_compare_overlay_holds_each_operators_largest_weight_difference(tmp_path):
+def test_compare_overlay_holds_each_operators_largest_weight_difference(tmp_path, capsys):
     """The shared conv bias trained as one (--tie_shared_weights) differs from onert's
     per-reader training: all three convolutions reading it carry its difference."""
     with np.load(os.path.join(KERAS_DATA, "data.npz")) as d:
-        x, y = d["branching_cnn/x"][:32], d["branching_cnn/y"][:32]
-    config = cj.TrainConfig(batch_size=16, loss="cce", optimizer="sgd", learning_rate=0.05)
-    report = compare_with_onert(CNN, [x], y, config, steps=2, tie_shared_weights=True)
+        np.save(tmp_path / "x.npy", d["branching_cnn/x"][:32])
+        np.save(tmp_path / "y.npy", d["branching_cnn/y"][:32])
+    path, report = tmp_path / "compare.json", tmp_path / "r.json"
+    assert main(["compare", CNN, "--load_input", str(tmp_path / "x.npy"), "--load_expected",
+                 str(tmp_path / "y.npy"), "--batch_size", "16", "--learning_rate", "0.05",
+                 "--loss", "2", "--optimizer", "1", "--steps", "2", "--tie_shared_weights",
+                 "--report", str(report), "--overlay", str(path)]) == 1
+    report = json.loads(report.read_text())
     model = cj.load(CNN, tie_shared_weights=True)
-    path = tmp_path / "compare.json"
-    write_overlay(compare_overlay(report, model), path)
     ids = overlay_ids(path, tmp_path, CNN)
     results = read_overlay(path).graphsData["main"].results
     readers: dict[int, set[str]] = {}
@@ -136,12 +140,13 @@ def test_compare_overlay_holds_each_operators_largest_weight_difference(tmp_path
                 readers.setdefault(op.index, set()).add(name)
     assert ids == {"main": {str(op) for op in readers}}
     for op, names in readers.items():
-        want = max(v for n in names for v in report.tensors[n].values())
+        want = max(v for n in names for v in report["tensor_diffs"][n].values())
         assert results[str(op)].value == pytest.approx(want, rel=1e-12)
-    assert report.first_divergence["tensor"] == "arith.constant1"
-    shared = max(report.tensors["arith.constant1"].values())
+    assert report["first_divergence"]["tensor"] == "arith.constant1"
+    shared = max(report["tensor_diffs"]["arith.constant1"].values())
     assert shared > 1e-3 and all(results[str(op)].value >= shared for op in (0, 1, 2))
     assert all(r.bgColor is None for r in results.values())  # Model Explorer's linear scale
+    assert "over 2 steps" in read_overlay(path).graphsData["main"].name
 
 
 def test_golden_overlay_gradient_norms_and_output_magnitudes(tmp_path):
@@ -204,6 +209,14 @@ def test_cli_overlays_and_bad_overlay_files(tmp_path, capsys):
     assert main(["golden", CNN, "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "h"),
                  "--overlay", str(tmp_path / "no" / "o.json")]) == 1
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "h").exists()
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert main(["view", CNN, "--port", str(port), "--no_browser"]) == 1
+        assert f"port {port} on 127.0.0.1 is already in use" in capsys.readouterr().err
+    assert main(["view", CNN, "--port", "0", "--no_browser"]) == 1
+    assert "--port must be in 1..65535, got 0" in capsys.readouterr().err
 
 
 def test_without_model_explorer_each_command_says_how_to_install_it(tmp_path, monkeypatch,
