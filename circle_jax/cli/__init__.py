@@ -1,4 +1,5 @@
-"""``circle-jax`` (subcommands: train, eval, info, run, export, traininfo, golden, compare) and
+"""``circle-jax`` (subcommands: train, eval, info, run, export, traininfo, golden, compare,
+view) and
 ``onert-train-jax`` (onert_train's command line verbatim: ``sed s/onert_train/onert-train-jax/``
 migrates a script).
 
@@ -15,12 +16,12 @@ import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
 
-from . import compare, evaluate, export, golden, info, run, train, traininfo
+from . import compare, evaluate, export, golden, info, run, train, traininfo, view
 from .common import CliError, Parser
 
 #: the subcommands of ``circle-jax``, in --help order (one module each)
 COMMANDS: tuple[ModuleType, ...] = (train, evaluate, info, run, export, traininfo, golden,
-                                     compare)
+                                     compare, view)
 
 __all__ = ["COMMANDS", "CliError", "build_parser", "main", "onert_train_main"]
 

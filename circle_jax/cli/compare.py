@@ -27,6 +27,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--steps", type=int, metavar="N",
                    help="steps to compare (default: one epoch)")
     g.add_argument("--report", metavar="FILE", help="write the report as JSON (default: none)")
+    g.add_argument("--overlay", metavar="FILE", help="write, per operator, the largest weight "
+                   "difference as Model Explorer node data (JSON; `circle-jax view MODEL "
+                   "--overlay FILE` shows it; needs circle-jax[explorer]) (default: none)")
     g.add_argument("--arbiter", choices=["float64"],
                    help="also train in float64 and say which runtime is nearer (default: off)")
     g.add_argument("--atol", type=float, default=1e-5, metavar="F",
@@ -43,11 +46,14 @@ def run(ns: argparse.Namespace) -> int:
 
     from .common import CliError
     from .config import train_run
+    from .view import check_overlay
 
     try:
         cfg = train_run(ns)
         if ns.steps is not None and ns.steps < 1:
             raise CliError(f"--steps must be >= 1, got {ns.steps}")
+        if ns.overlay:
+            check_overlay(ns.overlay, ns.model)
         model = train.training_model(cfg)
         xs, y = train.training_data(cfg, model)
         source = cfg.model if not cfg.example else model.export(file_format="circle")
@@ -64,4 +70,8 @@ def run(ns: argparse.Namespace) -> int:
     print(report.table())
     if ns.report:
         atomic_write(ns.report, json.dumps(report.as_json(), indent=1).encode())
+    if ns.overlay:
+        from circle_jax.oracle.overlay import compare_overlay, write_overlay
+
+        write_overlay(compare_overlay(report, model), ns.overlay)
     return AGREE if report.agree else DISAGREE

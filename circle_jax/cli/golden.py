@@ -29,6 +29,10 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--format", choices=["h5", "luci"], default="h5",
                    help="h5 only, or also luci-value-test's MODEL.inputN / .outputN raw files "
                    "(default: h5)")
+    p.add_argument("--overlay", metavar="FILE", help="also write, per operator, the gradient "
+                   "norm of its outputs (with --expected; else their largest |value|) as "
+                   "Model Explorer node data (JSON; `circle-jax view MODEL --overlay FILE` "
+                   "shows it; needs circle-jax[explorer]) (default: none)")
     g = p.add_argument_group("the training step (with --expected)")
     add_step_arguments(g)
     add_selection_arguments(g)
@@ -41,7 +45,10 @@ def run(args: argparse.Namespace) -> int:
     from circle_jax.train.config import output_index
 
     from .config import load_options, step_config
+    from .view import check_overlay
 
+    if args.overlay:
+        check_overlay(args.overlay, args.model)
     model = load_model(args.model, lowering="reference", **load_options(args))
     xs = read_inputs(args.input, model)
     y, config = None, TrainConfig(**step_config(args))
@@ -53,6 +60,10 @@ def run(args: argparse.Namespace) -> int:
     data = golden(model, xs, y, config, dtype=args.dtype)
     name = os.path.basename(os.path.normpath(args.model)) if args.format == "luci" else None
     files = write_golden(data, args.output_dir, luci_name=name)
+    if args.overlay:
+        from circle_jax.oracle.overlay import golden_overlay, write_overlay
+
+        write_overlay(golden_overlay(data, model), args.overlay)
     print(f"wrote {len(files)} files to {args.output_dir} ({args.dtype}, "
           f"{len(data.tensors)} tensors"
           + (f", loss {data.loss:.6g}, {len(data.gradients or [])} gradients)"
