@@ -80,7 +80,7 @@ class Trainer:
             loss_kwargs["from_logits"] = self.numerics.from_logits
             loss_kwargs["clip"] = self.numerics.clip
         self.loss_fn = get_loss(config.loss, **loss_kwargs)
-        inner = get_optimizer(config.optimizer, config.learning_rate,
+        inner = get_optimizer(config.optimizer, config.learning_rate, self.numerics.optimizers,
                               **self.numerics.optimizer_kwargs)
         if config.accumulate_mode not in ("stream", "in_step"):
             raise ValueError(f"accumulate_mode must be 'stream' or 'in_step', got "
