@@ -10,7 +10,7 @@ Explicit settings (``tie_shared_weights=``, ``add_missing_bias=``, ``clip=``,
 field               ``onert``  ``keras``    ``onert-micro`` ``torch``
 =================== ========== ============ =============== ===========
 tie_shared_weights  False      False        True            False
-add_missing_bias    False      True         False           False
+add_missing_bias    False      True         False           True
 trainable_policy    weights    weights      weights         weights
 cce_clip            onert      keras        onert           onert
 softmax_cce         clip       logits       clip            logits
@@ -46,7 +46,10 @@ the output taken as probabilities; ``logits``: the output taken as logits). An e
   batched). Only FULLY_CONNECTED and CONV_2D weights train on the device (a model with other
   weighted operators trains more here than there).
 - ``torch``: reproduces a PyTorch training loop on the source model of a litert-torch
-  conversion: ``nn.CrossEntropyLoss`` (from logits, mean over the batch; on a SOFTMAX output
+  conversion: untied, zero biases the converter dropped added back (torch initialises
+  ``nn.MultiheadAttention``'s projection biases to zero, and trains them; a bias-free
+  ``nn.Linear`` converts to the same file: load it with ``add_missing_bias=False``),
+  ``nn.CrossEntropyLoss`` (from logits, mean over the batch; on a SOFTMAX output
   the SOFTMAX's input logits), ``nn.MSELoss`` (mean over all elements) and torch.optim's
   optimizers (`circle_jax.optim.TORCH_OPTIMIZERS`: SGD with momentum, dampening, nesterov
   and L2 weight decay; Adam and AdamW with eps added to ``sqrt(v_hat)``, default 1e-8,
@@ -119,7 +122,8 @@ PROFILES: dict[str, Numerics] = {
                       other_cce="clip"),
     "onert-micro": Numerics("onert-micro", tie_shared_weights=True, adam_eps="onert_micro",
                             other_cce="clip", gradients="per_sample_sum"),
-    "torch": Numerics("torch", softmax_cce="logits", adam_eps="optax", optimizers="torch"),
+    "torch": Numerics("torch", add_missing_bias=True, softmax_cce="logits", adam_eps="optax",
+                      optimizers="torch"),
 }
 DEFAULT = "onert"
 

@@ -7,7 +7,9 @@ Every float constant an operator reads as a value is a param of the loaded model
   the weight and bias inputs of FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D, CONV_3D,
   TRANSPOSE_CONV, CONV_3D_TRANSPOSE; a non-scalar constant operand of BATCH_MATMUL; the
   weights and biases of fused RNN / LSTM / GRU operators (never their states); PRELU's alpha;
-  an embedding table; INSTANCE_NORM / RMS_NORM gamma and beta; and a per-channel constant
+  an embedding table: EMBEDDING_LOOKUP's, or the params (rank >= 2) of a GATHER / GATHER_ND
+  whose indices are computed from data (a Keras Embedding converts to GATHER); INSTANCE_NORM /
+  RMS_NORM gamma and beta; and a per-channel constant
   (more than one element, every dimension but the last equal to 1) of MUL (a scale) or ADD /
   SUB (a shift), such as a converted LayerNormalization's or a folded BatchNorm's gamma and
   beta. A float16 constant read through DEQUANTIZE counts as what the DEQUANTIZE output feeds.
@@ -56,6 +58,9 @@ WEIGHT_INPUTS: dict[str, dict[int, str]] = {
     "BIDIRECTIONAL_SEQUENCE_LSTM": {**{p: "weights" for p in range(1, 35)},
                                     **{p: "weights" for p in range(40, 48)}},
 }
+#: Operators whose input 0 is an embedding table when it has rank >= 2 and input 1 (the
+#: indices) is not a constant.
+_TABLE_READERS = ("GATHER", "GATHER_ND")
 _PER_CHANNEL = {"MUL": "per-channel scale", "ADD": "per-channel shift",
                 "SUB": "per-channel shift"}
 _CONTROL = ("WHILE", "IF")
@@ -97,6 +102,9 @@ def role_of_read(sg: ir.Subgraph, t: ir.Tensor, op: ir.Operator, pos: int,
         return None
     if role is not None:
         return role
+    if op.type in _TABLE_READERS and pos == 0 and len(t.shape) >= 2 and len(op.inputs) > 1 \
+            and sg.tensors[op.inputs[1]].data is None:
+        return "embedding table"
     if op.type in _PER_CHANNEL and len(op.inputs) == 2 and _per_channel(t):
         return _PER_CHANNEL[op.type]
     if op.type == "DEQUANTIZE" and depth == 0 and op.outputs and op.outputs[0] >= 0:

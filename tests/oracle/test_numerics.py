@@ -55,7 +55,12 @@ def _fit(model: cj.Model, case: str, key: str) -> list[float]:
     return r.history.loss
 
 
-@pytest.mark.parametrize("case", list(REF["cases"]))
+#: the embedding model trains its table with Keras's sparse-gradient Adam, which the keras
+#: profile does not reproduce yet (test_keras_embedding)
+DENSE_CASES = [c for c in REF["cases"] if c != "embedding"]
+
+
+@pytest.mark.parametrize("case", DENSE_CASES)
 def test_keras_profile_reproduces_model_fit(case: str) -> None:
     """``numerics="keras"`` gives Keras's per-epoch losses within 2e-4 (issue 10's bound) on
     all 8 runs of every case; measured worst 2.7e-6 (float32 summation order, Adam).
@@ -139,15 +144,42 @@ def test_tied_shared_bias_misses_onert(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case,why", [("layernorm", "Neg"), ("lstm", "subgraphs"),
-                                      ("three_consumers", "broadcast")])
+                                      ("three_consumers", "broadcast"), ("embedding", "Gather")])
 def test_onert_refuses_the_other_cases(case: str, why: str, tmp_path: Path) -> None:
     """onert 0.1.0 trains none of these (NEG is not trainable, WHILE needs several subgraphs,
-    ADD's backward refuses broadcasting); when it does, add the case to ONERT_TRAINS."""
+    ADD's backward refuses broadcasting, "Gather operation is not trainable yet"); when it
+    does, add the case to ONERT_TRAINS."""
     path = tmp_path / "m.circle"
     path.write_bytes(_bytes(case))
     x, y = _data(case)
     with pytest.raises(Exception):  # noqa: B017 - the binding raises a bare RuntimeError
         onert_fit(path, x[:1], y[:1], epochs=1, batch_size=1, learning_rate=0.01)
+
+
+# --------------------------------------------------------------------------- embeddings
+
+def test_keras_embedding() -> None:
+    """A Keras Embedding converts to GATHER on its [20, 8] table (ids wrapped by LESS/ADD/
+    SELECT): the table is a weight under the default policy, and the keras profile gives
+    Keras's SGD losses within 2e-4 (measured 1.2e-7). Keras's Adam on the table's sparse
+    gradient puts the SUM of the per-occurrence squared gradients into v (the recorded probe:
+    row 0 seen with g = 1 and 3 gets v = 10 * 0.001, where dense Adam gets 16 * 0.001) and,
+    m being dense, also moves rows not seen in the batch. circle-jax's Adam is dense: the
+    Adam runs miss Keras by 2.5e-3 (MSE, batch 1) to 2.3e-2 (CCE, batch 16) — asserted here
+    so that the gap is seen, and this test changed, when sparse Adam lands."""
+    model = cj.load(_bytes("embedding"), numerics="keras")
+    table = [r.reason for r in model.param_roles.values() if r.trainable]
+    assert "embedding table of GATHER #3" in table
+    probe = REF["sparse_adam"]
+    assert abs(probe["v_after_step_2"][0] - probe["v_row0_sum_of_squares"]) < 1e-6
+    assert probe["weights_after_step_2"][0] != probe["weights_after_step_1"][0]
+    assert probe["weights_after_step_2"][1] == 0.0  # never seen: m stays 0
+    runs = REF["cases"]["embedding"]["runs"]
+    for key in ("mse/sgd/1", "cce/sgd/16"):
+        np.testing.assert_allclose(_fit(model, "embedding", key), runs[key], rtol=0, atol=2e-4)
+    gap = np.max(np.abs(np.subtract(_fit(model, "embedding", "cce/adam/16"),
+                                    runs["cce/adam/16"])))
+    assert gap > 1e-3
 
 
 # --------------------------------------------------------------------------- the policy
