@@ -190,3 +190,37 @@ def test_torch_rmsprop_rule(momentum: float, centered: bool) -> None:
         w = w - 0.01 * (buf if momentum else g / avg)
     tx = get_optimizer("rmsprop", 0.01, "torch", momentum=momentum, centered=centered)
     np.testing.assert_allclose(_steps(tx, _W, _G), w, rtol=1e-5)
+
+
+# --------------------------------------------------------------------------- command line
+
+def test_cli_torch_profile_and_hyperparameter_flags(tmp_path: Path,
+                                                    monkeypatch: pytest.MonkeyPatch,
+                                                    capsys: pytest.CaptureFixture) -> None:
+    """``--numerics torch`` prints torch's losses (4 decimals) and every hyper-parameter the
+    optimizer takes in the parameter block; a flag the optimizer does not take is one line
+    and exit code 1 before any training."""
+    from circle_jax.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    np.save("x.npy", DATA["mlp/x"])
+    np.save("y.npy", DATA["mlp/y"])
+    Path("m.circle").write_bytes(_circle("mlp"))
+    common = ["train", "m.circle", "--load_input", "x.npy", "--load_expected", "y.npy",
+              "--epoch", "3", "--batch_size", "16", "--learning_rate", "0.01", "--loss", "cce"]
+    assert main([*common, "--optimizer", "adam", "--numerics", "torch"]) == 0
+    out = capsys.readouterr().out
+    for epoch, want in enumerate(REF["cases"]["mlp"]["runs"]["cce/adam/16"], 1):
+        assert f"Epoch {epoch}/3" in out and f"loss: [0] {want:.4f}" in out
+    for line in ("beta1                = 0.9", "beta2                = 0.999",
+                 "epsilon              = 1e-08", "weight_decay         = 0",
+                 "numerics.optimizers  = torch"):
+        assert f"- {line}" in out, line
+    assert main([*common, "--epoch", "1", "--optimizer", "adam", "--beta1", "0.5",
+                 "--epsilon", "1e-3"]) == 0
+    out = capsys.readouterr().out
+    assert "- beta1                = 0.5" in out and "- epsilon              = 0.001" in out
+    assert main([*common, "--optimizer", "sgd", "--beta1", "0.5"]) == 1
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["E: optimizer 'sgd' (keras numerics) does not take --beta1; it takes "
+                   "--momentum"], err
