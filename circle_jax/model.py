@@ -225,7 +225,7 @@ def load(
     `circle_jax.numerics`); the other keywords override its fields. Unless tied, a trainable
     constant read by several operators becomes one param per reader; with
     ``add_missing_bias`` weighted operators without a bias get a zero one (see
-    `circle_jax.untie`). ``trainable_policy`` is "weights" (default) or "all_float".
+    `circle_jax.untie`). ``trainable_policy`` is "weights" (default), "all_float" or "fc_conv".
     ``signature`` picks a SignatureDef by key: its subgraph becomes the model's main one
     (`circle_jax.signatures`; default: subgraph 0).
     """

@@ -11,7 +11,7 @@ field               ``onert``  ``keras``    ``onert-micro`` ``torch``
 =================== ========== ============ =============== ===========
 tie_shared_weights  False      False        True            False
 add_missing_bias    False      True         False           True
-trainable_policy    weights    weights      weights         weights
+trainable_policy    weights    weights      fc_conv         weights
 cce_clip            onert      keras        onert           onert
 softmax_cce         clip       logits       clip            logits
 other_cce           logits     clip         clip            logits
@@ -41,10 +41,12 @@ the output taken as probabilities; ``logits``: the output taken as logits). An e
   the files), never run against a peer: none runs here. One tensor per weight (shared
   constants tied: its .wof holds one buffer per tensor), Adam ``m_hat / sqrt(v_hat + eps)``,
   CCE ``-sum t log(p)`` on the probabilities (its gradient ``-t / (p + 1e-31)``; clipped here
-  at 1e-20), MSE ``mean (p - t)**2`` per sample; it sums per-sample gradients and divides by
-  the batch size, which is the gradient of the mean loss (the same function, computed
-  batched). Only FULLY_CONNECTED and CONV_2D weights train on the device (a model with other
-  weighted operators trains more here than there).
+  at 1e-20), MSE ``mean (p - t)**2`` per sample. It sums per-sample gradients: SGD divides
+  the sum by the batch size (the gradient of the mean loss, computed batched here), the
+  newest Adam (train_optimizers/Adam.cpp) feeds the SUM to its moments, so Adam here sees
+  the batch size times the mean gradient (``gradients = per_sample_sum``; older onert-micro
+  versions divided first, which is ``eps`` smaller by the batch size squared). Only
+  FULLY_CONNECTED and CONV_2D weights and biases train (``trainable_policy = fc_conv``).
 - ``torch``: reproduces a PyTorch training loop on the source model of a litert-torch
   conversion: untied, zero biases the converter dropped added back (torch initialises
   ``nn.MultiheadAttention``'s projection biases to zero, and trains them; a bias-free
@@ -66,6 +68,7 @@ from .params_policy import check_policy
 SOFTMAX_CCE = ("clip", "logits")
 ADAM_EPS = ("tf", "optax", "onert_micro")
 OPTIMIZER_FAMILIES = ("keras", "torch")
+GRADIENTS = ("batch_mean", "per_sample_sum")
 
 
 @dataclass(frozen=True)
@@ -93,6 +96,8 @@ class Numerics:
         if self.optimizers not in OPTIMIZER_FAMILIES:
             raise ValueError(f"optimizers must be one of {OPTIMIZER_FAMILIES}, got "
                              f"{self.optimizers!r}")
+        if self.gradients not in GRADIENTS:
+            raise ValueError(f"gradients must be one of {GRADIENTS}, got {self.gradients!r}")
         if self.adam_eps not in ADAM_EPS:
             raise ValueError(f"adam_eps must be one of {ADAM_EPS}, got {self.adam_eps!r}")
 
@@ -120,8 +125,9 @@ PROFILES: dict[str, Numerics] = {
     "onert": Numerics("onert"),
     "keras": Numerics("keras", add_missing_bias=True, cce_clip="keras", softmax_cce="logits",
                       other_cce="clip"),
-    "onert-micro": Numerics("onert-micro", tie_shared_weights=True, adam_eps="onert_micro",
-                            other_cce="clip", gradients="per_sample_sum"),
+    "onert-micro": Numerics("onert-micro", tie_shared_weights=True, trainable_policy="fc_conv",
+                            adam_eps="onert_micro", other_cce="clip",
+                            gradients="per_sample_sum"),
     "torch": Numerics("torch", add_missing_bias=True, softmax_cce="logits", adam_eps="optax",
                       optimizers="torch"),
 }

@@ -18,6 +18,7 @@ from .numerics import Numerics, get_numerics
 
 _CCE = ("categorical_crossentropy", "sparse_categorical_crossentropy")
 _ADAMS = ("adam", "adamw")
+_ALL_ADAMS = (*_ADAMS, "adam_optax", "adam_onert_micro")
 
 
 @dataclass(frozen=True)
@@ -36,6 +37,9 @@ class TrainingNumerics:
       optimizer_kwargs: the optimizer's keywords, with Adam's ``eps_placement`` filled in
         (Keras-family optimizers only).
       optimizers: the optimizer family, ``keras`` or ``torch`` (`circle_jax.optim`).
+      sum_gradients: Adam's moments take the batch's SUM of per-sample gradients (the
+        profile's ``gradients = per_sample_sum``: onert-micro's Adam); the trainer scales the
+        mean loss's gradient by the batch size.
     """
 
     numerics: Numerics
@@ -46,6 +50,7 @@ class TrainingNumerics:
     optimizer_kwargs: dict[str, Any]
     logits_of: tuple[int, float] | None = None
     optimizers: str = "keras"
+    sum_gradients: bool = False
 
 
 def softmax_input(model: Model, output: int = 0) -> tuple[int, float] | None:
@@ -110,4 +115,5 @@ def training_numerics(model: Model, loss: str, optimizer: str, spec: Any, from_l
             from_logits, logits_of = True, softmax_input(model, output)
     return TrainingNumerics(prof, apply, in_loop, bool(from_logits),
                             prof.cce_clip if clip is None else clip, kwargs, logits_of,
-                            prof.optimizers)
+                            prof.optimizers,
+                            prof.gradients == "per_sample_sum" and optimizer in _ALL_ADAMS)

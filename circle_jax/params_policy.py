@@ -16,6 +16,8 @@ Every float constant an operator reads as a value is a param of the loaded model
   Everything else is frozen: scalars (a LayerNorm's epsilon), initial values passed to
   WHILE / IF (an LSTM's zero states), and constants in any other role.
 - ``"all_float"``: every float constant trains (circle-jax's behaviour before the policy).
+- ``"fc_conv"``: only the weights and biases of FULLY_CONNECTED and CONV_2D train (what
+  onert-micro trains: its checkpoints hold only those; the ``onert-micro`` profile's policy).
 
 Index, shape and quantization constants are never params (they are integers, or read at
 inputs an operator needs static), whatever the policy.
@@ -30,7 +32,8 @@ import numpy as np
 
 from . import ir
 
-POLICIES = ("weights", "all_float")
+POLICIES = ("weights", "all_float", "fc_conv")
+_FC_CONV = ("FULLY_CONNECTED", "CONV_2D")
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 
@@ -135,7 +138,8 @@ def classify_params(model: ir.Model, param_keys: Mapping[str, ParamKey],
         t = sg.tensors[i]
         reads = readers(sg, i)
         found = [(op, r) for op, pos in reads
-                 if (r := role_of_read(sg, t, op, pos)) is not None]
+                 if (r := role_of_read(sg, t, op, pos)) is not None
+                 and (policy != "fc_conv" or op.type in _FC_CONV)]
         where = "" if k == 0 else f" in subgraph {k}"
         if found:
             text = "; ".join(f"{r} of {op.key} #{op.index}" for op, r in found)

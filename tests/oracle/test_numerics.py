@@ -365,8 +365,10 @@ def test_cli_numerics_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_onert_micro_profile_fields() -> None:
-    """onert-micro: shared constants stay tied (its .wof has one buffer per tensor), Adam puts
-    eps inside the square root, CCE clips at 1e-20; explicit settings override the profile."""
+    """onert-micro (derived from ONE's sources, no peer runs here): shared constants stay tied
+    (its .wof has one buffer per tensor), Adam puts eps inside the square root, CCE clips at
+    1e-20 on any output, only FULLY_CONNECTED and CONV_2D weights train; explicit settings
+    override the profile."""
     model = cj.load(_bytes("branching_cnn"), numerics="onert-micro")
     assert not model.rewrites and "arith.constant1/op1" not in model.params
     t = Trainer(model, batch_size=16, loss="cce", optimizer="adam")
@@ -378,3 +380,22 @@ def test_onert_micro_profile_fields() -> None:
     assert t.numerics.from_logits  # keras: CCE from the SOFTMAX's logits
     with pytest.raises(ValueError, match="unknown numerics profile"):
         cj.load(_bytes("branching_cnn"), numerics="pytorch")
+    ln = cj.load(_bytes("layernorm"), numerics="onert-micro")
+    trained = {r.reason.split(" #")[0] for r in ln.param_roles.values() if r.trainable}
+    assert trained == {"weights of FULLY_CONNECTED"}  # LayerNorm's gamma and beta: frozen
+
+
+def test_onert_micro_adam_takes_the_summed_gradient() -> None:
+    """onert-micro's newest Adam feeds the batch's SUM of per-sample gradients to its moments:
+    at batch B that is Adam on the mean gradient with eps / B**2 (eps inside the root)."""
+    x, y = _data("mlp_zero_bias")
+    micro = cj.fit(cj.load(_bytes("mlp_zero_bias"), numerics="onert-micro"), x, y, epochs=2,
+                   batch_size=16, learning_rate=0.01, loss="mse", optimizer="adam")
+    same = cj.fit(cj.load(_bytes("mlp_zero_bias")), x, y, epochs=2, batch_size=16,
+                  learning_rate=0.01, loss="mse", optimizer="adam",
+                  optimizer_kwargs={"eps_placement": "onert_micro", "eps": 1e-7 / 256})
+    np.testing.assert_allclose(micro.history.loss, same.history.loss, rtol=0, atol=1e-6)
+    mean = cj.fit(cj.load(_bytes("mlp_zero_bias")), x, y, epochs=2, batch_size=16,
+                  learning_rate=0.01, loss="mse", optimizer="adam",
+                  optimizer_kwargs={"eps_placement": "onert_micro"})
+    assert micro.history.loss != mean.history.loss
