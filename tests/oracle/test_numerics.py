@@ -1,10 +1,11 @@
 """Numerics profiles against Keras's own ``model.fit`` and against onert, on real converter output.
 
-tests/data/keras holds seven small Keras models converted by TensorFlow's TFLite converter and
-the per-epoch losses Keras's ``model.fit`` reported for {mse, cce} x {sgd, adam} x batch
-{1, 16}, 3 epochs, lr 0.01 (``scripts/make_keras_models.py``, run by hand with tensorflow-cpu;
-``keras_losses.json`` says what the converter did to each model). The batch-1 files are read
-as Circle (identifier rewritten to CIR0 here).
+tests/data/keras holds eight small Keras models (seven with dense weights, one Embedding)
+converted by TensorFlow's TFLite converter and the per-epoch losses Keras's ``model.fit``
+reported for {mse, cce} x {sgd, adam} x batch {1, 16}, 3 epochs, lr 0.01
+(``scripts/make_keras_models.py``, run by hand with tensorflow-cpu; ``keras_losses.json``
+says what the converter did to each model). The batch-1 files are read as Circle
+(identifier rewritten to CIR0 here).
 """
 
 from __future__ import annotations
