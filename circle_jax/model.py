@@ -253,8 +253,8 @@ def load(
     ``Model.passes``): ``signature`` picks a SignatureDef by key, whose subgraph becomes the
     model's main one (default: subgraph 0); unless tied, a trainable constant read by
     several operators becomes one param per reader; with ``add_missing_bias`` weighted
-    operators without a bias get a zero one. ``trainable_policy`` is "weights" (default)
-    or "all_float". The file is parsed once; nothing is serialized.
+    operators without a bias get a zero one. ``trainable_policy`` is "weights" (default),
+    "all_float" or "fc_conv" (onert-micro's). The file is parsed once; nothing is serialized.
     """
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,

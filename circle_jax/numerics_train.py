@@ -1,4 +1,5 @@
-"""How a numerics profile shapes a training run: the loss's clip and input, Adam's epsilon.
+"""How a numerics profile shapes a training run: the loss's clip and input, the optimizer
+family, Adam's epsilon.
 
 The profile is ``TrainConfig.numerics`` when set, else the one the model was loaded with. Its
 load-time fields (untying, added biases, trainable policy) already shaped the model; here
@@ -17,6 +18,7 @@ from .numerics import Numerics, get_numerics
 
 _CCE = ("categorical_crossentropy", "sparse_categorical_crossentropy")
 _ADAMS = ("adam", "adamw")
+_ALL_ADAMS = (*_ADAMS, "adam_optax", "adam_onert_micro")
 
 
 @dataclass(frozen=True)
@@ -32,7 +34,12 @@ class TrainingNumerics:
       logits_of: (tensor index, beta) of the SOFTMAX input the loss reads instead of the
         trained output, or None when it reads that output.
       clip: the probability clip for CCE on probabilities ("onert" or "keras").
-      optimizer_kwargs: the optimizer's keywords, with Adam's ``eps_placement`` filled in.
+      optimizer_kwargs: the optimizer's keywords, with Adam's ``eps_placement`` filled in
+        (Keras-family optimizers only).
+      optimizers: the optimizer family, ``keras`` or ``torch`` (`circle_jax.optim`).
+      sum_gradients: Adam's moments take the batch's SUM of per-sample gradients (the
+        profile's ``gradients = per_sample_sum``: onert-micro's Adam); the trainer scales the
+        mean loss's gradient by the batch size.
     """
 
     numerics: Numerics
@@ -42,6 +49,8 @@ class TrainingNumerics:
     clip: Any
     optimizer_kwargs: dict[str, Any]
     logits_of: tuple[int, float] | None = None
+    optimizers: str = "keras"
+    sum_gradients: bool = False
 
 
 def softmax_input(model: Model, output: int = 0) -> tuple[int, float] | None:
@@ -91,16 +100,20 @@ def training_numerics(model: Model, loss: str, optimizer: str, spec: Any, from_l
     the model's options (``backend``: the devices training runs on)."""
     prof = model.numerics if spec is None else get_numerics(spec)
     kwargs = dict(optimizer_kwargs)
-    if optimizer in _ADAMS:
+    if optimizer in _ADAMS and prof.optimizers == "keras":
         kwargs.setdefault("eps_placement", prof.adam_eps)
     changes = dict(lowering or {})
     apply = model.lowered(**changes) if changes else model.apply
     in_loop = model.lowered(in_loop=True, **changes)
     logits_of = None
-    if loss in _CCE and not from_logits and prof.softmax_cce == "logits":
-        logits = softmax_logits_apply(model, output, **changes)
-        if logits is not None:
-            apply, from_logits, logits_of = logits, True, softmax_input(model, output)
+    if loss in _CCE and not from_logits:
+        if softmax_input(model, output) is None:
+            from_logits = prof.other_cce == "logits"
+        elif prof.softmax_cce == "logits":
+            apply = softmax_logits_apply(model, output, **changes)
             in_loop = softmax_logits_apply(model, output, in_loop=True, **changes)
+            from_logits, logits_of = True, softmax_input(model, output)
     return TrainingNumerics(prof, apply, in_loop, bool(from_logits),
-                            prof.cce_clip if clip is None else clip, kwargs, logits_of)
+                            prof.cce_clip if clip is None else clip, kwargs, logits_of,
+                            prof.optimizers,
+                            prof.gradients == "per_sample_sum" and optimizer in _ALL_ADAMS)

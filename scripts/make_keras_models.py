@@ -106,6 +106,17 @@ def three_consumers() -> keras.Model:
     return keras.Model(x, L.Dense(N_CLASSES, activation="softmax")(s))
 
 
+VOCAB = 20
+
+
+def embedding() -> keras.Model:
+    """Embedding(20, 8) over 6 int32 token ids, Flatten, Dense softmax: ids repeat within and
+    across samples, so a row's gradient sums several occurrences."""
+    x = keras.Input((6,), dtype="int32")
+    h = L.Flatten()(L.Embedding(VOCAB, 8)(x))
+    return keras.Model(x, L.Dense(N_CLASSES, activation="softmax")(h))
+
+
 #: What the converter does to each case, and what a faithful trainer must do about it.
 NOTES = {
     "branching_cnn": "the three zero [4] conv biases become ONE constant read by three CONV_2D "
@@ -128,6 +139,10 @@ NOTES = {
             "[16] constant of an ADD; the final Dense's zero bias is dropped",
     "three_consumers": "the first Dense's output is read by three operators (RESHAPE feeding "
                        "the ADD, two FULLY_CONNECTED); every zero Dense bias is dropped",
+    "embedding": "the Embedding becomes GATHER on the [20, 8] table, its ids wrapped by "
+                 "LESS/ADD/SELECT for negative values; Keras trains the table with a sparse "
+                 "gradient (IndexedSlices, one row per occurrence); the Dense's zero bias is "
+                 "dropped",
 }
 
 CASES = {
@@ -138,15 +153,23 @@ CASES = {
     "conv1d_stack": conv1d_stack,
     "lstm": lstm,
     "three_consumers": three_consumers,
+    "embedding": embedding,
 }
 
 
-def make_data(index: int, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndarray]:
-    """Seeded inputs and one-hot targets given by a fixed random projection's argmax."""
+def make_data(index: int, shape: tuple[int, ...], ids: bool = False
+              ) -> tuple[np.ndarray, np.ndarray]:
+    """Seeded inputs and one-hot targets given by a fixed random projection's argmax
+    (``ids``: int32 token ids in [0, VOCAB), projected through their one-hot counts)."""
     rng = np.random.default_rng(1000 + index)
-    x = rng.standard_normal((N_SAMPLES, *shape)).astype(np.float32)
-    proj = rng.standard_normal((int(np.prod(shape)), N_CLASSES))
-    labels = np.argmax(x.reshape(N_SAMPLES, -1) @ proj, axis=1)
+    if ids:
+        x = rng.integers(0, VOCAB, (N_SAMPLES, *shape)).astype(np.int32)
+        feats = np.stack([np.bincount(r, minlength=VOCAB) for r in x]).astype(np.float64)
+    else:
+        x = rng.standard_normal((N_SAMPLES, *shape)).astype(np.float32)
+        feats = x.reshape(N_SAMPLES, -1)
+    proj = rng.standard_normal((feats.shape[1], N_CLASSES))
+    labels = np.argmax(feats @ proj, axis=1)
     return x, np.eye(N_CLASSES, dtype=np.float32)[labels]
 
 
@@ -160,7 +183,9 @@ BATCH16_FILES = ("lstm", "three_consumers")
 def convert(model: keras.Model, shape: tuple[int, ...], batch: int = 1) -> bytes:
     """TF's own converter: float32, no optimisations, batch 1 in the signature."""
 
-    @tf.function(input_signature=[tf.TensorSpec([batch, *shape], tf.float32)])
+    dtype = tf.as_dtype(model.inputs[0].dtype)
+
+    @tf.function(input_signature=[tf.TensorSpec([batch, *shape], dtype)])
     def serve(x):
         return model(x, training=False)
 
@@ -257,10 +282,32 @@ def cce_on_softmax_probe() -> dict:
             "from_logits": from_logits, "keras_uses": mode}
 
 
+def sparse_adam_probe() -> dict:
+    """Keras's Adam on a sparse (IndexedSlices) gradient: row 0 seen twice (g = 1 and 3), row 1
+    never, two steps. Records v and the weights to show how occurrences combine and whether
+    unseen rows move."""
+    var = keras.Variable(np.zeros((3, 1), np.float32))
+    opt = keras.optimizers.Adam(learning_rate=0.1)
+    opt.build([var])
+    grads = tf.IndexedSlices(tf.constant([[1.0], [3.0], [2.0]]), tf.constant([0, 0, 2]),
+                             tf.constant([3, 1]))
+    opt.apply_gradients([(grads, var)])
+    after_one = np.asarray(var).ravel().tolist()
+    opt.apply_gradients([(tf.IndexedSlices(tf.constant([[1.0]]), tf.constant([2]),
+                                           tf.constant([3, 1])), var)])
+    v = np.asarray(opt._velocities[0]).ravel().tolist()
+    return {"gradient": "step 1: rows [0, 0, 2] values [1, 3, 2]; step 2: row 2 value 1",
+            "weights_after_step_1": after_one, "weights_after_step_2":
+            np.asarray(var).ravel().tolist(), "v_after_step_2": v,
+            "v_row0_sum_of_squares": float((1 + 9) * 0.001 * 0.999),
+            "v_row0_square_of_sum": float(16 * 0.001 * 0.999)}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(Path(__file__).resolve().parents[1] / "tests/data/keras"))
-    ap.add_argument("--only", nargs="*", help="case names (default: all)")
+    ap.add_argument("--only", nargs="*", help="case names (default: all); the other cases' "
+                    "records and data are kept")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -275,16 +322,20 @@ def main() -> None:
                        "adam": "keras.optimizers.Adam(0.01), beta 0.9/0.999, epsilon 1e-7"},
         "epoch_loss": "Keras's history['loss']: mean of the pre-update batch losses",
         "cce_on_softmax": cce_on_softmax_probe(),
+        "sparse_adam": sparse_adam_probe(),
         "cases": {},
     }
     arrays: dict[str, np.ndarray] = {}
+    if args.only and (out / "keras_losses.json").exists():
+        record["cases"] = json.loads((out / "keras_losses.json").read_text())["cases"]
+        arrays = dict(np.load(out / "data.npz"))
     for index, (name, build) in enumerate(CASES.items()):
         if args.only and name not in args.only:
             continue
         keras.utils.set_random_seed(index)
         model = build()
         shape = tuple(int(d) for d in model.input_shape[1:])
-        x, y = make_data(index, shape)
+        x, y = make_data(index, shape, ids=name == "embedding")
         arrays[f"{name}/x"], arrays[f"{name}/y"] = x, y
         init = model.get_weights()
         for w, v in zip(model.weights, init):

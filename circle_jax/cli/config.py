@@ -136,15 +136,20 @@ def _train_config(ns: argparse.Namespace) -> dict[str, Any]:
 
 def step_config(ns: argparse.Namespace) -> dict[str, Any]:
     """`circle_jax.TrainConfig` keywords of one step: learning rate, loss, reduction,
-    optimizer, what trains, whether the loss reads logits (None: circle+, then defaults)."""
+    optimizer and its hyper-parameters, what trains, whether the loss reads logits (None:
+    circle+, then defaults)."""
     trainable: Any = ns.num_of_trainable_ops
     if ns.trainable and trainable is not None:
         raise CliError("give --num_of_trainable_ops or --trainable, not both")
     if ns.trainable:
         trainable = [n for value in ns.trainable for n in value.split(",") if n]
+    from circle_jax.optim import HYPERPARAMETERS
+
+    hyper = {kw: getattr(ns, flag) for flag, kw in HYPERPARAMETERS.items()
+             if getattr(ns, flag, None) is not None}
     return dict(learning_rate=ns.learning_rate, loss=ns.loss, reduction=ns.loss_reduction_type,
                 optimizer=ns.optimizer, from_logits=True if ns.from_logits else None,
-                trainable=trainable, loss_output=ns.loss_output or 0)
+                trainable=trainable, loss_output=ns.loss_output or 0, optimizer_kwargs=hyper)
 
 
 def _processes(ns: argparse.Namespace) -> tuple[str, int, int] | None:

@@ -169,7 +169,13 @@ def _trainable_ops(cfg: Any) -> int:
 
 def _check(run: TrainRun, model: Any, cfg: Any) -> None:
     """Refuse before compiling what would fail after training."""
+    from circle_jax.optim import hyperparameters
+
     n_ops, spec = len(model.operators), cfg.trainable
+    try:
+        hyperparameters(cfg.optimizer, model.numerics.optimizers, **cfg.optimizer_kwargs)
+    except ValueError as e:
+        raise CliError(str(e)) from None
     if isinstance(spec, int) and spec > n_ops:
         raise CliError(f"--num_of_trainable_ops {spec} exceeds the model's {n_ops} operators")
     for index, _ in run.output_sizes:
@@ -194,9 +200,11 @@ def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
     import jax
 
     from circle_jax.losses import get_reduction, loss_name
-    from circle_jax.optim import get_policy, optimizer_name
+    from circle_jax.optim import get_policy, hyperparameters, optimizer_name
 
-    extra = {"backend": jax.default_backend(), **run.extra,
+    hyper = hyperparameters(cfg.optimizer, model.numerics.optimizers, **cfg.optimizer_kwargs)
+    extra = {**{k: f"{v:g}" for k, v in hyper.items()}, "backend": jax.default_backend(),
+             **run.extra,
              **model.numerics.as_dict(), **_rewrites(model)}
     if cfg.precision:
         extra["precision"] = str(get_policy(cfg.precision))

@@ -95,6 +95,15 @@ def add_step_arguments(g: Any) -> None:
           help="learning rate")
     loss_arguments(g)
     _table_flag(g, "--optimizer", OPTIMIZER_TABLE, "sgd")
+    for flag, text in (("beta1", "Adam/AdamW's first-moment decay"),
+                       ("beta2", "Adam/AdamW's second-moment decay"),
+                       ("epsilon", "Adam/AdamW/RMSprop's epsilon"),
+                       ("weight_decay", "AdamW's decoupled decay; torch profile: also SGD, "
+                        "Adam and RMSprop's L2 term"),
+                       ("momentum", "SGD and RMSprop's momentum")):
+        _flag(g, f"--{flag}", type=float, metavar="F",
+              default="the optimizer's for the profile (printed in the parameter block)",
+              help=f"{text}; an optimizer that does not take it refuses it")
     _flag(g, "--num_of_trainable_ops", type=int, metavar="N", default=f"{CIRCLE_PLUS} -1",
           help="-1 all, 0 none, N the last N operators in circle order")
 
@@ -175,9 +184,9 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
 
 def add_load_arguments(g: Any) -> None:
     """How the model is loaded: the numerics profile and its overrides (train and export)."""
-    _flag(g, "--numerics", choices=["onert", "keras", "onert-micro"], default="onert",
-          help="numerics profile: untied shared constants, added biases, CCE clip and "
-          "softmax treatment, Adam epsilon (README: What trains)")
+    _flag(g, "--numerics", choices=["onert", "keras", "onert-micro", "torch"], default="onert",
+          help="numerics profile: untied shared constants, added biases, how CCE reads the "
+          "output, the optimizers' numerics (torch: torch.optim's) (README: What trains)")
     _flag(g, "--tie_shared_weights", action="store_true", default="the profile's (onert: off)",
           help="train a constant read by several operators as one weight, not one copy "
           "per reading operator")

@@ -7,13 +7,17 @@ Every float constant an operator reads as a value is a param of the loaded model
   the weight and bias inputs of FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D, CONV_3D,
   TRANSPOSE_CONV, CONV_3D_TRANSPOSE; a non-scalar constant operand of BATCH_MATMUL; the
   weights and biases of fused RNN / LSTM / GRU operators (never their states); PRELU's alpha;
-  an embedding table; INSTANCE_NORM / RMS_NORM gamma and beta; and a per-channel constant
+  an embedding table: EMBEDDING_LOOKUP's, or the params (rank >= 2) of a GATHER / GATHER_ND
+  whose indices are computed from data (a Keras Embedding converts to GATHER); INSTANCE_NORM /
+  RMS_NORM gamma and beta; and a per-channel constant
   (more than one element, every dimension but the last equal to 1) of MUL (a scale) or ADD /
   SUB (a shift), such as a converted LayerNormalization's or a folded BatchNorm's gamma and
   beta. A float16 constant read through DEQUANTIZE counts as what the DEQUANTIZE output feeds.
   Everything else is frozen: scalars (a LayerNorm's epsilon), initial values passed to
   WHILE / IF (an LSTM's zero states), and constants in any other role.
 - ``"all_float"``: every float constant trains (circle-jax's behaviour before the policy).
+- ``"fc_conv"``: only the weights and biases of FULLY_CONNECTED and CONV_2D train (what
+  onert-micro trains: its checkpoints hold only those; the ``onert-micro`` profile's policy).
 
 Index, shape and quantization constants are never params (they are integers, or read at
 inputs an operator needs static), whatever the policy.
@@ -29,7 +33,8 @@ import numpy as np
 from ..ops.registry import static_inputs
 from . import ir
 
-POLICIES = ("weights", "all_float")
+POLICIES = ("weights", "all_float", "fc_conv")
+_FC_CONV = ("FULLY_CONNECTED", "CONV_2D")
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 
@@ -57,6 +62,9 @@ WEIGHT_INPUTS: dict[str, dict[int, str]] = {
     "BIDIRECTIONAL_SEQUENCE_LSTM": {**{p: "weights" for p in range(1, 35)},
                                     **{p: "weights" for p in range(40, 48)}},
 }
+#: Operators whose input 0 is an embedding table when it has rank >= 2 and input 1 (the
+#: indices) is not a constant.
+_TABLE_READERS = ("GATHER", "GATHER_ND")
 _PER_CHANNEL = {"MUL": "per-channel scale", "ADD": "per-channel shift",
                 "SUB": "per-channel shift"}
 _CONTROL = ("WHILE", "IF")
@@ -114,6 +122,9 @@ def role_of_read(sg: ir.Subgraph, t: ir.Tensor, op: ir.Operator, pos: int,
         return None
     if role is not None:
         return role
+    if op.type in _TABLE_READERS and pos == 0 and len(t.shape) >= 2 and len(op.inputs) > 1 \
+            and sg.tensors[op.inputs[1]].data is None:
+        return "embedding table"
     if op.type in _PER_CHANNEL and len(op.inputs) == 2 and _per_channel(t):
         return _PER_CHANNEL[op.type]
     if op.type == "DEQUANTIZE" and depth == 0 and op.outputs and op.outputs[0] >= 0:
@@ -144,7 +155,8 @@ def classify_params(model: ir.Model, param_keys: Mapping[str, ParamKey],
         t = sg.tensors[i]
         reads = readers(sg, i)
         found = [(op, r) for op, pos in reads
-                 if (r := role_of_read(sg, t, op, pos)) is not None]
+                 if (r := role_of_read(sg, t, op, pos)) is not None
+                 and (policy != "fc_conv" or op.type in _FC_CONV)]
         where = "" if k == 0 else f" in subgraph {k}"
         if found:
             text = "; ".join(f"{r} of {op.key} #{op.index}" for op, r in found)

@@ -24,10 +24,13 @@ from circle_jax.optim.loss_scale import (
 )
 from circle_jax.optim.optimizers import (
     EPS_PLACEMENTS,
+    FAMILIES,
+    HYPERPARAMETERS,
     ONERT_OPTIMIZER_CODES,
     OPTIMIZER_TABLE,
     OPTIMIZERS,
     SCHEDULES,
+    TORCH_OPTIMIZERS,
     AdamTFState,
     DecoupledWeightDecayState,
     adam,
@@ -35,19 +38,27 @@ from circle_jax.optim.optimizers import (
     adamw,
     decoupled_weight_decay,
     get_optimizer,
+    hyperparameters,
     optimizer_name,
     rmsprop,
     schedule,
     sgd,
+    torch_adam,
+    torch_adamw,
+    torch_rmsprop,
+    torch_sgd,
 )
 from circle_jax.optim.precision import Policy, get_policy, master_weights_needed, to_dtype
 
 __all__ = [
     "EPS_PLACEMENTS",
+    "FAMILIES",
+    "HYPERPARAMETERS",
     "ONERT_OPTIMIZER_CODES",
     "OPTIMIZER_TABLE",
     "OPTIMIZERS",
     "SCHEDULES",
+    "TORCH_OPTIMIZERS",
     "AccumulateState",
     "AdamTFState",
     "DecoupledWeightDecayState",
@@ -68,6 +79,7 @@ __all__ = [
     "get_optimizer",
     "get_policy",
     "has_updated",
+    "hyperparameters",
     "is_update_step",
     "loss_scale_from_spec",
     "master_weights_needed",
@@ -79,4 +91,8 @@ __all__ = [
     "sgd",
     "split_batch",
     "to_dtype",
+    "torch_adam",
+    "torch_adamw",
+    "torch_rmsprop",
+    "torch_sgd",
 ]

@@ -1,4 +1,5 @@
-"""Optimizers as `optax.GradientTransformation`s, with TF/Keras/onert numerics where they differ.
+"""Optimizers as `optax.GradientTransformation`s, with TF/Keras/onert numerics where they differ,
+and torch.optim's (`TORCH_OPTIMIZERS`, the ``torch`` numerics profile's family).
 
 Every ``learning_rate`` is a float or an optax schedule ``step -> lr`` (``step`` counts real
 updates made so far, starting at 0, as in Keras and optax).
@@ -229,6 +230,57 @@ def rmsprop(
     )
 
 
+# --------------------------------------------------------------------------- torch.optim
+
+
+def torch_sgd(learning_rate: ScalarOrSchedule, momentum: float = 0.0, dampening: float = 0.0,
+              nesterov: bool = False, weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """torch.optim.SGD: ``g += weight_decay * w``; with momentum ``buf = momentum * buf +
+    (1 - dampening) * g`` (``buf = g`` at the first step), nesterov steps along ``g +
+    momentum * buf``; ``w -= lr * buf``. optax's ``add_decayed_weights`` and ``trace``; the
+    dampening is ``scale_by_schedule`` (1 at the first step, ``1 - dampening`` after)."""
+    if nesterov and (not momentum or dampening):
+        raise ValueError("nesterov=True needs a non-zero momentum and zero dampening (torch's "
+                         "rule)")
+    parts = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    if momentum:
+        if dampening:
+            parts.append(optax.scale_by_schedule(
+                lambda count: jnp.where(count == 0, 1.0, 1.0 - dampening)))
+        parts.append(optax.trace(decay=momentum, nesterov=nesterov))
+    return optax.chain(*parts, optax.scale_by_learning_rate(learning_rate))
+
+
+def torch_adam(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+               eps: float = 1e-8, weight_decay: float = 0.0) -> optax.GradientTransformation:
+    """torch.optim.Adam: ``w -= lr * m_hat / (sqrt(v_hat) + eps)`` (`optax.scale_by_adam`),
+    eps 1e-8; ``weight_decay`` adds ``weight_decay * w`` to the gradient (L2, not decoupled)."""
+    parts = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    return optax.chain(*parts, optax.scale_by_adam(b1, b2, eps),
+                       optax.scale_by_learning_rate(learning_rate))
+
+
+def torch_adamw(learning_rate: ScalarOrSchedule, b1: float = 0.9, b2: float = 0.999,
+                eps: float = 1e-8, weight_decay: float = 0.01) -> optax.GradientTransformation:
+    """torch.optim.AdamW: ``w *= 1 - lr * weight_decay`` then torch's Adam step; defaults
+    eps 1e-8, weight_decay 0.01 — `optax.adamw` (the two terms summed into one update: equal
+    up to float rounding)."""
+    return optax.adamw(learning_rate, b1, b2, eps, weight_decay=weight_decay)
+
+
+def torch_rmsprop(learning_rate: ScalarOrSchedule, alpha: float = 0.99, eps: float = 1e-8,
+                  weight_decay: float = 0.0, momentum: float = 0.0, centered: bool = False
+                  ) -> optax.GradientTransformation:
+    """torch.optim.RMSprop: ``v = alpha * v + (1 - alpha) * g**2`` (from 0), ``w -= lr * g /
+    (sqrt(v) + eps)`` (eps OUTSIDE the root, unlike Keras's), centered subtracts the squared
+    running mean of ``g`` under the root, momentum ``buf = momentum * buf + g / avg``;
+    ``weight_decay`` is L2 on the gradient — `optax.rmsprop` configured to match."""
+    parts = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
+    return optax.chain(*parts, optax.rmsprop(
+        learning_rate, decay=alpha, eps=eps, initial_scale=0.0, eps_in_sqrt=False,
+        centered=centered, momentum=momentum or None))
+
+
 # --------------------------------------------------------------------------- schedules
 
 SCHEDULES: dict[str, Callable[..., optax.Schedule]] = {
@@ -272,6 +324,25 @@ OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
     "rmsprop": rmsprop,
 }
 
+#: torch.optim's numerics under the same names (the ``torch`` profile); ``adam_optax`` and
+#: ``adam_onert_micro`` name one placement whatever the family.
+TORCH_OPTIMIZERS: dict[str, Callable[..., optax.GradientTransformation]] = {
+    **OPTIMIZERS,
+    "sgd": torch_sgd,
+    "momentum": lambda lr, momentum=0.9, dampening=0.0, nesterov=False, weight_decay=0.0:
+        torch_sgd(lr, momentum, dampening, nesterov, weight_decay),
+    "nesterov": lambda lr, momentum=0.9, weight_decay=0.0:
+        torch_sgd(lr, momentum, nesterov=True, weight_decay=weight_decay),
+    "adam": torch_adam,
+    "adamw": torch_adamw,
+    "rmsprop": torch_rmsprop,
+}
+FAMILIES = {"keras": OPTIMIZERS, "torch": TORCH_OPTIMIZERS}
+
+#: The optimizer hyper-parameters the command line takes for every profile: flag -> keyword.
+HYPERPARAMETERS = {"beta1": "b1", "beta2": "b2", "epsilon": "eps",
+                   "weight_decay": "weight_decay", "momentum": "momentum"}
+
 # onert_train's --optimizer codes. (circle+'s Optimizer enum differs: SGD=0, ADAM=1; map it
 # to a name before calling `get_optimizer`.)
 OPTIMIZER_TABLE = CodeTable("optimizer", names=tuple(OPTIMIZERS), codes={1: "sgd", 2: "adam"})
@@ -283,16 +354,41 @@ def optimizer_name(spec: str | int) -> str:
     return OPTIMIZER_TABLE.resolve(spec)
 
 
+def _factory(spec: str | int, family: str) -> tuple[str, Callable[..., Any]]:
+    if family not in FAMILIES:
+        raise ValueError(f"unknown optimizer family {family!r}: use one of {', '.join(FAMILIES)}")
+    name = optimizer_name(spec)
+    return name, FAMILIES[family][name]
+
+
+def hyperparameters(spec: str | int, family: str = "keras", **kwargs: Any) -> dict[str, Any]:
+    """The `HYPERPARAMETERS` the optimizer takes (by flag name), with their values: ``kwargs``
+    (factory keywords: ``b1``, ``eps``, ...) where given, else the factory's defaults. A
+    keyword the factory does not take raises ValueError naming the flags it takes."""
+    name, factory = _factory(spec, family)
+    sig = inspect.signature(factory).parameters
+    unknown = sorted(set(kwargs) - set(sig))
+    if unknown:
+        flags = {k: f for f, k in HYPERPARAMETERS.items()}
+        named = [f"--{flags[k]}" if k in flags else k for k in unknown]
+        takes = [f"--{f}" for f, k in HYPERPARAMETERS.items() if k in sig]
+        raise ValueError(f"optimizer {name!r} ({family} numerics) does not take "
+                         f"{', '.join(named)}; it takes "
+                         f"{', '.join(takes) or 'none of the hyper-parameter flags'}")
+    return {flag: kwargs.get(k, sig[k].default) for flag, k in HYPERPARAMETERS.items()
+            if k in sig}
+
+
 def get_optimizer(
-    spec: str | int, learning_rate: ScalarOrSchedule, **kwargs
+    spec: str | int, learning_rate: ScalarOrSchedule, family: str = "keras", **kwargs
 ) -> optax.GradientTransformation:
     """An optimizer by name or onert_train code; ``kwargs`` go to its factory.
 
     Names: sgd, momentum (sgd, momentum 0.9), nesterov, adam (TF eps placement), adam_optax,
     adam_onert_micro, adamw, rmsprop. Codes: 1 = sgd, 2 = adam (TF placement, as onert).
+    ``family`` "torch" takes torch.optim's numerics and defaults (`TORCH_OPTIMIZERS`).
     """
-    name = optimizer_name(spec)
-    factory = OPTIMIZERS[name]
+    name, factory = _factory(spec, family)
     try:
         inspect.signature(factory).bind(learning_rate, **kwargs)
     except TypeError as e:

@@ -25,7 +25,7 @@ from jax import lax
 from ..distributed import DataParallel
 from ..errors import DataError
 from ..hoisting import split_step
-from ..losses import get_loss, get_reduction, loss_name
+from ..losses import Reduction, get_loss, get_reduction, loss_name
 from ..model import Model
 from ..numerics_train import training_numerics
 from ..optim import (
@@ -80,8 +80,10 @@ class Trainer:
             loss_kwargs["from_logits"] = self.numerics.from_logits
             loss_kwargs["clip"] = self.numerics.clip
         self.loss_fn = get_loss(config.loss, **loss_kwargs)
-        inner = get_optimizer(config.optimizer, config.learning_rate,
+        inner = get_optimizer(config.optimizer, config.learning_rate, self.numerics.optimizers,
                               **self.numerics.optimizer_kwargs)
+        if self.numerics.sum_gradients and reduction is Reduction.SUM_OVER_BATCH_SIZE:
+            inner = optax.chain(optax.scale(float(config.batch_size)), inner)
         if config.accumulate_mode not in ("stream", "in_step"):
             raise ValueError(f"accumulate_mode must be 'stream' or 'in_step', got "
                              f"{config.accumulate_mode!r}")

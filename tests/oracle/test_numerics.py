@@ -1,10 +1,11 @@
 """Numerics profiles against Keras's own ``model.fit`` and against onert, on real converter output.
 
-tests/data/keras holds seven small Keras models converted by TensorFlow's TFLite converter and
-the per-epoch losses Keras's ``model.fit`` reported for {mse, cce} x {sgd, adam} x batch
-{1, 16}, 3 epochs, lr 0.01 (``scripts/make_keras_models.py``, run by hand with tensorflow-cpu;
-``keras_losses.json`` says what the converter did to each model). The batch-1 files are read
-as Circle (identifier rewritten to CIR0 here).
+tests/data/keras holds eight small Keras models (seven with dense weights, one Embedding)
+converted by TensorFlow's TFLite converter and the per-epoch losses Keras's ``model.fit``
+reported for {mse, cce} x {sgd, adam} x batch {1, 16}, 3 epochs, lr 0.01
+(``scripts/make_keras_models.py``, run by hand with tensorflow-cpu; ``keras_losses.json``
+says what the converter did to each model). The batch-1 files are read as Circle
+(identifier rewritten to CIR0 here).
 """
 
 from __future__ import annotations
@@ -55,7 +56,12 @@ def _fit(model: cj.Model, case: str, key: str) -> list[float]:
     return r.history.loss
 
 
-@pytest.mark.parametrize("case", list(REF["cases"]))
+#: the embedding model trains its table with Keras's sparse-gradient Adam, which the keras
+#: profile does not reproduce yet (test_keras_embedding)
+DENSE_CASES = [c for c in REF["cases"] if c != "embedding"]
+
+
+@pytest.mark.parametrize("case", DENSE_CASES)
 def test_keras_profile_reproduces_model_fit(case: str) -> None:
     """``numerics="keras"`` gives Keras's per-epoch losses within 2e-4 (issue 10's bound) on
     all 8 runs of every case; measured worst 2.7e-6 (float32 summation order, Adam).
@@ -139,15 +145,42 @@ def test_tied_shared_bias_misses_onert(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("case,why", [("layernorm", "Neg"), ("lstm", "subgraphs"),
-                                      ("three_consumers", "broadcast")])
+                                      ("three_consumers", "broadcast"), ("embedding", "Gather")])
 def test_onert_refuses_the_other_cases(case: str, why: str, tmp_path: Path) -> None:
     """onert 0.1.0 trains none of these (NEG is not trainable, WHILE needs several subgraphs,
-    ADD's backward refuses broadcasting); when it does, add the case to ONERT_TRAINS."""
+    ADD's backward refuses broadcasting, "Gather operation is not trainable yet"); when it
+    does, add the case to ONERT_TRAINS."""
     path = tmp_path / "m.circle"
     path.write_bytes(_bytes(case))
     x, y = _data(case)
     with pytest.raises(Exception):  # noqa: B017 - the binding raises a bare RuntimeError
         onert_fit(path, x[:1], y[:1], epochs=1, batch_size=1, learning_rate=0.01)
+
+
+# --------------------------------------------------------------------------- embeddings
+
+def test_keras_embedding() -> None:
+    """A Keras Embedding converts to GATHER on its [20, 8] table (ids wrapped by LESS/ADD/
+    SELECT): the table is a weight under the default policy, and the keras profile gives
+    Keras's SGD losses within 2e-4 (measured 1.2e-7). Keras's Adam on the table's sparse
+    gradient puts the SUM of the per-occurrence squared gradients into v (the recorded probe:
+    row 0 seen with g = 1 and 3 gets v = 10 * 0.001, where dense Adam gets 16 * 0.001) and,
+    m being dense, also moves rows not seen in the batch. circle-jax's Adam is dense: the
+    Adam runs miss Keras by 2.5e-3 (MSE, batch 1) to 2.3e-2 (CCE, batch 16) — asserted here
+    so that the gap is seen, and this test changed, when sparse Adam lands."""
+    model = cj.load(_bytes("embedding"), numerics="keras")
+    table = [r.reason for r in model.param_roles.values() if r.trainable]
+    assert "embedding table of GATHER #3" in table
+    probe = REF["sparse_adam"]
+    assert abs(probe["v_after_step_2"][0] - probe["v_row0_sum_of_squares"]) < 1e-6
+    assert probe["weights_after_step_2"][0] != probe["weights_after_step_1"][0]
+    assert probe["weights_after_step_2"][1] == 0.0  # never seen: m stays 0
+    runs = REF["cases"]["embedding"]["runs"]
+    for key in ("mse/sgd/1", "cce/sgd/16"):
+        np.testing.assert_allclose(_fit(model, "embedding", key), runs[key], rtol=0, atol=2e-4)
+    gap = np.max(np.abs(np.subtract(_fit(model, "embedding", "cce/adam/16"),
+                                    runs["cce/adam/16"])))
+    assert gap > 1e-3
 
 
 # --------------------------------------------------------------------------- the policy
@@ -333,8 +366,10 @@ def test_cli_numerics_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
 
 
 def test_onert_micro_profile_fields() -> None:
-    """onert-micro: shared constants stay tied (its .wof has one buffer per tensor), Adam puts
-    eps inside the square root, CCE clips at 1e-20; explicit settings override the profile."""
+    """onert-micro (derived from ONE's sources, no peer runs here): shared constants stay tied
+    (its .wof has one buffer per tensor), Adam puts eps inside the square root, CCE clips at
+    1e-20 on any output, only FULLY_CONNECTED and CONV_2D weights train; explicit settings
+    override the profile."""
     model = cj.load(_bytes("branching_cnn"), numerics="onert-micro")
     assert not model.rewrites and "arith.constant1/op1" not in model.params
     t = Trainer(model, batch_size=16, loss="cce", optimizer="adam")
@@ -346,3 +381,22 @@ def test_onert_micro_profile_fields() -> None:
     assert t.numerics.from_logits  # keras: CCE from the SOFTMAX's logits
     with pytest.raises(ValueError, match="unknown numerics profile"):
         cj.load(_bytes("branching_cnn"), numerics="pytorch")
+    ln = cj.load(_bytes("layernorm"), numerics="onert-micro")
+    trained = {r.reason.split(" #")[0] for r in ln.param_roles.values() if r.trainable}
+    assert trained == {"weights of FULLY_CONNECTED"}  # LayerNorm's gamma and beta: frozen
+
+
+def test_onert_micro_adam_takes_the_summed_gradient() -> None:
+    """onert-micro's newest Adam feeds the batch's SUM of per-sample gradients to its moments:
+    at batch B that is Adam on the mean gradient with eps / B**2 (eps inside the root)."""
+    x, y = _data("mlp_zero_bias")
+    micro = cj.fit(cj.load(_bytes("mlp_zero_bias"), numerics="onert-micro"), x, y, epochs=2,
+                   batch_size=16, learning_rate=0.01, loss="mse", optimizer="adam")
+    same = cj.fit(cj.load(_bytes("mlp_zero_bias")), x, y, epochs=2, batch_size=16,
+                  learning_rate=0.01, loss="mse", optimizer="adam",
+                  optimizer_kwargs={"eps_placement": "onert_micro", "eps": 1e-7 / 256})
+    np.testing.assert_allclose(micro.history.loss, same.history.loss, rtol=0, atol=1e-6)
+    mean = cj.fit(cj.load(_bytes("mlp_zero_bias")), x, y, epochs=2, batch_size=16,
+                  learning_rate=0.01, loss="mse", optimizer="adam",
+                  optimizer_kwargs={"eps_placement": "onert_micro"})
+    assert micro.history.loss != mean.history.loss
