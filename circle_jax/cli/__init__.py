@@ -5,11 +5,15 @@ migrates a script).
 Each subcommand is a module with ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``, listed once in `COMMANDS`. Errors print one line ``E: <what is
 wrong>`` and exit non-zero; no output file is left half-written (every write is atomic).
+A reader that closes the output early (``circle-jax info M | head -1``) ends the command
+quietly with status 0, as Unix tools do.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -63,8 +67,13 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        status = handler(args)
+        sys.stdout.flush()  # a closed pipe shows here, not at exit
+        return status
     except (CliError, CircleJaxError, ValueError, OSError) as e:
+        if isinstance(e, BrokenPipeError) and _stdout_closed():
+            _silence_stdout()
+            return 0
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"E: {msg}", file=sys.stderr)
         return 1
@@ -77,11 +86,43 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 1
 
 
+def _stdout_closed() -> bool:
+    """True when standard output is a pipe whose reader has gone (``... | head -1``)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or no real file descriptor
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that the exit's flush of what is left
+    buffered neither fails nor prints (Unix tools end quietly on a closed pipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; --help and --version into a closed pipe end quietly."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit:
+        try:
+            sys.stdout.flush()
+        except BrokenPipeError:
+            if not _stdout_closed():
+                raise
+            _silence_stdout()
+        raise
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     """``circle-jax COMMAND ...``; returns the exit status."""
-    return _dispatch(build_parser().parse_args(argv))
+    return _dispatch(_parse(build_parser(), argv))
 
 
 def onert_train_main(argv: Sequence[str] | None = None) -> int:
     """``onert-train-jax MODEL [onert_train options]``; returns the exit status."""
-    return _dispatch(build_onert_train_parser().parse_args(argv))
+    return _dispatch(_parse(build_onert_train_parser(), argv))

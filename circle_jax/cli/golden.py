@@ -40,8 +40,10 @@ def run(args: argparse.Namespace) -> int:
     from circle_jax.train import TrainConfig
     from circle_jax.train.config import output_index
 
+    from .common import check_output_dir
     from .config import load_options, step_config
 
+    check_output_dir("-o", args.output_dir)
     model = load_model(args.model, lowering="reference", **load_options(args))
     xs = read_inputs(args.input, model)
     y, config = None, TrainConfig(**step_config(args))

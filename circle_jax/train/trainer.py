@@ -299,7 +299,8 @@ class Trainer:
                   after_chunk: Callable[[TrainState], None] | None = None,
                   ) -> tuple[TrainState, StepMetrics]:
         """One epoch: batches of ``batch_size`` (in epoch ``epoch``'s order with
-        ``shuffle``), then the trailing partial batch unless ``drop_remainder``.
+        ``shuffle``), then the trailing partial batch unless ``drop_remainder`` (with fewer
+        samples than a batch, that one step is the epoch).
 
         Whole, the epoch is one compiled scan. With ``every_steps`` it runs as compiled scans
         of that many steps, calling ``after_chunk(state)`` after each (checkpoints); the
@@ -314,13 +315,13 @@ class Trainer:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
         tail = not self.config.drop_remainder and n % b
         parts = []
-        if every_steps is None and not skip_steps:
+        if steps and every_steps is None and not skip_steps:
             args = self.epoch_arguments(state, frozen, x, y, epoch)
             state, metrics = self._compiled_epoch(*args, shuffled=self.config.shuffle)(*args)
             parts.append(metrics)
         if tail or not parts:
             x, y = self._ordered(x, y, epoch)
-        if not parts:
+        if steps and not parts:
             xs, ys = batched(x, y, b, steps)
             every = every_steps or steps
             for i in range(skip_steps, steps, every):
@@ -419,6 +420,8 @@ class Trainer:
         chunks of ``every_steps`` steps (a shorter last chunk compiles when it first runs)."""
         b = self.config.batch_size
         steps = y.shape[0] // b
+        if steps == 0:  # fewer samples than a batch: the epoch is its trailing batch alone
+            return
         if every_steps is None:
             self._compiled_epoch(*self.epoch_arguments(state, frozen, x, y),
                                  shuffled=self.config.shuffle)
