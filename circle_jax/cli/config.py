@@ -144,7 +144,8 @@ def step_config(ns: argparse.Namespace) -> dict[str, Any]:
         trainable = [n for value in ns.trainable for n in value.split(",") if n]
     return dict(learning_rate=ns.learning_rate, loss=ns.loss, reduction=ns.loss_reduction_type,
                 optimizer=ns.optimizer, from_logits=True if ns.from_logits else None,
-                trainable=trainable, loss_output=ns.loss_output or 0)
+                trainable=trainable, loss_output=ns.loss_output or 0,
+                ignore_index=ns.ignore_index)
 
 
 def _processes(ns: argparse.Namespace) -> tuple[str, int, int] | None:

@@ -222,6 +222,7 @@ def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
 
     from circle_jax.losses import get_reduction, loss_name
     from circle_jax.optim import get_policy, optimizer_name
+    from circle_jax.train.config import output_index
 
     extra = {"backend": jax.default_backend(), **run.extra,
              **model.numerics.as_dict(), **_rewrites(model)}
@@ -230,6 +231,11 @@ def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
     if not isinstance(cfg.trainable, (int, str)):
         extra["trainable"] = ", ".join(sorted(model.aliases[n] for n in
                                               model.resolve_params(cfg.trainable)))
+    if len(model.outputs) > 1 or cfg.loss_output not in (0, "0"):
+        index = output_index(model, cfg.loss_output)
+        extra["loss_output"] = f"{index} ({model.outputs[index].name})"
+    if cfg.ignore_index is not None:
+        extra["ignore_index"] = str(cfg.ignore_index)
     return dict(learning_rate=cfg.learning_rate, batch_size=cfg.batch_size,
                 loss=loss_name(cfg.loss), reduction=get_reduction(cfg.reduction).value,
                 optimizer=optimizer_name(cfg.optimizer), trainable_ops=_trainable_ops(cfg),
@@ -373,6 +379,11 @@ def _export(run: TrainRun, model: Any, result: Any, log: Log) -> None:
     if o.wof:
         save_wof(o.wof, model, result.params, result.trainer.trainable, protect=protect)
         log(1, f"wrote {o.wof}")
+    if o.checkpoint:
+        every = (f"every {o.checkpoint_every_steps} steps and " if o.checkpoint_every_steps
+                 else "")
+        log(1, f"wrote {o.checkpoint} (the checkpoint, rewritten after {every}every epoch; "
+            f"last after epoch {len(result.history.loss)})")
 
 
 def _memory_kb(field_name: str) -> int:

@@ -269,15 +269,18 @@ def check_finite(arrays: Sequence[np.ndarray], what: str) -> None:
 
 
 def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
-                        classes: int | None = None) -> None:
+                        classes: int | None = None, ignore_index: int | None = None) -> None:
     """DataError (one line, naming the first bad sample) for inputs or targets holding NaN or
     infinity, and, with ``classes`` (sparse labels), for labels that are not whole numbers
-    in ``[0, classes)``."""
+    in ``[0, classes)`` (or ``ignore_index``, padding)."""
     check_finite(list(inputs), "the input data")
     check_finite([expected], "the expected data")
     if classes is not None:
         y = np.asarray(expected).reshape(np.shape(expected)[0], -1)
-        bad = ~((y >= 0) & (y < classes) & (y == np.floor(y))).all(axis=1)
+        ok = (y >= 0) & (y < classes) & (y == np.floor(y))
+        if ignore_index is not None:
+            ok |= y == ignore_index
+        bad = ~ok.all(axis=1)
         if bad.any():
             i = int(np.argmax(bad))
             raise DataError(f"the expected data: sample {i} has label(s) "

@@ -79,6 +79,11 @@ class Trainer:
         if loss_name(config.loss) != "mean_squared_error":
             loss_kwargs["from_logits"] = self.numerics.from_logits
             loss_kwargs["clip"] = self.numerics.clip
+        if config.ignore_index is not None:
+            if loss_name(config.loss) != "sparse_categorical_crossentropy":
+                raise ValueError(f"ignore_index applies to sparse_categorical_crossentropy "
+                                 f"(integer labels); the loss is {loss_name(config.loss)}")
+            loss_kwargs["ignore_index"] = int(config.ignore_index)
         self.loss_fn = get_loss(config.loss, **loss_kwargs)
         inner = get_optimizer(config.optimizer, config.learning_rate,
                               **self.numerics.optimizer_kwargs)
@@ -161,7 +166,7 @@ class Trainer:
               in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
         x, y = batch
         out = self._forward(trainable, frozen, x, in_loop)
-        return self.loss_fn(out, y), correct(out, y)
+        return self.loss_fn(out, y), correct(out, y, self.config.ignore_index)
 
     def train_step(self, state: TrainState, frozen: dict, batch: Batch, in_loop: bool = False
                    ) -> tuple[TrainState, StepMetrics]:
@@ -291,7 +296,7 @@ class Trainer:
         """(the batch's loss, how many of its samples are classified right), the forward as
         in training (precision policy)."""
         out = self._forward(trainable, frozen, x, in_loop=in_loop)
-        return self.loss_fn(out, y), jnp.sum(correct(out, y))
+        return self.loss_fn(out, y), jnp.sum(correct(out, y, self.config.ignore_index))
 
     # -- host-side driving ---------------------------------------------------------------
     def run_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array], y: jax.Array,
