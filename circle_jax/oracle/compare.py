@@ -350,8 +350,15 @@ def _arbitrate(report: CompareReport, model: Model, trainer: Trainer, bx: list, 
                  if ours[s + 1][n].dtype.kind == "f")
         on = max(_nearest(ref[s + 1], _copies(model, n), peer.weights[s + 1][i])[0]
                  for n, i in files.items())
-        row["arbiter"] = {"circle-jax": cj, "onert": on,
-                          "nearer": "tie" if cj == on else "circle-jax" if cj < on else "onert"}
+        row["arbiter"] = {"circle-jax": cj, "onert": on, "nearer": nearer(cj, on)}
+
+
+def nearer(circle_jax: float, onert: float) -> str:
+    """Which runtime's distance to float64 training is smaller: "circle-jax", "onert", or
+    "tie" when the two are equal."""
+    if circle_jax == onert:
+        return "tie"
+    return "circle-jax" if circle_jax < onert else "onert"
 
 
 def _distinct(a: float, b: float) -> tuple[str, str]:
