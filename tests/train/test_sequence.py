@@ -104,3 +104,12 @@ def test_command_line_ignore_index_and_what_it_shows(tmp_path, capsys) -> None:
     assert f"wrote {out}" in e and f"wrote {ckpt} (the checkpoint" in e
     assert "cast from int64 to int32 (every value converts exactly)" in e
     assert ckpt.stat().st_size > 0 and out.stat().st_size > 0
+
+
+def test_a_sequence_is_right_when_every_counted_token_is() -> None:
+    from circle_jax.train.data import correct
+
+    out = np.eye(4, dtype=np.float32)[np.array([[0, 1, 2], [3, 3, 3], [1, 2, 0]])]
+    y = np.array([[0, 1, 2], [3, 3, 0], [1, 2, PAD]], np.float32)  # labels arrive as floats
+    assert np.asarray(correct(out, y)).tolist() == [1, 0, 0]
+    assert np.asarray(correct(out, y, PAD)).tolist() == [1, 0, 1]
