@@ -6,7 +6,6 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import tempfile
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
@@ -112,16 +111,14 @@ def _check_writable(flag: str, path: str, full: str) -> None:
 
 
 def _probe(flag: str, path: str, directory: str) -> None:
-    """Create and remove a file in ``directory``, as the atomic write of ``path`` will:
-    permissions, read-only mounts and pseudo file systems (/proc) all show here, before
-    any work, named by the path the user gave."""
-    try:
-        fd, probe = tempfile.mkstemp(prefix=".circle-jax-probe.", dir=directory)
-    except OSError as e:
-        raise CliError(f"cannot write {flag} {path!r}: cannot create a file in "
-                       f"{directory!r} ({e.strerror or e})") from None
-    os.close(fd)
-    os.unlink(probe)
+    """Refuse, naming the path the user gave, a directory where the atomic write of
+    ``path`` could not create its file (`circle_jax.formats.atomic.cannot_create_in`)."""
+    from circle_jax.formats.atomic import cannot_create_in
+
+    why = cannot_create_in(directory)
+    if why is not None:
+        raise CliError(f"cannot write {flag} {path!r}: cannot create a file in {directory!r} "
+                       f"({why})")
 
 
 def check_output_dir(flag: str, directory: str) -> None:

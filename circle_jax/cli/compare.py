@@ -70,4 +70,6 @@ def run(ns: argparse.Namespace) -> int:
         except OSError as e:
             print(f"E: cannot write --report {ns.report!r}: {e.strerror or e}", file=sys.stderr)
             return FAILED
+        if (ns.verbose_level or 0) >= 1:
+            print(f"wrote {ns.report}", file=sys.stderr)
     return AGREE if report.agree else DISAGREE

@@ -273,3 +273,15 @@ def test_keeps_the_mode_of_a_replaced_file(tmp_path: Path) -> None:
     target.chmod(0o640)
     atomic_write(target, b"new")
     assert target.stat().st_mode & 0o777 == 0o640
+
+
+def test_check_writable_before_any_work(tmp_path: Path) -> None:
+    from circle_jax.formats.atomic import check_writable
+
+    check_writable(tmp_path / "out.bin")
+    assert os.listdir(tmp_path) == []  # the probe file is gone
+    for path, message in ((tmp_path, "it is a directory"),
+                          (tmp_path / "no" / "x.bin", "directory .* does not exist"),
+                          ("/proc/x.circle", r"cannot create a file in '/proc' \(")):
+        with pytest.raises(DataError, match=f"cannot write '{path}': {message}"):
+            check_writable(path)

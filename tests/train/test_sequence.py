@@ -113,3 +113,16 @@ def test_a_sequence_is_right_when_every_counted_token_is() -> None:
     y = np.array([[0, 1, 2], [3, 3, 0], [1, 2, PAD]], np.float32)  # labels arrive as floats
     assert np.asarray(correct(out, y)).tolist() == [1, 0, 0]
     assert np.asarray(correct(out, y, PAD)).tolist() == [1, 0, 1]
+
+
+def test_a_checkpoint_path_that_cannot_be_written_fails_before_training() -> None:
+    from circle_jax.checkpoints import fit_checkpointed
+
+    x, y = _tokens(4, 5, 11)
+    epochs: list[int] = []
+    with pytest.raises(cj.DataError, match=r"cannot write '/proc/x.ckpt': cannot create a "
+                       r"file in '/proc'"):
+        fit_checkpointed(token_model(), [x], y, save="/proc/x.ckpt", loss="sparse_cce",
+                         ignore_index=PAD, batch_size=2, epochs=1,
+                         on_epoch=lambda i, h: epochs.append(i))
+    assert epochs == []
