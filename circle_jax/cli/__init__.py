@@ -6,7 +6,8 @@ Each subcommand is a module with ``NAME``, ``HELP``, ``add_arguments(parser)`` a
 ``run(args) -> int``, listed once in `COMMANDS`. Errors print one line ``E: <what is
 wrong>`` and exit non-zero; no output file is left half-written (every write is atomic).
 A reader that closes the output early (``circle-jax info M | head -1``) ends the command
-quietly with status 0, as Unix tools do.
+quietly: status 0 when the pipe closed during the work, the command's own status (compare's
+verdict) when only the last buffered output was left.
 """
 
 from __future__ import annotations
@@ -68,10 +69,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
         status = handler(args)
-        sys.stdout.flush()  # a closed pipe shows here, not at exit
-        return status
     except (CliError, CircleJaxError, ValueError, OSError) as e:
-        if isinstance(e, BrokenPipeError) and _stdout_closed():
+        if isinstance(e, BrokenPipeError) and _stdout_closed():  # cut short by the reader
             _silence_stdout()
             return 0
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
@@ -84,6 +83,18 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"E: internal error: {type(e).__name__}: {msg} (a bug in circle-jax; "
               "-v 2 prints the traceback)", file=sys.stderr)
         return 1
+    _flush_stdout()  # a closed pipe shows here, not at exit; the work is done: its status
+    return status
+
+
+def _flush_stdout() -> None:
+    """Flush standard output; a reader that has gone silences it instead of an error."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        _silence_stdout()
 
 
 def _stdout_closed() -> bool:
@@ -109,12 +120,7 @@ def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argpa
     try:
         return parser.parse_args(argv)
     except SystemExit:
-        try:
-            sys.stdout.flush()
-        except BrokenPipeError:
-            if not _stdout_closed():
-                raise
-            _silence_stdout()
+        _flush_stdout()
         raise
 
 

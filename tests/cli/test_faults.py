@@ -167,3 +167,32 @@ def test_raw_bytes_that_read_as_nan_are_named_as_a_dtype_guess(files, tmp_path,
                  str(tmp_path)]) == 1
     err = _one_error(capsys)
     assert "holds NaN or infinity" in err and "16 samples of uint8 or int8: is it uint8?" in err
+
+
+_HANDLER = """
+import sys
+from circle_jax.cli import info, main
+def run(args):
+    for _ in range(int(sys.argv[1])):
+        print("a line of output")
+    return 5
+info.run = run
+sys.exit(main(["info", "model.circle"]))
+"""
+
+
+@pytest.mark.parametrize("lines, status", [(1, 5), (100_000, 0)],
+                         ids=["cut-at-the-end", "cut-during-the-work"])
+def test_a_closed_pipe_keeps_the_status_of_finished_work(lines: int, status: int) -> None:
+    """Output still buffered when the command ends: its own status (compare's verdict);
+    output cut during the work (more than a pipe holds): 0. Quiet either way. (Standard
+    output buffered, as by default: PYTHONUNBUFFERED unset.)"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-c", _HANDLER, str(lines)], stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    finally:
+        os.close(w)
+    assert (p.returncode, p.stderr) == (status, "")
