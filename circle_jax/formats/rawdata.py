@@ -140,6 +140,10 @@ def _fit(arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, what: str,
             if shape
             else f"{what} has shape {list(arr.shape)}, expected [N]"
         )
+    if arr.shape[0] == 0:
+        raise DataError(f"{what} holds no samples (shape {list(arr.shape)}); expected "
+                        f"[N, {', '.join(map(str, shape))}] with N >= 1" if shape else
+                        f"{what} holds no samples; expected [N] with N >= 1")
     if arr.dtype == dtype:
         return arr
     return lossless_cast(arr, dtype, what, on_cast)
@@ -252,7 +256,7 @@ def _numpy_file(path: str, expected: str) -> Iterator[None]:
 def first_non_finite(array: np.ndarray) -> int | None:
     """The index of the first sample (along axis 0) holding a NaN or infinity, or None."""
     a = np.asarray(array)
-    if not np.issubdtype(a.dtype, np.inexact) or a.ndim == 0:
+    if not np.issubdtype(a.dtype, np.inexact) or a.ndim == 0 or a.size == 0:
         return None
     bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
     return int(np.argmax(bad)) if bad.any() else None

@@ -179,6 +179,8 @@ def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tu
     if any(a.shape[0] != ys.shape[0] for a in xs):
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
+    if ys.shape[0] == 0:
+        raise DataError("no training samples: expected at least one (samples on axis 0)")
     sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
     check_training_data(xs, y, trainer.model.outputs[trainer.loss_output].shape[-1]
                         if sparse else None, cfg.ignore_index)

@@ -174,6 +174,13 @@ def test_npy_errors(tmp_path: Path, array: np.ndarray, message: str) -> None:
         load_array_file(tmp_path / "x.npy", [IMG])
 
 
+def test_an_array_of_no_samples_is_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((0, 2, 2, 1), np.float32))
+    with pytest.raises(DataError, match=r"array in '.*x.npy' holds no samples \(shape "
+                       r"\[0, 2, 2, 1\]\); expected \[N, 2, 2, 1\] with N >= 1"):
+        load_array_file(tmp_path / "x.npy", [IMG])
+
+
 def test_npy_with_several_inputs(tmp_path: Path) -> None:
     np.save(tmp_path / "x.npy", np.zeros((4, 2, 2, 1), np.float32))
     with pytest.raises(DataError, match="holding one array, but the model has 2 inputs"):
