@@ -151,11 +151,12 @@ def _fit(arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, what: str,
 
 def lossless_cast(arr: np.ndarray, dtype: np.dtype | str | type, what: str,
                   on_cast: Callable[[str], None] | None = None) -> np.ndarray:
-    """``arr`` as ``dtype`` when every value converts exactly (integers or floats to a
-    wider or equal kind, float64 values that are float32 numbers, integers float32 holds
-    exactly: |v| <= 2**24); ``on_cast`` hears of each such cast. Other casts (values that
-    would round, wrap or overflow; floats to integers; bools, complex, strings) are refused
-    with one line naming ``what``, the dtype found and the dtype expected."""
+    """``arr`` as ``dtype`` when every value converts exactly (it converts back to itself):
+    integers to integers or floats (to float32: |v| <= 2**24), floats to floats (float64
+    values that are float32 numbers); ``on_cast`` hears of each such cast. Other casts
+    (values that would round, wrap or overflow; floats to integers; bools, complex,
+    strings) are refused with one line naming ``what``, the dtype found and the dtype
+    expected (bfloat16 and other numpy extension dtypes are accepted as targets)."""
     dtype = np.dtype(dtype)
     found = arr.dtype
     refuse = f"{what} has dtype {found.name}, expected {dtype.name}"
