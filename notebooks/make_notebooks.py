@@ -22,7 +22,9 @@ QUICKSTART = [
 import numpy as np
 import circle_jax as cj
 from circle_jax.examples import branching_cnn, digits
-from circle_jax.train import fit"""),
+from circle_jax.train import fit
+
+cj.inline_cpu_dispatch()  # before the first JAX computation: small steps run on this thread"""),
     new_markdown_cell("## Load\nThe bundled example is a small branching CNN written with "
                       "circle-jax's own builder; any `.circle` or `.tflite` path works the same."),
     new_code_cell("""model = cj.load(branching_cnn().to_bytes("circle"))
@@ -89,6 +91,7 @@ from circle_jax.examples import branching_cnn, digits
 from circle_jax.optim import DynamicLossScale
 from circle_jax.train import fit
 
+cj.inline_cpu_dispatch()  # before the first JAX computation: small steps run on this thread
 model = cj.load(branching_cnn().to_bytes("circle"))
 x, y = digits()
 x_tr, y_tr = x[:768], y[:768]  # 24 batches of 32"""),
@@ -119,9 +122,15 @@ for name, r in results.items():
           f"{h.loss[-1]:.4f}  train accuracy {h.accuracy[-1]:.3f}  skipped steps "
           f"{sum(h.skipped)}  final loss scale {h.loss_scale[-1]:g}")
     assert all(np.isfinite(h.loss)) and h.loss[-1] < 0.5 * h.loss[0]"""),
+    new_markdown_cell(
+        "The float32 and bfloat16 curves nearly coincide (bfloat16 keeps float32's exponent "
+        "range): distinct line styles and markers keep both visible."),
     new_code_cell("""fig, ax = plt.subplots(figsize=(5.5, 3.2))
-for name, r in results.items():
-    ax.plot(range(1, COMMON["epochs"] + 1), r.history.loss, marker="o", label=name)
+STYLES = [dict(linestyle="-", marker="o", markersize=8, linewidth=2.5),
+          dict(linestyle="--", marker="s", markersize=5),
+          dict(linestyle=":", marker="^", markersize=6, markerfacecolor="none", linewidth=2)]
+for (name, r), style in zip(results.items(), STYLES):
+    ax.plot(range(1, COMMON["epochs"] + 1), r.history.loss, label=name, **style)
 ax.set_xlabel("epoch")
 ax.set_ylabel("training loss (mean over the epoch)")
 ax.set_yscale("log")
@@ -212,6 +221,7 @@ import circle_jax as cj
 from circle_jax.oracle import golden, write_golden
 from circle_jax.oracle.compare import compare_with_onert
 
+cj.inline_cpu_dispatch()  # before the first JAX computation: small steps run on this thread
 MODEL = os.path.join("..", "tests", "data", "keras", "branching_cnn.tflite")
 with np.load(os.path.join("..", "tests", "data", "keras", "data.npz")) as d:
     x, y = d["branching_cnn/x"], d["branching_cnn/y"]
@@ -260,14 +270,13 @@ fig.tight_layout()
 plt.show()"""),
     new_code_cell("""names = list(tied.tensors)
 diff = np.array([[tied.tensors[n][str(s)] for s in range(1, 9)] for n in names])
-fig, ax = plt.subplots(figsize=(7, 2.8))
+fig, ax = plt.subplots(figsize=(9, 2.8), layout="constrained")  # room for the whole names
 im = ax.imshow(np.log10(diff + 1e-12), aspect="auto", cmap="magma")
-ax.set_yticks(range(len(names)), [n[-28:] for n in names], fontsize=7)
+ax.set_yticks(range(len(names)), names, fontsize=8)
 ax.set_xticks(range(8), range(1, 9))
 ax.set_xlabel("step")
 ax.set_title("tied: log10 max |w_circle-jax - w_onert| per tensor")
 fig.colorbar(im)
-fig.tight_layout()
 plt.show()"""),
 ]
 

@@ -21,6 +21,17 @@ def _plot_cells(nb: nbformat.NotebookNode) -> list[dict]:
 
 
 @pytest.mark.parametrize("name", sorted(f for f in os.listdir(NOTEBOOKS) if f.endswith(".ipynb")))
+def test_notebook_sets_inline_dispatch_first(name: str) -> None:
+    """As the README tells notebooks: ``inline_cpu_dispatch()`` in the first code cell,
+    after the imports and before anything computes."""
+    nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
+    first = next(c for c in nb.cells if c.cell_type == "code").source.splitlines()
+    call = next(i for i, line in enumerate(first) if line.startswith("cj.inline_cpu_dispatch()"))
+    assert all(line.startswith(("import ", "from ", "    ")) or not line.strip()
+               for line in first[:call]), first[:call]
+
+
+@pytest.mark.parametrize("name", sorted(f for f in os.listdir(NOTEBOOKS) if f.endswith(".ipynb")))
 def test_notebook_executes_and_shows_its_plots(name: str) -> None:
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     committed = _plot_cells(nb)

@@ -83,3 +83,19 @@ def branching() -> cj.Model:
 def digits16() -> tuple[np.ndarray, np.ndarray]:
     x, y = digits()
     return x[:16], y[:16]
+
+
+def token_model(vocab: int = 11, width: int = 6, tokens: int = 5, seed: int = 5,
+                numerics: str = "onert") -> cj.Model:
+    """tokens int32 [1, T] -> GATHER (an embedding [V, E]) -> FC V (keep_num_dims) ->
+    SOFTMAX: next-token probabilities [1, T, V], batch 1 as onert requires."""
+    rng = np.random.default_rng(seed)
+    b = Builder("token model")
+    x = b.input("tokens", (1, tokens), "int32")
+    e = b.op("GATHER", [b.constant("embedding", rng.normal(0, 0.5, (vocab, width))
+                                   .astype(np.float32)), x], {"axis": 0}, names=["embed"])
+    z = b.op("FULLY_CONNECTED", [e, b.constant("head/w", he(rng, vocab, width, fan_in=width)),
+                                 b.constant("head/b", np.zeros(vocab, np.float32))],
+             {"keep_num_dims": True}, names=["head"])
+    b.output(b.op("SOFTMAX", [z], {"beta": 1.0}, names=["probs"]))
+    return cj.load(b.to_bytes("circle"), numerics=numerics)

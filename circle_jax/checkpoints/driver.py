@@ -9,7 +9,7 @@ from typing import Any
 import jax
 
 from ..distributed import DataParallel, is_main_process, local
-from ..formats.atomic import PathLike
+from ..formats.atomic import PathLike, check_writable
 from ..model import Model
 from ..train import FitResult, History, TrainConfig, Trainer, TrainState, fit
 from ._common import Source, _stream_k
@@ -73,6 +73,7 @@ def fit_checkpointed(
         epoch = ckpt.epoch + done
     callbacks = []
     if save is not None:  # fail before training, not after
+        check_writable(save)
         check_state, check_frozen = (state, frozen) if state is not None else \
             trainer.init(params)
         make_checkpoint(model, trainer, check_state, check_frozen, order=order)

@@ -6,11 +6,16 @@ migrates a script).
 Each subcommand is a module with ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``, listed once in `COMMANDS`. Errors print one line ``E: <what is
 wrong>`` and exit non-zero; no output file is left half-written (every write is atomic).
+A reader that closes the output early (``circle-jax info M | head -1``) ends the command
+quietly: status 0 when the pipe closed during the work, the command's own status (compare's
+verdict) when only the last buffered output was left.
 """
 
 from __future__ import annotations
 
 import argparse
+import os
+import select
 import sys
 import traceback
 from collections.abc import Callable, Sequence
@@ -64,8 +69,11 @@ def _dispatch(args: argparse.Namespace) -> int:
 
     handler: Callable[[argparse.Namespace], int] = args.handler
     try:
-        return handler(args)
+        status = handler(args)
     except (CliError, CircleJaxError, ValueError, OSError) as e:
+        if isinstance(e, BrokenPipeError) and _stdout_closed():  # cut short by the reader
+            _silence_stdout()
+            return 0
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"E: {msg}", file=sys.stderr)
         return 1
@@ -76,13 +84,52 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"E: internal error: {type(e).__name__}: {msg} (a bug in circle-jax; "
               "-v 2 prints the traceback)", file=sys.stderr)
         return 1
+    _flush_stdout()  # a closed pipe shows here, not at exit; the work is done: its status
+    return status
+
+
+def _flush_stdout() -> None:
+    """Flush standard output; a reader that has gone silences it instead of an error."""
+    try:
+        sys.stdout.flush()
+    except BrokenPipeError:
+        if not _stdout_closed():
+            raise
+        _silence_stdout()
+
+
+def _stdout_closed() -> bool:
+    """True when standard output is a pipe whose reader has gone (``... | head -1``)."""
+    try:
+        poll = select.poll()
+        poll.register(sys.stdout.fileno(), select.POLLOUT)
+        return any(event & select.POLLERR for _, event in poll.poll(0))
+    except (AttributeError, OSError, ValueError):  # no poll, or no real file descriptor
+        return False
+
+
+def _silence_stdout() -> None:
+    """Point standard output at /dev/null, so that the exit's flush of what is left
+    buffered neither fails nor prints (Unix tools end quietly on a closed pipe)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, sys.stdout.fileno())
+    os.close(devnull)
+
+
+def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
+    """``parser.parse_args(argv)``; --help and --version into a closed pipe end quietly."""
+    try:
+        return parser.parse_args(argv)
+    except SystemExit:
+        _flush_stdout()
+        raise
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """``circle-jax COMMAND ...``; returns the exit status."""
-    return _dispatch(build_parser().parse_args(argv))
+    return _dispatch(_parse(build_parser(), argv))
 
 
 def onert_train_main(argv: Sequence[str] | None = None) -> int:
     """``onert-train-jax MODEL [onert_train options]``; returns the exit status."""
-    return _dispatch(build_onert_train_parser().parse_args(argv))
+    return _dispatch(_parse(build_onert_train_parser(), argv))

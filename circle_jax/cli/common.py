@@ -47,16 +47,36 @@ def load_model(path: str, **options: Any) -> Any:
 
 
 def read_data(path: str, specs: list[tuple[tuple[int, ...], Any]], names: list[str] | None,
-              raw: bool = False) -> list[np.ndarray]:
-    """Arrays for ``specs`` from a raw (onert_train's layout), .npy or .npz file; refused
-    before any compiling when a sample holds NaN or infinity."""
-    from circle_jax.formats.rawdata import check_finite, load_array_file, read_raw
+              raw: bool = False, log: Log | None = None, finite: bool = True
+              ) -> list[np.ndarray]:
+    """Arrays for ``specs`` from a raw (onert_train's layout), .npy or .npz file, cast only
+    where that loses nothing (``log`` hears of a cast at -v 1); with ``finite``, refused
+    before any compiling when a sample holds NaN or infinity (`check_finite_data`)."""
+    from circle_jax.formats.rawdata import load_array_file, read_raw
 
     if not os.path.exists(path):
         raise CliError(f"data file {path!r} does not exist")
-    arrays = read_raw(path, specs) if raw else load_array_file(path, specs, names)
-    check_finite(arrays, f"data file {path!r}")
+    notice = None if log is None else (lambda line: log(1, line))
+    arrays = read_raw(path, specs) if raw else load_array_file(path, specs, names, notice)
+    if finite:
+        check_finite_data(path, arrays, specs)
     return arrays
+
+
+def check_finite_data(path: str, arrays: list[np.ndarray],
+                      specs: list[tuple[tuple[int, ...], Any]]) -> None:
+    """Refuse data holding NaN or infinity; for a file read as raw bytes, say what its size
+    would fit instead (a raw file has no dtype: uint8 bytes read as float32 hold NaNs)."""
+    from circle_jax.errors import DataError
+    from circle_jax.formats.rawdata import check_finite, size_hint
+
+    try:
+        check_finite(arrays, f"data file {path!r}")
+    except DataError as e:
+        hint = ""
+        if os.path.splitext(path)[1].lower() not in (".npy", ".npz"):
+            hint = size_hint(os.path.getsize(path), specs)
+        raise DataError(f"{e}; its {hint}" if hint else str(e)) from None
 
 
 def check_outputs(outputs: dict[str, str | None], inputs: Sequence[str | None],
@@ -87,6 +107,30 @@ def _check_writable(flag: str, path: str, full: str) -> None:
     directory = os.path.dirname(full)
     if not os.path.isdir(directory):
         raise CliError(f"cannot write {flag} {path!r}: directory {directory!r} does not exist")
+    _probe(flag, path, directory)
+
+
+def _probe(flag: str, path: str, directory: str) -> None:
+    """Refuse, naming the path the user gave, a directory where the atomic write of
+    ``path`` could not create its file (`circle_jax.formats.atomic.cannot_create_in`)."""
+    from circle_jax.formats.atomic import cannot_create_in
+
+    why = cannot_create_in(directory)
+    if why is not None:
+        raise CliError(f"cannot write {flag} {path!r}: cannot create a file in {directory!r} "
+                       f"({why})")
+
+
+def check_output_dir(flag: str, directory: str) -> None:
+    """Refuse, before any work, an output directory that is a file or where no file can be
+    created (one that does not exist yet is made later: its nearest existing parent must
+    take a new directory)."""
+    if os.path.exists(directory) and not os.path.isdir(directory):
+        raise CliError(f"cannot write {flag} {directory!r}: it is a file, expected a directory")
+    existing = os.path.realpath(directory)
+    while not os.path.isdir(existing):
+        existing = os.path.dirname(existing)
+    _probe(flag, directory, existing)
 
 
 def _same_path(a: str, b: str) -> bool:

@@ -14,7 +14,8 @@ from . import train
 
 NAME = "compare"
 HELP = ("train with onert and circle-jax from the same weights on the same batches, step by "
-        "step; report where they part (exit 0 agree, 1 disagree, 2 the peer refuses)")
+        "step; report where they part (exit 0 agree, 1 disagree, 2 the peer refuses, 3 "
+        "circle-jax cannot: bad flags, files or model)")
 
 AGREE, DISAGREE, PEER_REFUSES, FAILED = 0, 1, 2, 3
 
@@ -44,12 +45,13 @@ def run(ns: argparse.Namespace) -> int:
     from circle_jax.oracle.compare import PeerRefused, Tolerance, compare_with_onert
     from circle_jax.train import TrainConfig
 
-    from .common import CliError
+    from .common import CliError, check_outputs
     from .config import train_run
     from .view import check_overlay
 
     try:
         cfg = train_run(ns)
+        check_outputs({"--report": ns.report, **cfg.outputs.by_flag()}, cfg.input_files())
         if ns.steps is not None and ns.steps < 1:
             raise CliError(f"--steps must be >= 1, got {ns.steps}")
         if ns.overlay:
@@ -69,7 +71,13 @@ def run(ns: argparse.Namespace) -> int:
         return FAILED
     print(report.table())
     if ns.report:
-        atomic_write(ns.report, json.dumps(report.as_json(), indent=1).encode())
+        try:
+            atomic_write(ns.report, json.dumps(report.as_json(), indent=1).encode())
+        except OSError as e:
+            print(f"E: cannot write --report {ns.report!r}: {e.strerror or e}", file=sys.stderr)
+            return FAILED
+        if (ns.verbose_level or 0) >= 1:
+            print(f"wrote {ns.report}", file=sys.stderr)
     if ns.overlay:
         from circle_jax.oracle.overlay import compare_overlay, write_overlay
 

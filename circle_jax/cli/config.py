@@ -149,7 +149,8 @@ def step_config(ns: argparse.Namespace) -> dict[str, Any]:
              if getattr(ns, flag, None) is not None}
     return dict(learning_rate=ns.learning_rate, loss=ns.loss, reduction=ns.loss_reduction_type,
                 optimizer=ns.optimizer, from_logits=True if ns.from_logits else None,
-                trainable=trainable, loss_output=ns.loss_output or 0, optimizer_kwargs=hyper)
+                trainable=trainable, loss_output=ns.loss_output or 0, optimizer_kwargs=hyper,
+                ignore_index=ns.ignore_index)
 
 
 def _processes(ns: argparse.Namespace) -> tuple[str, int, int] | None:

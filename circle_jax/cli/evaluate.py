@@ -41,7 +41,8 @@ def run(ns: argparse.Namespace) -> int:
     model = load_model(ns.model, **load_options(ns))
     trainer = Trainer(model, batch_size=ns.batch_size, loss=ns.loss,
                       reduction=ns.loss_reduction_type,
-                      from_logits=True if ns.from_logits else None)
+                      from_logits=True if ns.from_logits else None,
+                      ignore_index=ns.ignore_index)
     sparse = trainer.config.loss == "sparse_categorical_crossentropy"
     xs, y = labelled_data(data_files(ns), model, sparse)
     loss, accuracy = trainer.evaluate(model.params, xs, y)

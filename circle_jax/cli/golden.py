@@ -5,6 +5,8 @@ from __future__ import annotations
 import argparse
 import os
 
+import numpy as np
+
 from .common import load_model, read_data, read_inputs
 from .train_args import add_load_arguments, add_selection_arguments, add_step_arguments
 
@@ -40,21 +42,26 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from circle_jax.losses import loss_name
     from circle_jax.oracle import golden, write_golden
     from circle_jax.train import TrainConfig
     from circle_jax.train.config import output_index
 
+    from .common import check_output_dir
     from .config import load_options, step_config
     from .view import check_overlay
 
     if args.overlay:
         check_overlay(args.overlay, args.model)
+    check_output_dir("-o", args.output_dir)
     model = load_model(args.model, lowering="reference", **load_options(args))
     xs = read_inputs(args.input, model)
     y, config = None, TrainConfig(**step_config(args))
     if args.expected:
         o = model.outputs[output_index(model, config.loss_output)]
-        y = read_data(args.expected, [(o.shape[1:], o.dtype)], None)[0]
+        sparse = loss_name(config.loss) == "sparse_categorical_crossentropy"
+        y = read_data(args.expected, [(o.shape[1:-1], np.int32) if sparse else
+                                      (o.shape[1:], o.dtype)], None)[0]
         if len(y) != len(xs[0]):
             raise ValueError(f"--expected holds {len(y)} samples, --input {len(xs[0])}")
     data = golden(model, xs, y, config, dtype=args.dtype)

@@ -8,7 +8,7 @@ import os
 
 import numpy as np
 
-from .common import load_model, read_inputs
+from .common import check_output_dir, load_model, read_inputs
 
 NAME = "run"
 HELP = "run inference; outputs saved as .npy"
@@ -30,6 +30,7 @@ def run(args: argparse.Namespace) -> int:
 
     from circle_jax.formats.atomic import atomic_write
 
+    check_output_dir("--output_dir", args.output_dir)
     model = load_model(args.model, signature=args.signature)
     xs = read_inputs(args.input, model)
     outs = jax.jit(model.apply)(model.params, *xs)

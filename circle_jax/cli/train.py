@@ -17,9 +17,11 @@ from typing import Any
 
 import numpy as np
 
+from circle_jax.errors import DataError
+
 from . import onert_output as out
 from .cache import cache_dir, enable_compile_cache
-from .common import CliError, Log, load_model, read_data
+from .common import CliError, Log, check_finite_data, load_model, read_data
 from .config import DataFiles, TrainRun, train_run
 from .train_args import add_circle_jax_arguments, add_onert_train_arguments
 
@@ -97,7 +99,7 @@ def _train(run: TrainRun, log: Log, cache: str) -> int:
     clock.mark("MODEL_LOAD")
     log(1, f"loaded {run.model or 'the example'}: {len(model.operators)} operators, "
         f"{len(model.params)} params, in {clock.ms('start', 'MODEL_LOAD'):.1f} ms")
-    xs, y = training_data(run, model)
+    xs, y = training_data(run, model, log)
     log(1, f"data: {y.shape[0]} samples, inputs {[list(a.shape[1:]) for a in xs]}, "
         f"expected {list(y.shape[1:])}")
     cfg = TrainConfig(**{k: v for k, v in run.train.items() if v is not None})
@@ -127,7 +129,8 @@ def training_model(run: TrainRun) -> Any:
     return cj.load(branching_cnn().to_bytes("circle"), **run.load)
 
 
-def training_data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarray]:
+def training_data(run: TrainRun, model: Any, log: Log | None = None
+                  ) -> tuple[list[np.ndarray], np.ndarray]:
     """(inputs, expected) from the data files (or the bundled digits for ``--example``)."""
     if run.example and not run.data.inputs:
         from circle_jax.examples import digits
@@ -138,25 +141,49 @@ def training_data(run: TrainRun, model: Any) -> tuple[list[np.ndarray], np.ndarr
 
     sparse = run.train.get("loss") == "sparse_categorical_crossentropy"
     return labelled_data(run.data, model, sparse,
-                         output_index(model, run.train.get("loss_output", 0)))
+                         output_index(model, run.train.get("loss_output", 0)), log)
 
 
-def labelled_data(files: DataFiles, model: Any, sparse: bool = False, output: int = 0
-                  ) -> tuple[list[np.ndarray], np.ndarray]:
+def labelled_data(files: DataFiles, model: Any, sparse: bool = False, output: int = 0,
+                  log: Log | None = None) -> tuple[list[np.ndarray], np.ndarray]:
     """(inputs, targets of model output ``output``) from the files (``sparse``: class
-    indices)."""
+    indices, one per position: the output's shape without its class axis). Sample counts
+    are compared before values are checked, so that a raw file of another dtype is named
+    as such; ``log`` hears of lossless casts (-v 1)."""
     if not files.inputs or not files.expected:
         raise CliError("data missing: give --load_input:raw FILE and --load_expected:raw FILE "
                        "(or --load_input/--load_expected .npy/.npz)")
-    xs = read_data(files.inputs, [(s.shape[1:], s.dtype) for s in model.inputs],
-                   [s.name for s in model.inputs], raw=files.inputs_raw)
-    o = model.outputs[output]
-    ys = read_data(files.expected, [((), np.int32) if sparse else (o.shape[1:], o.dtype)], None,
-                   raw=files.expected_raw)
     from circle_jax.formats.rawdata import check_same_count
 
-    check_same_count(xs, ys)
+    in_specs = [(s.shape[1:], s.dtype) for s in model.inputs]
+    xs = read_data(files.inputs, in_specs, [s.name for s in model.inputs], raw=files.inputs_raw,
+                   log=log, finite=False)
+    o = model.outputs[output]
+    ex_specs = [(o.shape[1:-1], np.int32) if sparse else (o.shape[1:], o.dtype)]
+    ys = read_data(files.expected, ex_specs, None, raw=files.expected_raw, log=log,
+                   finite=False)
+    try:
+        check_same_count(xs, ys)
+    except DataError as e:  # a raw file of another dtype holds another count of samples
+        raise DataError(f"{e}{_count_hint(files, in_specs, ex_specs, len(xs[0]), len(ys[0]))}"
+                        ) from None
+    check_finite_data(files.inputs, xs, in_specs)
+    check_finite_data(files.expected, ys, ex_specs)
     return xs, ys[0]
+
+
+def _count_hint(files: DataFiles, in_specs: list, ex_specs: list, n_in: int, n_ex: int) -> str:
+    """What a raw file's size would fit if it were another dtype: the other file's count
+    of samples (raw files carry no dtype); "" when neither file's size says so."""
+    from circle_jax.formats.rawdata import size_hint
+
+    for which, path, specs, samples in (("input", files.inputs, in_specs, n_ex),
+                                        ("expected", files.expected, ex_specs, n_in)):
+        if path and os.path.splitext(path)[1].lower() not in (".npy", ".npz"):
+            found = size_hint(os.path.getsize(path), specs, samples)
+            if found:
+                return f"; the {which} file's {found}"
+    return ""
 
 
 def _trainable_ops(cfg: Any) -> int:
@@ -201,6 +228,7 @@ def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
 
     from circle_jax.losses import get_reduction, loss_name
     from circle_jax.optim import get_policy, hyperparameters, optimizer_name
+    from circle_jax.train.config import output_index
 
     hyper = hyperparameters(cfg.optimizer, model.numerics.optimizers, **cfg.optimizer_kwargs)
     extra = {**{k: f"{v:g}" for k, v in hyper.items()}, "backend": jax.default_backend(),
@@ -211,6 +239,11 @@ def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
     if not isinstance(cfg.trainable, (int, str)):
         extra["trainable"] = ", ".join(sorted(model.aliases[n] for n in
                                               model.resolve_params(cfg.trainable)))
+    if len(model.outputs) > 1 or cfg.loss_output not in (0, "0"):
+        index = output_index(model, cfg.loss_output)
+        extra["loss_output"] = f"{index} ({model.outputs[index].name})"
+    if cfg.ignore_index is not None:
+        extra["ignore_index"] = str(cfg.ignore_index)
     return dict(learning_rate=cfg.learning_rate, batch_size=cfg.batch_size,
                 loss=loss_name(cfg.loss), reduction=get_reduction(cfg.reduction).value,
                 optimizer=optimizer_name(cfg.optimizer), trainable_ops=_trainable_ops(cfg),
@@ -354,6 +387,11 @@ def _export(run: TrainRun, model: Any, result: Any, log: Log) -> None:
     if o.wof:
         save_wof(o.wof, model, result.params, result.trainer.trainable, protect=protect)
         log(1, f"wrote {o.wof}")
+    if o.checkpoint:
+        every = (f"every {o.checkpoint_every_steps} steps and " if o.checkpoint_every_steps
+                 else "")
+        log(1, f"wrote {o.checkpoint} (the checkpoint, rewritten after {every}every epoch; "
+            f"last after epoch {len(result.history.loss)})")
 
 
 def _memory_kb(field_name: str) -> int:

@@ -109,9 +109,12 @@ def add_step_arguments(g: Any) -> None:
 
 
 def loss_arguments(g: Any) -> None:
-    """--loss and --loss_reduction_type, onert_train's codes or names."""
+    """--loss and --loss_reduction_type, onert_train's codes or names; --ignore_index."""
     _table_flag(g, "--loss", LOSS_TABLE, "mse")
     _table_flag(g, "--loss_reduction_type", REDUCTION_TABLE, "sum over batch size")
+    _flag(g, "--ignore_index", type=int, metavar="LABEL", default="none",
+          help="with sparse_categorical_crossentropy: the label of positions that do not "
+          "count (a sequence's padding); the loss is the mean over the other tokens")
 
 
 def _table_flag(g: Any, flag: str, table: CodeTable, default: str) -> None:

@@ -9,7 +9,7 @@ whole new one, and an input file passed as ``protect`` is never overwritten.
 
 from __future__ import annotations
 
-from circle_jax.formats.atomic import atomic_write
+from circle_jax.formats.atomic import atomic_write, check_writable
 from circle_jax.formats.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
 from circle_jax.formats.rawdata import check_same_count, load_array_file, read_raw, write_raw
 from circle_jax.formats.reader import read_model
@@ -29,6 +29,7 @@ __all__ = [
     "as_array",
     "atomic_write",
     "check_same_count",
+    "check_writable",
     "decode_checkpoint",
     "decode_traininfo",
     "decode_wof",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import tempfile
 from collections.abc import Callable, Iterable
 from typing import BinaryIO
 
@@ -44,6 +45,35 @@ def _fsync_dir(directory: str) -> None:
         pass
     finally:
         os.close(fd)
+
+
+def cannot_create_in(directory: PathLike) -> str | None:
+    """Why no file can be created in ``directory`` (the OS's words), or None when one can:
+    a file is created there and removed, as `atomic_write`'s temporary file will be, so
+    permissions, read-only mounts and pseudo file systems (/proc) all show before any work
+    whose result would be lost."""
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".circle-jax-probe.", dir=os.fspath(directory))
+    except OSError as e:
+        return e.strerror or str(e)
+    os.close(fd)
+    os.unlink(probe)
+    return None
+
+
+def check_writable(path: PathLike) -> None:
+    """DataError (one line naming ``path``) unless `atomic_write` can write ``path``: not a
+    directory, in a directory that exists and takes a new file (`cannot_create_in`)."""
+    target = os.fspath(path)
+    if os.path.isdir(target):
+        raise DataError(f"cannot write {target!r}: it is a directory, expected a file path")
+    directory = os.path.dirname(os.path.abspath(target))
+    if not os.path.isdir(directory):
+        raise DataError(f"cannot write {target!r}: directory {directory!r} does not exist")
+    why = cannot_create_in(directory)
+    if why is not None:
+        raise DataError(f"cannot write {target!r}: cannot create a file in {directory!r} "
+                        f"({why})")
 
 
 def atomic_write(

@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import zipfile
 import zlib
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 
 import numpy as np
@@ -65,10 +65,13 @@ def read_raw(
     per = sum(_sample_bytes(s, d) for s, d in sp)
     if per == 0:
         raise DataError(f"inputs {_describe(sp)} take 0 bytes per sample; cannot count samples")
+    if not data:
+        raise DataError(f"{name} is empty; expected samples of {per} bytes ({_describe(sp)})")
     if len(data) % per:
         raise DataError(
             f"{name} has {len(data)} bytes, not a multiple of the {per} bytes per sample "
-            f"expected ({_describe(sp)})"
+            f"expected ({_describe(sp)})" + (f"; its {hint}" if (hint := size_hint(len(data), sp))
+                                              else "")
         )
     n = len(data) // per
     out, pos = [], 0
@@ -102,33 +105,97 @@ def write_raw(
     atomic_write(path, blob, protect=protect)
 
 
-def _fit(arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, what: str) -> np.ndarray:
-    """Check ``arr`` is (N, *shape) and castable to ``dtype`` (same kind), and cast it."""
+#: the dtypes a raw file's bytes could be, by item size (for hints: raw files carry no dtype)
+_RAW_GUESSES = {1: "uint8 or int8", 2: "float16 or int16", 4: "float32 or int32",
+                8: "float64 or int64"}
+
+
+def size_hint(nbytes: int, specs: Sequence[tuple[Sequence[int], np.dtype | str | type]],
+              samples: int | None = None) -> str:
+    """``"8192 bytes are 16 samples of float64 or int64: is it float64? ..."`` when
+    ``nbytes`` is a whole number of samples (exactly ``samples`` of them, when given) of the
+    specs' shapes in a dtype of another item size, else ``""``. Only for inputs of one
+    dtype: raw files carry no dtype, so this is a guess from the size, and says so."""
+    specs = _specs(specs)
+    if len({d for _, d in specs}) != 1:
+        return ""
+    elements = sum(int(np.prod(s, dtype=np.int64)) for s, _ in specs)
+    own = specs[0][1].itemsize
+    for size, names in _RAW_GUESSES.items():
+        if size == own or not elements or nbytes % (elements * size):
+            continue
+        n = nbytes // (elements * size)
+        if samples is None or n == samples:
+            return (f"{nbytes} bytes are {n} samples of {names}: is it {names.split()[0]}? "
+                    f"(raw files carry no dtype; write it as {specs[0][1].name})")
+    return ""
+
+
+def _fit(arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, what: str,
+         on_cast: Callable[[str], None] | None = None) -> np.ndarray:
+    """Check ``arr`` is (N, *shape), and cast it to ``dtype`` where that loses nothing."""
     if arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != shape:
         raise DataError(
             f"{what} has shape {list(arr.shape)}, expected [N, {', '.join(map(str, shape))}]"
             if shape
             else f"{what} has shape {list(arr.shape)}, expected [N]"
         )
-    if arr.dtype != dtype and not np.can_cast(arr.dtype, dtype, casting="same_kind"):
-        raise DataError(
-            f"{what} has dtype {arr.dtype.name}, expected {dtype.name} "
-            "(only casts within a kind, such as float64 to float32, are made)"
-        )
-    return arr.astype(dtype, copy=False)
+    if arr.shape[0] == 0:
+        raise DataError(f"{what} holds no samples (shape {list(arr.shape)}); expected "
+                        f"[N, {', '.join(map(str, shape))}] with N >= 1" if shape else
+                        f"{what} holds no samples; expected [N] with N >= 1")
+    if arr.dtype == dtype:
+        return arr
+    return lossless_cast(arr, dtype, what, on_cast)
+
+
+def lossless_cast(arr: np.ndarray, dtype: np.dtype | str | type, what: str,
+                  on_cast: Callable[[str], None] | None = None) -> np.ndarray:
+    """``arr`` as ``dtype`` when every value converts exactly (it converts back to itself):
+    integers to integers or floats (to float32: |v| <= 2**24), floats to floats (float64
+    values that are float32 numbers); ``on_cast`` hears of each such cast. Other casts
+    (values that would round, wrap or overflow; floats to integers; bools, complex,
+    strings) are refused with one line naming ``what``, the dtype found and the dtype
+    expected (bfloat16 and other numpy extension dtypes are accepted as targets)."""
+    dtype = np.dtype(dtype)
+    found = arr.dtype
+    refuse = f"{what} has dtype {found.name}, expected {dtype.name}"
+    numeric = "iuf"
+    if found.kind not in numeric or dtype.kind not in numeric + "V" or (
+            found.kind == "f" and dtype.kind in "iu"):
+        raise DataError(f"{refuse} (circle-jax casts only what converts exactly: integers "
+                        f"to integers or floats, floats to floats); save it as {dtype.name}")
+    with np.errstate(all="ignore"):
+        cast = arr.astype(dtype)
+        back = cast.astype(found)
+    same = back == arr
+    if found.kind == "f":
+        same |= np.isnan(arr) & np.isnan(back)
+    if not same.all():
+        bad = np.flatnonzero(~same.reshape(-1))
+        first = arr.reshape(-1)[bad[0]]
+        raise DataError(f"{refuse}: {bad.size} of its {arr.size} values change in the cast "
+                        f"(e.g. {first} becomes {cast.reshape(-1)[bad[0]]}); save it as "
+                        f"{dtype.name} to accept that, or fix the data")
+    if on_cast is not None:
+        on_cast(f"{what}: cast from {found.name} to {dtype.name} (every value converts "
+                "exactly)")
+    return cast
 
 
 def load_array_file(
     path: str | os.PathLike,
     specs: Sequence[tuple[Sequence[int], np.dtype | str | type]],
     names: Sequence[str] | None = None,
+    on_cast: Callable[[str], None] | None = None,
 ) -> list[np.ndarray]:
     """Load data for the inputs in ``specs`` from a raw, ``.npy`` or ``.npz`` file.
 
     ``.npy`` holds the single input as (N, *shape). ``.npz`` holds one array per input:
     under ``names`` (the model's input names) when its keys are exactly those, else under
-    ``arr_0``, ``arr_1``, ... (``np.savez`` positional order). Arrays may be cast within
-    a kind (float64 → float32, int64 → int32); other files are read as raw data.
+    ``arr_0``, ``arr_1``, ... (``np.savez`` positional order). An array of another dtype
+    is cast only where every value converts exactly (`lossless_cast`; ``on_cast(line)``
+    hears of it); other files are read as raw data.
     """
     sp = _specs(specs)
     p = os.fspath(path)
@@ -141,7 +208,7 @@ def load_array_file(
             )
         with _numpy_file(p, "a .npy array saved by numpy.save"):
             arr = np.load(p, allow_pickle=False)
-        return [_fit(arr, *sp[0], f"array in {p!r}")]
+        return [_fit(arr, *sp[0], f"array in {p!r}", on_cast)]
     if ext == ".npz":
         with _numpy_file(p, "a .npz archive saved by numpy.savez"), \
                 np.load(p, allow_pickle=False) as z:
@@ -158,7 +225,8 @@ def load_array_file(
                 raise DataError(
                     f"{p!r} holds arrays {keys}; expected {len(sp)} arrays named {' '.join(want)}"
                 )
-            out = [_fit(z[k], *s, f"array {k!r} in {p!r}") for k, s in zip(order, sp, strict=True)]
+            out = [_fit(z[k], *s, f"array {k!r} in {p!r}", on_cast)
+                   for k, s in zip(order, sp, strict=True)]
         _count(out, f"arrays in {p!r}")
         return out
     return read_raw(p, sp)
@@ -189,7 +257,7 @@ def _numpy_file(path: str, expected: str) -> Iterator[None]:
 def first_non_finite(array: np.ndarray) -> int | None:
     """The index of the first sample (along axis 0) holding a NaN or infinity, or None."""
     a = np.asarray(array)
-    if not np.issubdtype(a.dtype, np.inexact) or a.ndim == 0:
+    if not np.issubdtype(a.dtype, np.inexact) or a.ndim == 0 or a.size == 0:
         return None
     bad = ~np.isfinite(a.reshape(a.shape[0], -1)).all(axis=1)
     return int(np.argmax(bad)) if bad.any() else None
@@ -206,15 +274,18 @@ def check_finite(arrays: Sequence[np.ndarray], what: str) -> None:
 
 
 def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
-                        classes: int | None = None) -> None:
+                        classes: int | None = None, ignore_index: int | None = None) -> None:
     """DataError (one line, naming the first bad sample) for inputs or targets holding NaN or
     infinity, and, with ``classes`` (sparse labels), for labels that are not whole numbers
-    in ``[0, classes)``."""
+    in ``[0, classes)`` (or ``ignore_index``, padding)."""
     check_finite(list(inputs), "the input data")
     check_finite([expected], "the expected data")
     if classes is not None:
         y = np.asarray(expected).reshape(np.shape(expected)[0], -1)
-        bad = ~((y >= 0) & (y < classes) & (y == np.floor(y))).all(axis=1)
+        ok = (y >= 0) & (y < classes) & (y == np.floor(y))
+        if ignore_index is not None:
+            ok |= y == ignore_index
+        bad = ~ok.all(axis=1)
         if bad.any():
             i = int(np.argmax(bad))
             raise DataError(f"the expected data: sample {i} has label(s) "

@@ -89,13 +89,21 @@ def check_regular_file(path: str, what: str, error: type[Exception] = CircleForm
 
 def read_regular_file(path: str, what: str, error: type[Exception] = CircleFormatError,
                       limit: int = MAX_FILE_BYTES) -> bytes:
-    """The bytes of a regular file of at most ``limit`` bytes (see :func:`check_regular_file`)."""
-    check_regular_file(path, what, error, limit)
+    """The bytes of a regular file of at most ``limit`` bytes (see :func:`check_regular_file`).
+
+    The buffer is the size the file has, never ``limit``: a 1 KB model is read in 1 KB, also
+    under an address-space limit (``ulimit -v``). A file that grows while it is read is
+    refused rather than cut."""
+    size = check_regular_file(path, what, error, limit)
     try:
         with open(path, "rb") as f:
-            return f.read(limit + 1)[:limit]
+            data = f.read(size + 1)
     except OSError as e:
         raise error(f"cannot read {what} file {path!r}: {e.strerror}") from None
+    if len(data) > size:
+        raise error(f"cannot read {what} file {path!r}: it grew while being read (expected "
+                    f"the {size} bytes it held when opened); read it when it is complete")
+    return data
 
 
 def unpack(buf: bytes, where: str = "<bytes>") -> Any:

@@ -20,6 +20,7 @@ from circle_jax.losses.reduction import (
     Reduction,
     get_reduction,
     reduce_per_sample,
+    reduce_positions,
 )
 from circle_jax.losses.registry import (
     LOSS_TABLE,
@@ -48,5 +49,6 @@ __all__ = [
     "loss_name",
     "mean_squared_error",
     "reduce_per_sample",
+    "reduce_positions",
     "sparse_categorical_crossentropy",
 ]

@@ -1,8 +1,10 @@
 """Loss functions on ``(predictions, targets)`` with the batch on axis 0.
 
-Every loss builds a per-sample loss vector of shape ``(batch,)`` and reduces it with
-`circle_jax.losses.reduction.reduce_per_sample`. Half-precision inputs are promoted to
-float32 first (float64 stays float64): ``log(1e-20)`` and squared errors do not fit float16.
+Every loss builds a per-sample loss vector of shape ``(batch,)`` (for a sequence, the mean
+over its tokens, padding left out) and reduces it with
+`circle_jax.losses.reduction.reduce_per_sample` (`reduce_positions`). Half-precision inputs
+are promoted to float32 first (float64 stays float64): ``log(1e-20)`` and squared errors do
+not fit float16.
 """
 
 from __future__ import annotations
@@ -12,7 +14,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from circle_jax.losses.reduction import Reduction, per_sample_mean, reduce_per_sample
+from circle_jax.losses.reduction import (
+    Reduction,
+    per_sample_mean,
+    reduce_per_sample,
+    reduce_positions,
+)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -131,18 +138,27 @@ def categorical_crossentropy(pred: jax.Array, target: jax.Array, *, from_logits:
             f"{target.shape} (use sparse_categorical_crossentropy for integer labels)"
         )
     dtype = _loss_dtype(pred)
-    logp = _log_probabilities(pred.astype(dtype), from_logits, clip)
-    per_position = -jnp.sum(target.astype(dtype) * logp, axis=-1)
-    return reduce_per_sample(per_sample_mean(per_position), reduction)
+    return reduce_positions(_per_position(pred.astype(dtype), target.astype(dtype),
+                                          from_logits, clip), None, reduction)
+
+
+def _per_position(pred: jax.Array, target: jax.Array, from_logits: bool, clip: ClipSpec
+                  ) -> jax.Array:
+    """``-sum(t * log p)`` over the class axis: one loss per position ``(batch, ...)``."""
+    return -jnp.sum(target * _log_probabilities(pred, from_logits, clip), axis=-1)
 
 
 def sparse_categorical_crossentropy(
         pred: jax.Array, labels: jax.Array, *, from_logits: bool = False,
         clip: ClipSpec = "keras", reduction: str | int | Reduction = Reduction.SUM_OVER_BATCH_SIZE,
+        ignore_index: int | None = None,
 ) -> jax.Array:
     """`categorical_crossentropy` with integer class labels instead of one-hot targets.
 
-    ``labels`` has shape ``pred.shape[:-1]`` (or that plus a trailing 1). A label outside
+    ``labels`` has shape ``pred.shape[:-1]`` (or that plus a trailing 1): one label per
+    sample for ``(batch, classes)`` predictions, one per token for a sequence's
+    ``(batch, tokens, classes)``. Positions labelled ``ignore_index`` (padding) do not count:
+    the loss is the mean over the others (`reduce_positions`). A label outside
     ``[0, classes)`` gives an all-zero target row, hence a zero loss (not checked under jit).
     """
     pred, labels = jnp.asarray(pred), jnp.asarray(labels)
@@ -155,7 +171,10 @@ def sparse_categorical_crossentropy(
             f"prediction shape {pred.shape} without its class axis"
         )
     dtype = _loss_dtype(pred)
-    one_hot = jax.nn.one_hot(labels.astype(jnp.int32), pred.shape[-1], dtype=dtype)
-    return categorical_crossentropy(
-        pred.astype(dtype), one_hot, from_logits=from_logits, clip=clip, reduction=reduction
-    )
+    labels = labels.astype(jnp.int32)
+    counted = None if ignore_index is None else labels != ignore_index
+    if counted is not None:
+        labels = jnp.where(counted, labels, -1)  # an all-zero target row: no loss there
+    one_hot = jax.nn.one_hot(labels, pred.shape[-1], dtype=dtype)
+    return reduce_positions(_per_position(pred.astype(dtype), one_hot, from_logits, clip),
+                            counted, reduction)

@@ -62,3 +62,26 @@ def reduce_per_sample(per_sample: jax.Array, reduction: str | int | Reduction) -
     if red is Reduction.SUM:
         return jnp.sum(per_sample)
     return per_sample
+
+
+def reduce_positions(per_position: jax.Array, counted: jax.Array | None,
+                     reduction: str | int | Reduction) -> jax.Array:
+    """Reduce per-position losses ``(batch, ...)`` (a sequence's tokens) over the batch.
+
+    Without ``counted`` every position counts: per sample the mean over its positions, then
+    `reduce_per_sample`. With ``counted`` (a mask of ``per_position``'s shape: False for
+    padding) the ignored positions drop out: ``"sum_over_batch_size"`` is the mean over the
+    batch's counted positions, ``"sum"`` that mean times the batch size (as without a
+    mask, where the sum of per-sample means is the batch size times the mean), ``"none"``
+    each sample's mean over its counted positions (0 for a sample with none).
+    """
+    if counted is None:
+        return reduce_per_sample(per_sample_mean(per_position), reduction)
+    red = get_reduction(reduction)
+    w = counted.astype(per_position.dtype)
+    kept = per_position * w
+    if red is Reduction.NONE:
+        axes = tuple(range(1, per_position.ndim))
+        return jnp.sum(kept, axis=axes) / jnp.maximum(jnp.sum(w, axis=axes), 1)
+    mean = jnp.sum(kept) / jnp.maximum(jnp.sum(w), 1)
+    return mean * per_position.shape[0] if red is Reduction.SUM else mean

@@ -21,7 +21,8 @@ Rules of the comparison:
   last step (``train`` without update) with the loss circle-jax computes for the model
   onert exports, within `EXPORT_TOLERANCE`. It is reported apart from ``agree``.
 - The float64 arbiter (``arbiter=True``) trains the same steps in float64 and says which
-  runtime's weights are nearer.
+  runtime's weights are nearer (their largest distance to it), or that they tie when the
+  two distances are equal.
 """
 
 from __future__ import annotations
@@ -67,7 +68,8 @@ class CompareReport:
       agree: every step's loss and weights agree.
       first_divergence: None, or ``{step, tensor, operator, max_abs_diff, readers, cause}``.
       steps: per step ``{step, loss: {circle-jax, onert}, max_weight_diff, tensor}`` (and
-        ``arbiter`` distances to float64 with ``arbiter=True``).
+        ``arbiter`` distances to float64 with ``arbiter=True``, and which runtime is
+        ``nearer``: "circle-jax", "onert" or "tie").
       export: onert's trained loss, its export's loss, and whether they agree.
       settings: the hyper-parameters and tolerances used.
     """
@@ -115,9 +117,11 @@ class CompareReport:
                          "the export is NOT the function onert trained"))
         if arb:
             last = self.steps[-1]["arbiter"]
+            cj, on = _distinct(last["circle-jax"], last["onert"])
             lines.append(f"float64 arbiter after step {self.steps[-1]['step']}: circle-jax "
-                         f"{last['circle-jax']:.3g} away, onert {last['onert']:.3g}: "
-                         f"{last['nearer']} is nearer")
+                         f"{cj} away, onert {on}: " + (
+                             "they tie (equally near)" if last["nearer"] == "tie" else
+                             f"{last['nearer']} is nearer"))
         return "\n".join(lines)
 
 
@@ -346,5 +350,22 @@ def _arbitrate(report: CompareReport, model: Model, trainer: Trainer, bx: list, 
                  if ours[s + 1][n].dtype.kind == "f")
         on = max(_nearest(ref[s + 1], _copies(model, n), peer.weights[s + 1][i])[0]
                  for n, i in files.items())
-        row["arbiter"] = {"circle-jax": cj, "onert": on,
-                          "nearer": "circle-jax" if cj <= on else "onert"}
+        row["arbiter"] = {"circle-jax": cj, "onert": on, "nearer": nearer(cj, on)}
+
+
+def nearer(circle_jax: float, onert: float) -> str:
+    """Which runtime's distance to float64 training is smaller: "circle-jax", "onert", or
+    "tie" when the two are equal."""
+    if circle_jax == onert:
+        return "tie"
+    return "circle-jax" if circle_jax < onert else "onert"
+
+
+def _distinct(a: float, b: float) -> tuple[str, str]:
+    """``a`` and ``b`` printed with 3 significant digits, or as many more as it takes for
+    two different values not to print alike."""
+    for digits in (3, 6, 9, 17):
+        sa, sb = f"{a:.{digits}g}", f"{b:.{digits}g}"
+        if sa != sb or a == b:
+            return sa, sb
+    return sa, sb

@@ -28,6 +28,9 @@ class TrainConfig:
     ``from_logits`` and ``optimizer_kwargs["eps_placement"]`` override it.
     ``loss_output``: the model output the loss is computed on, by index, tensor name or
     signature output name (a multi-output model, e.g. logits beside a KV cache).
+    ``ignore_index``: with ``sparse_categorical_crossentropy``, the label of positions
+    that do not count (a sequence's padding): the loss is the mean over the other tokens
+    (`circle_jax.losses.reduce_positions`), and accuracy leaves them out.
     ``shuffle``: epoch e takes the samples in the order ``jax.random.permutation(
     fold_in(key(seed), e), n)``, drawn on the device inside the compiled epoch.
     ``trainable`` "all" / N selects among the params the model's trainable policy trains
@@ -55,6 +58,7 @@ class TrainConfig:
     on_overflow: str = "skip"
     numerics: Any = None
     loss_output: int | str = 0
+    ignore_index: int | None = None
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""

@@ -29,10 +29,17 @@ def trailing(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int) -> Batch:
     return tuple(a[steps * b:] for a in x), y[steps * b:]
 
 
-def correct(out: jax.Array, y: jax.Array) -> jax.Array:
+def correct(out: jax.Array, y: jax.Array, ignore_index: int | None = None) -> jax.Array:
     """Per-sample categorical accuracy: the argmax of the flattened sample (first max wins)
     against the label's argmax, or against the label itself where a sample's label is one
-    value (a class index)."""
+    value (a class index). With a label per position (a sequence's ``[N, T]`` against
+    ``[N, T, V]``), a sample is right when every position's argmax is its label, positions
+    labelled ``ignore_index`` left out."""
+    if y.ndim >= 2 and y.ndim == out.ndim - 1:
+        hit = jnp.argmax(out, axis=-1) == y.astype(jnp.int32)
+        if ignore_index is not None:
+            hit |= y == ignore_index
+        return jnp.all(hit.reshape(hit.shape[0], -1), axis=-1).astype(jnp.int32)
     pred = jnp.argmax(out.reshape(out.shape[0], -1), axis=-1)
     if y.size > y.shape[0]:
         target = jnp.argmax(y.reshape(y.shape[0], -1), axis=-1)

@@ -179,9 +179,11 @@ def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tu
     if any(a.shape[0] != ys.shape[0] for a in xs):
         raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
                         f"{ys.shape[0]}")
+    if ys.shape[0] == 0:
+        raise DataError("no training samples: expected at least one (samples on axis 0)")
     sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
     check_training_data(xs, y, trainer.model.outputs[trainer.loss_output].shape[-1]
-                        if sparse else None)
+                        if sparse else None, cfg.ignore_index)
     # split on the host, then one transfer for all four
     x_tr, y_tr, x_val, y_val = jax.device_put(split_validation(xs, ys, cfg.validation_split))
     if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:

@@ -79,6 +79,11 @@ class Trainer:
         if loss_name(config.loss) != "mean_squared_error":
             loss_kwargs["from_logits"] = self.numerics.from_logits
             loss_kwargs["clip"] = self.numerics.clip
+        if config.ignore_index is not None:
+            if loss_name(config.loss) != "sparse_categorical_crossentropy":
+                raise ValueError(f"ignore_index applies to sparse_categorical_crossentropy "
+                                 f"(integer labels); the loss is {loss_name(config.loss)}")
+            loss_kwargs["ignore_index"] = int(config.ignore_index)
         self.loss_fn = get_loss(config.loss, **loss_kwargs)
         inner = get_optimizer(config.optimizer, config.learning_rate, self.numerics.optimizers,
                               **self.numerics.optimizer_kwargs)
@@ -163,7 +168,7 @@ class Trainer:
               in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
         x, y = batch
         out = self._forward(trainable, frozen, x, in_loop)
-        return self.loss_fn(out, y), correct(out, y)
+        return self.loss_fn(out, y), correct(out, y, self.config.ignore_index)
 
     def train_step(self, state: TrainState, frozen: dict, batch: Batch, in_loop: bool = False
                    ) -> tuple[TrainState, StepMetrics]:
@@ -293,7 +298,7 @@ class Trainer:
         """(the batch's loss, how many of its samples are classified right), the forward as
         in training (precision policy)."""
         out = self._forward(trainable, frozen, x, in_loop=in_loop)
-        return self.loss_fn(out, y), jnp.sum(correct(out, y))
+        return self.loss_fn(out, y), jnp.sum(correct(out, y, self.config.ignore_index))
 
     # -- host-side driving ---------------------------------------------------------------
     def run_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array], y: jax.Array,
@@ -301,7 +306,8 @@ class Trainer:
                   after_chunk: Callable[[TrainState], None] | None = None,
                   ) -> tuple[TrainState, StepMetrics]:
         """One epoch: batches of ``batch_size`` (in epoch ``epoch``'s order with
-        ``shuffle``), then the trailing partial batch unless ``drop_remainder``.
+        ``shuffle``), then the trailing partial batch unless ``drop_remainder`` (with fewer
+        samples than a batch, that one step is the epoch).
 
         Whole, the epoch is one compiled scan. With ``every_steps`` it runs as compiled scans
         of that many steps, calling ``after_chunk(state)`` after each (checkpoints); the
@@ -316,13 +322,13 @@ class Trainer:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
         tail = not self.config.drop_remainder and n % b
         parts = []
-        if every_steps is None and not skip_steps:
+        if steps and every_steps is None and not skip_steps:
             args = self.epoch_arguments(state, frozen, x, y, epoch)
             state, metrics = self._compiled_epoch(*args, shuffled=self.config.shuffle)(*args)
             parts.append(metrics)
         if tail or not parts:
             x, y = self._ordered(x, y, epoch)
-        if not parts:
+        if steps and not parts:
             xs, ys = batched(x, y, b, steps)
             every = every_steps or steps
             for i in range(skip_steps, steps, every):
@@ -421,6 +427,8 @@ class Trainer:
         chunks of ``every_steps`` steps (a shorter last chunk compiles when it first runs)."""
         b = self.config.batch_size
         steps = y.shape[0] // b
+        if steps == 0:  # fewer samples than a batch: the epoch is its trailing batch alone
+            return
         if every_steps is None:
             self._compiled_epoch(*self.epoch_arguments(state, frozen, x, y),
                                  shuffled=self.config.shuffle)

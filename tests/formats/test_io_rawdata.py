@@ -15,6 +15,7 @@ from circle_jax.formats.rawdata import (
     load_array_file,
     read_raw,
     sample_size,
+    size_hint,
     write_raw,
 )
 
@@ -63,9 +64,33 @@ def test_error_names_the_file(tmp_path: Path) -> None:
         read_raw(path, [IMG])
 
 
-def test_empty_file_has_no_samples() -> None:
-    (got,) = read_raw(b"", [IMG])
-    assert got.shape == (0, 2, 2, 1)
+def test_empty_file_is_refused_naming_what_was_expected(tmp_path: Path) -> None:
+    path = tmp_path / "empty.raw"
+    path.write_bytes(b"")
+    with pytest.raises(DataError, match=r"raw data file '.*empty.raw' is empty; expected "
+                       r"samples of 16 bytes \(float32\[2, 2, 1\] = 16 bytes\)"):
+        read_raw(path, [IMG])
+    with pytest.raises(DataError, match="raw data is empty"):
+        read_raw(b"", [IMG])
+
+
+@pytest.mark.parametrize("dtype, guess", [(np.float64, "float64"), (np.uint8, "uint8"),
+                                          (np.float16, "float16")])
+def test_size_hint_names_the_dtype_a_raw_file_fits(dtype, guess) -> None:
+    """Raw files carry no dtype: the hint is what the size fits, and says it is a guess."""
+    n = 5  # samples of 4 elements, written in the wrong dtype
+    nbytes = n * 4 * np.dtype(dtype).itemsize
+    hint = size_hint(nbytes, [IMG], samples=n)
+    assert hint.startswith(f"{nbytes} bytes are 5 samples of {guess}") and \
+        f"is it {guess}?" in hint and "raw files carry no dtype" in hint
+    assert size_hint(nbytes, [IMG], samples=n + 1) == ""  # the count must match
+    assert size_hint(n * 16, [IMG], samples=n) == ""  # float32 itself: nothing to guess
+
+
+def test_a_size_that_fits_another_dtype_is_named() -> None:
+    with pytest.raises(DataError, match=r"has 12 bytes, not a multiple of the 16 bytes per "
+                       r"sample .*; its 12 bytes are 3 samples of uint8 or int8: is it uint8\?"):
+        read_raw(b"\1" * 12, [IMG])
 
 
 def test_bad_specs() -> None:
@@ -98,10 +123,42 @@ def test_check_same_count() -> None:
 
 
 def test_npy(tmp_path: Path) -> None:
-    x = np.random.default_rng(0).random((4, 2, 2, 1))  # float64 on disk
+    x = np.random.default_rng(0).random((4, 2, 2, 1)).astype(np.float32)
     np.save(tmp_path / "x.npy", x)
     (got,) = load_array_file(tmp_path / "x.npy", [IMG])
-    assert got.dtype == np.float32 and np.allclose(got, x)
+    assert got.dtype == np.float32 and np.array_equal(got, x)
+
+
+@pytest.mark.parametrize("array", [
+    np.random.default_rng(0).random((4, 2, 2, 1)).astype(np.float32).astype(np.float64),
+    np.arange(16, dtype=np.int32).reshape(4, 2, 2, 1),
+    np.full((4, 2, 2, 1), 255, np.uint8),
+    np.full((4, 2, 2, 1), -(2 ** 24), np.int64),  # float32 holds every integer to 2**24
+], ids=["float64-exact", "int32", "uint8", "int64-2**24"])
+def test_a_lossless_cast_is_made_and_told(tmp_path: Path, array: np.ndarray) -> None:
+    np.save(tmp_path / "x.npy", array)
+    told: list[str] = []
+    (got,) = load_array_file(tmp_path / "x.npy", [IMG], on_cast=told.append)
+    assert got.dtype == np.float32 and np.array_equal(got.astype(array.dtype), array)
+    assert told == [f"array in '{tmp_path / 'x.npy'}': cast from {array.dtype.name} to "
+                    "float32 (every value converts exactly)"]
+
+
+@pytest.mark.parametrize("array, spec, message", [
+    (np.full((4, 2, 2, 1), 0.1), IMG,
+     r"has dtype float64, expected float32: 16 of its 16 values change in the cast "
+     r"\(e.g. 0.1 becomes 0.1000000014901\d*\); save it as float32"),
+    (np.full((4, 2, 2, 1), 2 ** 24 + 1, np.int64), IMG,
+     r"has dtype int64, expected float32: 16 of its 16 values change"),
+    (np.full((4, 3), 2 ** 31, np.int64), LABEL, r"has dtype int64, expected int32: 12 of"),
+    (np.full((4, 3), 1.0), LABEL, r"has dtype float64, expected int32 \(circle-jax casts only "
+     r"what converts exactly: integers to integers or floats, floats to floats\)"),
+    (np.ones((4, 2, 2, 1), bool), IMG, r"has dtype bool, expected float32 \(circle-jax casts"),
+], ids=["float64-rounds", "int64-rounds", "int64-wraps", "float-to-int", "bool"])
+def test_a_lossy_or_unexpected_cast_is_refused(tmp_path: Path, array, spec, message) -> None:
+    np.save(tmp_path / "x.npy", array)
+    with pytest.raises(DataError, match=r"array in '.*x.npy' " + message):
+        load_array_file(tmp_path / "x.npy", [spec])
 
 
 @pytest.mark.parametrize(
@@ -114,6 +171,13 @@ def test_npy(tmp_path: Path) -> None:
 def test_npy_errors(tmp_path: Path, array: np.ndarray, message: str) -> None:
     np.save(tmp_path / "x.npy", array)
     with pytest.raises(DataError, match=message):
+        load_array_file(tmp_path / "x.npy", [IMG])
+
+
+def test_an_array_of_no_samples_is_refused(tmp_path: Path) -> None:
+    np.save(tmp_path / "x.npy", np.zeros((0, 2, 2, 1), np.float32))
+    with pytest.raises(DataError, match=r"array in '.*x.npy' holds no samples \(shape "
+                       r"\[0, 2, 2, 1\]\); expected \[N, 2, 2, 1\] with N >= 1"):
         load_array_file(tmp_path / "x.npy", [IMG])
 
 
@@ -216,3 +280,15 @@ def test_keeps_the_mode_of_a_replaced_file(tmp_path: Path) -> None:
     target.chmod(0o640)
     atomic_write(target, b"new")
     assert target.stat().st_mode & 0o777 == 0o640
+
+
+def test_check_writable_before_any_work(tmp_path: Path) -> None:
+    from circle_jax.formats.atomic import check_writable
+
+    check_writable(tmp_path / "out.bin")
+    assert os.listdir(tmp_path) == []  # the probe file is gone
+    for path, message in ((tmp_path, "it is a directory"),
+                          (tmp_path / "no" / "x.bin", "directory .* does not exist"),
+                          ("/proc/x.circle", r"cannot create a file in '/proc' \(")):
+        with pytest.raises(DataError, match=f"cannot write '{path}': {message}"):
+            check_writable(path)

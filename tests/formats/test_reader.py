@@ -140,3 +140,47 @@ def test_unsupported_operators_listed_at_once() -> None:
     assert "2 unsupported operator(s)" in msg
     assert "HASHTABLE_SIZE (code" in msg and "NON_MAX_SUPPRESSION_V4 (code" in msg
     assert "operator 0" in msg and "operator 1" in msg and "\n" not in msg
+
+
+_UNDER_LIMIT = """
+import resource, sys
+limit = 4_000_000 << 10  # ulimit -v 4000000, as on shared servers and in fuzz workers
+resource.setrlimit(resource.RLIMIT_AS, (limit, limit))
+import circle_jax as cj
+from circle_jax.formats.reader import MAX_FILE_BYTES
+try:
+    bytearray(MAX_FILE_BYTES + 1)  # what a read of the whole limit would ask for
+    sys.exit("the address-space limit did not bite")
+except MemoryError:
+    pass
+model = cj.load(sys.argv[1])
+print(len(model.operators), "operators")
+"""
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="RLIMIT_AS is POSIX (CI runs Linux)")
+def test_loading_under_an_address_space_limit(tmp_path) -> None:
+    """``ulimit -v``: a bounded read allocates what the file holds, not its 8 GiB limit
+    (before, a 4 KB model raised MemoryError under ``ulimit -v 4000000``). In a
+    subprocess, the limit set before anything is imported."""
+    import subprocess
+    import sys
+
+    from tests.toy_models import cnn
+
+    path = tmp_path / "cnn.circle"
+    cnn().save(path)
+    run = subprocess.run([sys.executable, "-c", _UNDER_LIMIT, str(path)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr[-2000:]
+    assert run.stdout.strip() == f"{len(cj.load(str(path)).operators)} operators"
+
+
+def test_a_file_that_grows_while_read_is_refused(tmp_path, monkeypatch) -> None:
+    p = tmp_path / "m.circle"
+    p.write_bytes(bytes(8))
+    import circle_jax.formats.reader as reader
+
+    monkeypatch.setattr(reader, "check_regular_file", lambda *a, **k: 4)  # stat said 4
+    with pytest.raises(cj.CircleFormatError, match="grew while being read"):
+        read_regular_file(str(p), "model")

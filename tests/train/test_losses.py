@@ -217,3 +217,63 @@ def test_jit_works():
     t = np.eye(3, dtype=np.float32)[[0, 1]]
     fn = jax.jit(L.get_loss("cce"))
     np.testing.assert_allclose(fn(p, t), np.log(3.0), rtol=1e-6)
+
+
+# ----------------------------------------------------------------------------- sequences
+
+def _numpy_token_cce(logp: np.ndarray, labels: np.ndarray, ignore: int | None) -> dict:
+    """float64 reference: per-token -log p(label); the three reductions over counted tokens."""
+    n, t, _ = logp.shape
+    keep = np.ones((n, t), bool) if ignore is None else labels != ignore
+    safe = np.where(keep, labels, 0)
+    per_token = -np.take_along_axis(logp, safe[..., None], -1)[..., 0] * keep
+    mean = per_token.sum() / keep.sum()
+    per_sample = per_token.sum(1) / np.maximum(keep.sum(1), 1)
+    return {"sum_over_batch_size": mean, "sum": mean * n, "none": per_sample}
+
+
+def _clipped_log(p: np.ndarray, clip: str) -> np.ndarray:
+    if clip == "keras":
+        p = np.clip(p / p.sum(-1, keepdims=True), 1e-7, 1 - 1e-7)
+    else:  # onert: max(p, 1e-20)
+        p = np.maximum(p, 1e-20)
+    return np.log(p)
+
+
+@pytest.mark.parametrize("ignore", [None, -100, 0])
+@pytest.mark.parametrize("variant", ["logits", "keras", "onert"])
+@pytest.mark.parametrize("reduction", ["sum_over_batch_size", "sum", "none"])
+def test_sequence_cce_sparse_and_dense_match_numpy(variant, ignore, reduction):
+    """[N, T, V] predictions against [N, T] labels (sparse) or [N, T, V] one-hot (dense):
+    the mean over tokens, padding (``ignore``) left out; every clip/logits variant the
+    numerics profiles use. Tolerance 1e-5 relative: float32 log/softmax against float64."""
+    r = _rng(3)
+    z = r.normal(size=(3, 5, 7)).astype(np.float32)
+    labels = r.integers(0, 7, (3, 5)).astype(np.int32)
+    if ignore is not None:
+        labels[0, 3:] = ignore  # padding at the end of sample 0
+        labels[2, :] = ignore if ignore < 0 else labels[2, :]  # a sample of padding only
+    pred = z if variant == "logits" else _softmax(z.astype(np.float64)).astype(np.float32)
+    logp = (z - np.log(np.exp(z.astype(np.float64)).sum(-1, keepdims=True))
+            if variant == "logits" else _clipped_log(pred.astype(np.float64), variant))
+    want = _numpy_token_cce(logp, labels, ignore)[reduction]
+    kw = dict(from_logits=variant == "logits", reduction=reduction,
+              **({} if variant == "logits" else {"clip": variant}))
+    got = L.sparse_categorical_crossentropy(pred, labels, ignore_index=ignore, **kw)
+    np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+    if ignore is None:  # dense targets: the same tokens, one-hot
+        dense = np.eye(7, dtype=np.float32)[labels]
+        got = L.categorical_crossentropy(pred, dense, **kw)
+        np.testing.assert_allclose(np.asarray(got), want, rtol=1e-5)
+
+
+def test_ignored_tokens_get_no_gradient(x64):
+    z = _rng(4).normal(size=(2, 4, 5))
+    labels = np.array([[1, 2, -1, -1], [0, 4, 3, -1]])
+
+    def loss(z):
+        return L.sparse_categorical_crossentropy(z, labels, from_logits=True, ignore_index=-1)
+
+    g = np.asarray(jax.grad(loss)(jnp.asarray(z)))
+    assert np.all(g[labels == -1] == 0) and np.all(np.abs(g[labels != -1]).sum(-1) > 0)
+    check_grads(loss, (jnp.asarray(z),), order=1, modes=["rev"], eps=1e-6)

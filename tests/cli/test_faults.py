@@ -1,0 +1,198 @@
+"""What a newcomer trips over on the command line (issue 28): a closed pipe, output paths
+that cannot be written (checked before any work), compare's exit codes and ties, a batch
+larger than the data with --keep_remainder, empty and wrong-dtype data files."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from circle_jax.cli import build_parser, main
+from circle_jax.oracle.compare import CompareReport, nearer
+from tests.toy_models import cnn, digits16
+
+UNWRITABLE = "/proc/circle-jax-test/x"  # no file can be created under /proc
+
+
+@pytest.fixture(scope="module")
+def files(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
+    """The test CNN, 16 digits as raw float32 and as raw uint8 / float64 (wrong dtypes)."""
+    d = tmp_path_factory.mktemp("faults")
+    x, y = digits16()
+    cnn().save(d / "cnn.circle")
+    for name, data in (("x.raw", x.astype("<f4")), ("y.raw", y.astype("<f4")),
+                       ("x_u8.raw", (x * 255).astype(np.uint8)),
+                       ("x_f64.raw", x.astype("<f8")), ("empty.raw", x[:0])):
+        (d / name).write_bytes(data.tobytes())
+    np.save(d / "x_f64.npy", x.astype(np.float64) + 0.1)  # float64 values float32 rounds
+    return {k: str(d / k) for k in ("cnn.circle", "x.raw", "y.raw", "x_u8.raw", "x_f64.raw",
+                                    "empty.raw", "x_f64.npy")} | {"dir": str(d)}
+
+
+def _train(f: dict[str, str], x: str = "x.raw", *extra: str) -> list[str]:
+    flag = "--load_input" if x.endswith(".npy") else "--load_input:raw"
+    return ["train", f["cnn.circle"], flag, f[x], "--load_expected:raw", f["y.raw"],
+            "--batch_size", "4", "--epoch", "1", *extra]
+
+
+def _one_error(capsys) -> str:
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and err.startswith("E: "), err
+    assert "Epoch" not in out and "Traceback" not in err
+    return err
+
+
+# ----------------------------------------------------------------------------- closed pipe
+
+def _script() -> str:
+    exe = shutil.which("circle-jax", path=os.path.dirname(sys.executable))
+    assert exe, "the circle-jax console script is not installed (pip install -e .)"
+    return exe
+
+
+@pytest.mark.parametrize("argv", [["info", "cnn.circle"], ["--help"], ["train", "--help"]],
+                         ids=["info", "help", "train-help"])
+def test_a_closed_pipe_ends_quietly_with_status_0(files, argv) -> None:
+    """``circle-jax info M | head -0``: the reader has gone before the first write (the
+    pipe's read end is closed before the process starts writing)."""
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([_script(), *[files.get(a, a) for a in argv]], stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(w)
+    assert (p.returncode, p.stderr) == (0, "")
+
+
+# ----------------------------------------------------------------------------- output paths
+
+@pytest.mark.parametrize("flag", ["--export_circle", "--export_tflite", "--export_circleplus",
+                                  "--export_checkpoint", "--export_wof"])
+def test_unwritable_outputs_are_refused_before_training(files, capsys, flag) -> None:
+    assert main(_train(files, "x.raw", flag, "/proc/x.circle")) == 1
+    err = _one_error(capsys)
+    assert f"cannot write {flag} '/proc/x.circle': cannot create a file in '/proc'" in err
+    assert ".tmp" not in err
+
+
+def test_unwritable_outputs_of_the_other_commands(files, tmp_path, capsys) -> None:
+    np.save(tmp_path / "x.npy", digits16()[0][:2])
+    for argv, flag in ((["golden", files["cnn.circle"], "--input", str(tmp_path / "x.npy"),
+                         "-o", UNWRITABLE], "-o"),
+                       (["run", files["cnn.circle"], "--input", str(tmp_path / "x.npy"),
+                         "--output_dir", UNWRITABLE], "--output_dir"),
+                       (["export", files["cnn.circle"], "--circle", "/proc/x.circle"],
+                        "--circle")):
+        assert main(argv) == 1, argv
+        assert f"E: cannot write {flag} '" in _one_error(capsys)
+    (tmp_path / "file").write_text("")
+    assert main(["run", files["cnn.circle"], "--input", str(tmp_path / "x.npy"),
+                 "--output_dir", str(tmp_path / "file")]) == 1
+    assert "it is a file, expected a directory" in _one_error(capsys)
+
+
+# ----------------------------------------------------------------------------- compare
+
+def test_compare_report_path_is_a_usage_error_and_help_lists_status_3(files, capsys) -> None:
+    argv = ["compare", files["cnn.circle"], "--load_input:raw", files["x.raw"],
+            "--load_expected:raw", files["y.raw"], "--report", "/proc/r.json"]
+    assert main(argv) == 3  # not 1, which says the runtimes disagree
+    assert "cannot write --report '/proc/r.json'" in _one_error(capsys)
+    helptext = build_parser()._subparsers._group_actions[0].choices["compare"].format_help()
+    assert "3 circle-jax cannot" in " ".join(helptext.split())
+
+
+def test_the_arbiter_names_no_winner_on_a_tie() -> None:
+    assert (nearer(7.08e-8, 7.08e-8), nearer(1e-8, 2e-8), nearer(2e-8, 1e-8)) == \
+        ("tie", "circle-jax", "onert")
+
+    def table(cj: float, on: float) -> str:
+        step = {"step": 1, "loss": {"circle-jax": 1.0, "onert": 1.0}, "max_weight_diff": 0.0,
+                "tensor": None, "arbiter": {"circle-jax": cj, "onert": on,
+                                            "nearer": nearer(cj, on)}}
+        report = CompareReport(True, None, [step], {"trained_loss": 1.0, "export_loss": 1.0,
+                                                    "agree": True},
+                               {"tolerance": {"atol": 1e-5, "rtol": 1e-4}})
+        json.dumps(report.as_json())
+        return report.table().splitlines()[-1]
+
+    assert table(7.08e-8, 7.08e-8).endswith("circle-jax 7.08e-08 away, onert 7.08e-08: "
+                                            "they tie (equally near)")
+    # values the 3 digits shown cannot tell apart are printed with more
+    assert table(7.081e-8, 7.0812e-8).endswith("circle-jax 7.081e-08 away, onert "
+                                               "7.0812e-08: circle-jax is nearer")
+
+
+# ----------------------------------------------------------------------------- data
+
+def test_keep_remainder_with_a_batch_larger_than_the_data_trains_one_step(files,
+                                                                          capsys) -> None:
+    argv = [*_train(files), "--batch_size", "64", "--keep_remainder", "--epoch", "3",
+            "--learning_rate", "0.5"]
+    assert main(argv) == 0
+    losses = [float(line.split("loss: [0] ")[1].split()[0])
+              for line in capsys.readouterr().out.splitlines() if line.startswith("Epoch")]
+    assert len(losses) == 3 and losses[2] < losses[0]
+
+
+@pytest.mark.parametrize("x, message", [
+    ("empty.raw", r"raw data file '.*empty.raw' is empty; expected samples of 256 bytes "
+                  r"\(float32\[8, 8, 1\] = 256 bytes\)"),
+    ("x_u8.raw", r"input file has 4 samples, expected file has 16; the input file's 1024 "
+                 r"bytes are 16 samples of uint8 or int8: is it uint8\? \(raw files carry no "
+                 r"dtype; write it as float32\)"),
+    ("x_f64.raw", r"input file has 32 samples, expected file has 16; the input file's 8192 "
+                  r"bytes are 16 samples of float64 or int64: is it float64\?"),
+    ("x_f64.npy", r"array in '.*x_f64.npy' has dtype float64, expected float32: \d+ of its "
+                  r"1024 values change in the cast"),
+], ids=["empty", "uint8-raw", "float64-raw", "float64-npy-lossy"])
+def test_wrong_data_is_one_line_saying_what_is_wrong(files, capsys, x, message) -> None:
+    import re
+
+    assert main(_train(files, x)) == 1
+    assert re.search(message, _one_error(capsys))
+
+
+def test_raw_bytes_that_read_as_nan_are_named_as_a_dtype_guess(files, tmp_path,
+                                                               capsys) -> None:
+    """``run`` has no expected file to count against: the size alone is the hint."""
+    assert main(["run", files["cnn.circle"], "--input", files["x_u8.raw"], "--output_dir",
+                 str(tmp_path)]) == 1
+    err = _one_error(capsys)
+    assert "holds NaN or infinity" in err and "16 samples of uint8 or int8: is it uint8?" in err
+
+
+_HANDLER = """
+import sys
+from circle_jax.cli import info, main
+def run(args):
+    for _ in range(int(sys.argv[1])):
+        print("a line of output")
+    return 5
+info.run = run
+sys.exit(main(["info", "model.circle"]))
+"""
+
+
+@pytest.mark.parametrize("lines, status", [(1, 5), (100_000, 0)],
+                         ids=["cut-at-the-end", "cut-during-the-work"])
+def test_a_closed_pipe_keeps_the_status_of_finished_work(lines: int, status: int) -> None:
+    """Output still buffered when the command ends: its own status (compare's verdict);
+    output cut during the work (more than a pipe holds): 0. Quiet either way. (Standard
+    output buffered, as by default: PYTHONUNBUFFERED unset.)"""
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
+    r, w = os.pipe()
+    os.close(r)
+    try:
+        p = subprocess.run([sys.executable, "-c", _HANDLER, str(lines)], stdout=w,
+                           stderr=subprocess.PIPE, text=True, timeout=120, env=env)
+    finally:
+        os.close(w)
+    assert (p.returncode, p.stderr) == (status, "")
