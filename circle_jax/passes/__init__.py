@@ -35,7 +35,7 @@ from .edit import (
     set_outputs,
 )
 from .head import replace_head
-from .lora import add_lora, adapter_names, lora_frozen, lora_targets, merge_lora
+from .lora import adapter_names, add_lora, lora_frozen, lora_targets, merge_lora
 from .signature import select_signature, signature_keys
 from .untie import untie_shared_constants
 
@@ -89,8 +89,8 @@ def personal_params(model: ir.Model) -> frozenset[str]:
 
 __all__ = [
     "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
-    "add_tensor", "lora_frozen", "lora_targets", "merge_lora", "personal_params", "personalize", "pipeline",
-    "replace_head",
+    "add_tensor", "lora_frozen", "lora_targets", "merge_lora", "personal_params", "personalize",
+    "pipeline", "replace_head",
     "record", "replace_inputs", "replace_subgraph", "run", "select_signature", "set_inputs",
     "set_outputs", "signature_keys", "untie_shared_constants",
 ]

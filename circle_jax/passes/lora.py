@@ -10,7 +10,7 @@ uniform in +-1/sqrt(fan_in), as in the LoRA paper's reference code and peft) and
 - CONV_2D ``W [O, kh, kw, I]``: ``A [R, kh, kw, I]`` (a convolution with the operator's
   strides, padding and dilation to R channels), then ``B [O, 1, 1, R]`` (a 1x1 one);
 - BATCH_MATMUL whose second operand ``W [..., K, N]`` is constant (``[..., N, K]`` under
-  ``adj_y``): ``A [..., K, R]`` (``[..., R, K]``) then ``B [..., R, N]``.
+  ``adjoint_rhs``): ``A [..., K, R]`` (``[..., R, K]``) then ``B [..., R, N]``.
 
 The base operator keeps its inputs and writes ``<y name>/base`` without activation; an
 ADD (with the base's fused activation) writes ``y``; a MUL by ``s`` stands between when
@@ -106,7 +106,7 @@ def _shapes(op: ir.Operator, w: ir.Tensor, rank: int
         o, kh, kw, i = w.shape
         return (rank, kh, kw, i), (1, 2, 3), 0, (o, 1, 1, rank), min(o, kh * kw * i)
     batch, last = w.shape[:-2], len(w.shape) - 1
-    if op.options.adj_y:  # W [..., N, K]
+    if op.options.adjoint_rhs:  # W [..., N, K]
         n, k = w.shape[-2:]
         return (*batch, rank, k), (last,), last - 1, (*batch, rank, n), min(k, n)
     k, n = w.shape[-2:]
@@ -157,7 +157,7 @@ def add_lora(model: ir.Model, rank: int, alpha: float | None = None,
         else:
             mid = (*y.shape[:-1], rank)
             opts_a = {**base_opts}
-            opts_b = {"adj_x": False, "adj_y": False}
+            opts_b = {"adjoint_lhs": False, "adjoint_rhs": False}
         bias_a = bias_b = -1
         if op.type == "CONV_2D":  # LiteRT's CONV_2D needs a bias: zeros, never trained
             model, bias_a = add_constant(model, 0, f"{w.name}/lora_a_bias",
@@ -252,7 +252,7 @@ def merge_lora(model: ir.Model) -> ir.Model:
         elif base.type == "CONV_2D":
             delta = np.einsum("or,rhwi->ohwi", bb[:, 0, 0, :], aa)
         else:
-            delta = aa @ bb if not base.options.adj_y else np.swapaxes(
+            delta = aa @ bb if not base.options.adjoint_rhs else np.swapaxes(
                 np.swapaxes(aa, -1, -2) @ bb, -1, -2)
         merged = (np.asarray(w.data, np.float64) + scale * delta).astype(w.data.dtype)
         merged.flags.writeable = False
