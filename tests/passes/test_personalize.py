@@ -248,3 +248,47 @@ def test_lora_composes_with_accumulation_and_mixed_precision() -> None:
         moved = not np.array_equal(np.asarray(value), np.asarray(model.params[name]))
         assert moved == (name in model.personal_params), name
     assert mixed.trainer.policy.compute_dtype == jnp.bfloat16
+
+
+def test_new_head_trains_in_onert_as_in_circle_jax(tmp_path: Path) -> None:
+    """The exported new-head graph trained by onert (head only: its last 2 operators) gives
+    circle-jax's per-epoch losses within 1e-3 (the agreement tests' tolerance: float32
+    kernels of two runtimes over 8 Adam steps)."""
+    from tests.onert_peer import onert_fit
+
+    model = cj.load(shared_model(MNIST), new_head=3, seed=4)
+    x, y = _mnist_data(16, 3)
+    path = tmp_path / "head.circle"
+    path.write_bytes(model.export(file_format="circle"))
+    theirs = onert_fit(path, x, y, epochs=2, batch_size=4, learning_rate=0.01, loss=2,
+                       optimizer=2, trainable_ops=2)
+    ours = fit(model, x, y, epochs=2, batch_size=4, learning_rate=0.01, loss="cce",
+               optimizer="adam")
+    np.testing.assert_allclose(ours.history.loss, theirs.loss, atol=1e-3)
+
+
+def test_cli_new_head_writes_circleplus_tflite_and_refuses_lora_circleplus(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from circle_jax.formats.traininfo import decode_traininfo
+
+    monkeypatch.chdir(tmp_path)
+    x, y = _mnist_data(8, 3)
+    np.save("x.npy", x)
+    np.save("y.npy", y)
+    base = ["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected", "y.npy",
+            "--epoch", "1", "--batch_size", "4", "--loss", "cce", "--optimizer", "adam",
+            "--new_head", "3", "--seed", "2"]
+    assert main(base + ["--export_circleplus", "h.circle", "--export_tflite", "h.tflite"]) == 0
+    plus = read_model("h.circle")
+    info = decode_traininfo(plus.metadata["CIRCLE_TRAINING"])
+    assert info.trainable_ops == (4, 5)  # the new FULLY_CONNECTED and the SOFTMAX
+    (out,) = run_litert(Path("h.tflite").read_bytes(), [x[:1]])
+    assert out.shape == (1, 3)
+    capsys.readouterr()
+    assert main(base + ["--lora", "1", "--export_circleplus", "l.circle"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("E: ") and "last N operators" in err and "\n" not in err
+    assert main(base + ["--lora", "1", "--export_tflite", "l.tflite", "--export_unmerged",
+                        "--export_wof", "l.wof"]) == 0
+    unmerged = read_model("l.tflite")
+    assert len(unmerged.main.operators) > len(plus.main.operators)
