@@ -331,9 +331,10 @@ plt.show()"""),
                       "5 outputs."),
     new_code_cell("""data = lora.export(r_lora.params, "tflite")
 interp = Interpreter(model_content=data)
-interp.resize_tensor_input(0, (16, 128, 128, 3))
+inp = interp.get_input_details()[0]["index"]
+interp.resize_tensor_input(inp, (16, 128, 128, 3))
 interp.allocate_tensors()
-interp.set_tensor(interp.get_input_details()[0]["index"], x[test])
+interp.set_tensor(inp, x[test])
 interp.invoke()
 litert = interp.get_tensor(interp.get_output_details()[0]["index"])
 ours = np.asarray(jax.jit(lora.apply)(r_lora.params, x[test])[0])

@@ -198,6 +198,12 @@ def _extra(ns: argparse.Namespace) -> dict[str, str]:
                             + (f" over {ns.num_processes} processes" if ns.num_processes else ""))
     if ns.loss_scale not in (None, "none"):
         extra["loss_scale"] = f"{ns.loss_scale} (on overflow: {ns.on_overflow or 'skip'})"
+    if ns.new_head is not None:
+        extra["new_head"] = f"{ns.new_head} classes (seed {ns.seed or 0})"
+    if ns.lora is not None:
+        alpha = ns.lora if ns.lora_alpha is None else ns.lora_alpha
+        extra["lora"] = (f"rank {ns.lora}, alpha {alpha:g}, targets {ns.lora_targets or 'all'}"
+                         + (", exported unmerged" if ns.export_unmerged else ", merged"))
     return extra
 
 
