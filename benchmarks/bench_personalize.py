@@ -15,7 +15,9 @@ Models: MobileNet v1 0.25/128 (shared/models, batch 8, head -> 5 classes) and th
 transformer (shared/models/aeq_toy_transformer_kv_cache_2sig.tflite, its 400-way logits
 output, batch 1). Modes: ``full`` (every weight), ``head`` (``new_head``; the transformer's
 head is its last FULLY_CONNECTED), ``lora R`` (R in 4, 16, adapters on every target, the
-base frozen; on MobileNet with the new head, which trains too).
+base frozen; on MobileNet with the new head, which trains too). LoRA targets every such
+layer whose rank ``min(out, fan_in)`` is at least R (MobileNet's first pointwise
+convolutions have 8 or 16 outputs: R = 16 skips the ones below it).
 """
 
 from __future__ import annotations
@@ -50,6 +52,8 @@ def measure(name: str, mode: str, steps: int) -> dict:
     elif "lora" in options:
         options["new_head"] = classes
     model = cj.load(path)
+    if "lora" in options:
+        options["lora_targets"] = _targets(model, options["lora"])
     if options:
         model = model.personalize(output=output, **options)
     trainer = Trainer(model, batch_size=batch, loss="cce", optimizer="adam",
@@ -79,6 +83,23 @@ def measure(name: str, mode: str, steps: int) -> dict:
             "temp_mib": mem.temp_size_in_bytes / 2**20,
             "args_mib": mem.argument_size_in_bytes / 2**20,
             "ms_step": statistics.median(times)}
+
+
+def _targets(model: cj.Model, rank: int) -> list[str]:
+    """The weights of every FULLY_CONNECTED / CONV_2D / BATCH_MATMUL whose rank
+    (``min(out, fan_in)``) is at least ``rank`` (a smaller layer refuses the rank)."""
+    sg, out = model.ir.main, []
+    for op in sg.operators:
+        if op.type in ("FULLY_CONNECTED", "CONV_2D", "BATCH_MATMUL") and len(op.inputs) > 1:
+            w = sg.tensors[op.inputs[1]]
+            if w.is_constant and w.is_float and min(w.shape[0] if op.type != "BATCH_MATMUL"
+                                                    else w.shape[-1],
+                                                    int(np.prod(w.shape[1:]))
+                                                    if op.type != "BATCH_MATMUL"
+                                                    else w.shape[-2]) >= rank:
+                out.append(f"op{op.index}.weight" if op.type != "BATCH_MATMUL"
+                           else f"op{op.index}.in1")
+    return out
 
 
 def main() -> None:
