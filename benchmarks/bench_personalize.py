@@ -52,10 +52,11 @@ def measure(name: str, mode: str, steps: int) -> dict:
     elif "lora" in options:
         options["new_head"] = classes
     model = cj.load(path)
+    if "new_head" in options:
+        model = model.personalize(output=output, new_head=options["new_head"])
     if "lora" in options:
-        options["lora_targets"] = _targets(model, options["lora"])
-    if options:
-        model = model.personalize(output=output, **options)
+        model = model.personalize(lora=options["lora"],
+                                  lora_targets=_targets(model, options["lora"]))
     trainer = Trainer(model, batch_size=batch, loss="cce", optimizer="adam",
                       learning_rate=1e-3, loss_output=output,
                       trainable="all" if mode == "full" else None)
