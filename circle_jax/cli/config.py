@@ -110,9 +110,11 @@ def load_options(ns: argparse.Namespace) -> dict[str, Any]:
                "tie_shared_weights": True if ns.tie_shared_weights else None,
                "add_missing_bias": True if ns.add_missing_bias else None,
                "signature": ns.signature}
+    if getattr(ns, "lora", 0) is None and (ns.lora_alpha is not None
+                                           or ns.lora_targets is not None
+                                           or ns.export_unmerged):
+        raise CliError("--lora_alpha, --lora_targets and --export_unmerged need --lora R")
     if getattr(ns, "new_head", None) is not None or getattr(ns, "lora", None) is not None:
-        if ns.lora is None and (ns.lora_alpha is not None or ns.lora_targets is not None):
-            raise CliError("--lora_alpha and --lora_targets need --lora R")
         options.update(new_head=ns.new_head, seed=ns.seed or 0, lora=ns.lora,
                        lora_alpha=ns.lora_alpha, lora_targets=ns.lora_targets or "all")
     return options

@@ -117,6 +117,7 @@ def test_bad_input_is_one_line(call: Any, message: str) -> None:
     (["--new_head", "0"], "class count must be an integer >= 1"),
     (["--lora", "9"], "exceeds the rank"),
     (["--lora", "1", "--lora_targets", "nothing"], "LoRA target 'nothing'"),
+    (["--lora_alpha", "2"], "need --lora R"),
 ])
 def test_cli_bad_input_is_one_line(flags: list[str], message: str, tmp_path: Path,
                                    capsys: pytest.CaptureFixture) -> None:
