@@ -20,7 +20,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from . import checkpoints, formats, losses, optim
+    from . import checkpoints, formats, losses, optim, passes
     from .build import Builder, GraphBuilder
     from .formats.reader import read_model
     from .lower import unsupported_operators
@@ -39,7 +39,7 @@ if TYPE_CHECKING:
         select_trainable,
     )
 
-_SUBPACKAGES = ("checkpoints", "formats", "losses", "optim")
+_SUBPACKAGES = ("checkpoints", "formats", "losses", "optim", "passes")
 
 # public name -> the module that defines it
 _LAZY = {
@@ -74,7 +74,8 @@ __all__ = [
     "Builder", "CircleFormatError", "CircleJaxError", "DataError", "FitResult", "GraphBuilder",
     "History", "Model", "ProgramCache", "TensorSpec", "TrainConfig", "TrainState", "Trainer",
     "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats",
-    "inline_cpu_dispatch", "load", "losses", "optim", "read_model", "retain_host_memory",
+    "inline_cpu_dispatch", "load", "losses", "optim", "passes", "read_model",
+    "retain_host_memory",
     "select_trainable",
     "supported_operators", "unsupported_operators",
 ]

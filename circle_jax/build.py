@@ -22,10 +22,10 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ir
 from .formats.reader import options_of
 from .formats.schema import OPERATOR_CODES, options_class, options_tag, schema, tensor_type
-from .formats.writer import pack
+from .formats.writer import opcode_object, pack
+from .graph import ir
 from .ops.common import is_static
 from .ops.registry import OpContext, definition
 
@@ -239,13 +239,9 @@ class Builder:
             for o in g.ops:
                 key = (o.type, o.custom_code, o.version)
                 if key not in codes:
-                    code = OPERATOR_CODES[o.type]
-                    oc = schema.OperatorCode.OperatorCodeT()
-                    oc.builtinCode = code
-                    oc.deprecatedBuiltinCode = code if 0 <= code < 127 else 127
-                    oc.customCode, oc.version = o.custom_code, o.version
                     codes[key] = len(m.operatorCodes)
-                    m.operatorCodes.append(oc)
+                    m.operatorCodes.append(opcode_object(OPERATOR_CODES[o.type], o.custom_code,
+                                                         o.version))
                 op = schema.Operator.OperatorT()
                 op.opcodeIndex = codes[key]
                 op.inputs, op.outputs = list(o.inputs), list(o.outputs)

@@ -21,13 +21,13 @@ from typing import Any
 import jax
 import numpy as np
 
-from . import ir
 from .errors import CircleFormatError, CircleJaxError, UnsupportedOperatorError
-from .graph_checks import check_arity, check_graph
+from .graph import ir
+from .graph.checks import check_arity, check_graph
+from .graph.params_policy import param_table
 from .lowering import LoweringOptions, as_options, implementation
 from .ops.common import check_padding
 from .ops.registry import OpContext, OpDef, definition, lookup
-from .params_policy import param_table
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 

@@ -12,16 +12,16 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from . import ir
-from .aliases import param_aliases, resolve_param_names
 from .errors import CircleFormatError, TrainingError
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import with_weights, write_model
-from .graph_checks import check_graph
+from .graph import ir
+from .graph.aliases import param_aliases, resolve_param_names
+from .graph.checks import check_graph
+from .graph.params_policy import ParamRole, classify_params, describe_roles
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
-from .params_policy import ParamRole, classify_params, describe_roles
 from .passes import adapter_names, merge_lora, personal_params, personalize, pipeline, run
 
 
@@ -144,7 +144,7 @@ class Model:
 
     @property
     def aliases(self) -> dict[str, str]:
-        """Param name -> short readable alias (``op3.bias``; see `circle_jax.aliases`)."""
+        """Param name -> short readable alias (``op3.bias``; see `circle_jax.graph.aliases`)."""
         return param_aliases(self.ir, self.param_keys)
 
     def resolve_params(self, names: Iterable[str]) -> frozenset[str]:
@@ -161,7 +161,9 @@ class Model:
     ) -> bytes:
         """The model file's bytes with ``params`` written in (default: the model's own).
 
-        Everything else (operators, tensors, names, metadata, signature defs) is preserved.
+        The IR as load's passes left it is written by `circle_jax.formats.write_model`:
+        everything else of the source (operators, tensors, names, metadata, signature defs,
+        fields the IR does not model) is preserved.
         ``file_format`` is "circle" or "tflite" (TFL3, version 3: LiteRT runs it). Untied
         copies and added biases (``rewrites``) are written as tensors with buffers of their
         own, so the file computes the trained function; while every copy still equals the

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 from typing import Any
 
-from .params_policy import check_policy
+from .graph.params_policy import check_policy
 
 SOFTMAX_CCE = ("clip", "logits")
 ADAM_EPS = ("tf", "optax", "onert_micro")

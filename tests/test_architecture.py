@@ -100,18 +100,30 @@ def test_the_cycle_finder_finds_cycles() -> None:
     assert _cycle({"a": {"b"}, "b": set()}) is None
 
 
+# The data path, bottom up: files (formats) -> IR (graph) -> passes -> lowering (ops,
+# lowering, lower) -> training -> files. "circle_jax.graph" alone is the package (its
+# __init__ imports nothing), not every module of it; ops.registry is the operator catalogue
+# the params policy reads (which inputs must be static), a table with no lowering in it.
+GRAPH_PACKAGE = {"circle_jax.graph"}
+IR = {"circle_jax.graph", "circle_jax.graph.ir", "circle_jax.errors"}
+GRAPH = {*IR, "circle_jax.graph.checks", "circle_jax.graph.params_policy",
+         "circle_jax.graph.aliases"}
+
+
 @pytest.mark.parametrize("layer, allowed", [
-    ("circle_jax.formats", {"circle_jax.formats", "circle_jax.ir", "circle_jax.errors"}),
-    ("circle_jax.ops", {"circle_jax.ops", "circle_jax.ir", "circle_jax.errors",
-                        "circle_jax.lowering"}),
-    ("circle_jax.lowering", {"circle_jax.lowering", "circle_jax.ops", "circle_jax.ir",
-                             "circle_jax.errors"}),
+    ("circle_jax.formats", {"circle_jax.formats", *IR}),
+    ("circle_jax.graph", {*GRAPH, "circle_jax.ops.registry"}),
+    ("circle_jax.passes", {"circle_jax.passes", *GRAPH, "circle_jax.formats.schema"}),
+    ("circle_jax.ops", {"circle_jax.ops", *IR, "circle_jax.lowering"}),
+    ("circle_jax.lowering", {"circle_jax.lowering", "circle_jax.ops", *IR}),
 ])
 def test_lower_layers_import_nothing_above_them(layer: str, allowed: set[str]) -> None:
-    bad = {
-        (m, d) for m, deps in _graph().items() if m == layer or m.startswith(layer + ".")
-        for d in deps if not any(d == a or d.startswith(a + ".") for a in allowed)
-    }
+    def ok(d: str) -> bool:
+        return any(d == a or (d.startswith(a + ".") and a not in GRAPH_PACKAGE)
+                   for a in allowed)
+
+    bad = {(m, d) for m, deps in _graph().items() if m == layer or m.startswith(layer + ".")
+           for d in deps if not ok(d)}
     assert not bad, f"{layer} imports above itself: {sorted(bad)}"
 
 

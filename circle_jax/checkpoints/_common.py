@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import numpy as np
 
-from .. import ir
 from ..formats.atomic import PathLike
+from ..graph import ir
 from ..model import Model
 from ..train import (
     Trainer,

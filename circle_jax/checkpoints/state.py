@@ -50,12 +50,12 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from .. import ir
 from ..errors import CircleFormatError, DataError, TrainingError
 from ..formats.atomic import PathLike, atomic_write
 from ..formats.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
 from ..formats.reader import read_bytes
 from ..formats.writer import write_model
+from ..graph import ir
 from ..interop.onert import onert_checkpoint_order
 from ..model import Model
 from ..optim import AccumulateState, AdamTFState

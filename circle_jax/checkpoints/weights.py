@@ -13,12 +13,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import ir
 from ..errors import CircleFormatError, DataError, TrainingError
 from ..formats.atomic import PathLike, atomic_write
 from ..formats.checkpoint import as_array
 from ..formats.reader import read_bytes
 from ..formats.wof import decode_wof, encode_wof
+from ..graph import ir
 from ..model import Model
 from ._common import Source, _describe, _main_params, _nbytes, require_finite
 

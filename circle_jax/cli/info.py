@@ -1,4 +1,5 @@
-"""``info``: a model's summary, its params with their short aliases, unsupported operators."""
+"""``info``: a model's summary, its params with their short aliases, the graph passes a
+default load runs and what they change, unsupported operators."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 def params_table(model: object, param_keys: dict) -> str:
     """One line per param: alias, dtype/shape, tensor name (aliases work wherever names do)."""
-    from circle_jax.aliases import alias_table, param_aliases
+    from circle_jax.graph.aliases import alias_table, param_aliases
 
     aliases = param_aliases(model, param_keys)  # type: ignore[arg-type]
     others: dict[str, list[str]] = {}
@@ -33,7 +34,7 @@ def params_table(model: object, param_keys: dict) -> str:
 def trainability(model: object, param_keys: dict) -> str:
     """Each param trainable or frozen with the reason (default policy), and the shared
     constants a default load unties."""
-    from circle_jax.params_policy import classify_params, describe_roles, shared_constants
+    from circle_jax.graph.params_policy import classify_params, describe_roles, shared_constants
 
     roles = classify_params(model, param_keys)  # type: ignore[arg-type]
     shapes = {n: model.subgraphs[k].tensors[i].shape  # type: ignore[attr-defined]
@@ -46,6 +47,18 @@ def trainability(model: object, param_keys: dict) -> str:
     return "\n".join(lines)
 
 
+def default_passes(model: object) -> str:
+    """What the passes of a default `load` (the onert profile) change in ``model``."""
+    from circle_jax.numerics import get_numerics
+    from circle_jax.passes import pipeline, run
+
+    prof = get_numerics(None)
+    done = run(model, pipeline(untie=not prof.tie_shared_weights,  # type: ignore[arg-type]
+                               add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
+    lines = [f"graph passes of a default load ({prof.name} profile):"]
+    return "\n".join(lines + [line for r in done.passes for line in r.describe()])
+
+
 def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.reader import read_model
     from circle_jax.lower import param_table, unsupported_operators
@@ -56,6 +69,7 @@ def run(args: argparse.Namespace) -> int:
     print(summarize(m, keys))
     print(params_table(m, keys))
     print("\n" + trainability(m, keys))
+    print("\n" + default_passes(m))
     missing = unsupported_operators(m)
     if missing:
         print(f"\nunsupported operators ({len(missing)}): " + "; ".join(missing))

@@ -1,7 +1,7 @@
 """File formats as bytes and plain data (numpy), without JAX: models, raw data, circle+
 metadata, ``.wof`` weights, onert checkpoints, nnpackages and atomic writes.
 
-Nothing here imports JAX or anything of circle_jax above :mod:`circle_jax.ir`; moving a
+Nothing here imports JAX or anything of circle_jax above :mod:`circle_jax.graph.ir`; moving a
 model's params or a training state in and out of these files is :mod:`circle_jax.checkpoints`.
 Every file is written atomically (:func:`atomic_write`): a reader sees the old file or the
 whole new one, and an input file passed as ``protect`` is never overwritten.
@@ -21,7 +21,7 @@ from circle_jax.formats.traininfo import (
     traininfo_to_json,
 )
 from circle_jax.formats.wof import decode_wof, encode_wof
-from circle_jax.formats.writer import export_model
+from circle_jax.formats.writer import export_model, write_model
 
 __all__ = [
     "Checkpoint",
@@ -41,5 +41,6 @@ __all__ = [
     "read_raw",
     "traininfo_from_json",
     "traininfo_to_json",
+    "write_model",
     "write_raw",
 ]

@@ -8,9 +8,9 @@ from typing import Any
 
 import numpy as np
 
-from .. import ir
 from ..errors import CircleFormatError
-from ..ir import MAX_TENSOR_ELEMENTS, as_numpy_dtype
+from ..graph import ir
+from ..graph.ir import MAX_TENSOR_ELEMENTS, as_numpy_dtype
 from .nnpackage import nnpackage_model_path
 from .schema import (
     CIRCLE_IDENTIFIER,

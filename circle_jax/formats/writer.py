@@ -33,7 +33,7 @@ from typing import Any
 import flatbuffers
 import numpy as np
 
-from .. import ir
+from ..graph import ir
 from .reader import model_from_object, unpack
 from .schema import (
     CIRCLE_IDENTIFIER,

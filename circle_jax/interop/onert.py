@@ -21,11 +21,11 @@ import tempfile
 
 import numpy as np
 
-from .. import ir
 from ..errors import DataError
 from ..formats.checkpoint import decode_checkpoint
 from ..formats.reader import read_model
 from ..formats.writer import export_model
+from ..graph import ir
 
 PROBE_TIMEOUT_S = 120
 """The longest the onert child process may take to train its one step."""

@@ -8,7 +8,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import ir
+from ..graph import ir
 
 
 def clip_tf(x: jax.Array, lo: float, hi: float) -> jax.Array:

@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import ir
+from ..graph import ir
 from .common import is_static
 from .registry import OpContext, register
 

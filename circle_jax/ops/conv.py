@@ -19,7 +19,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import ir
+from ..graph import ir
 from .common import check_float_input, check_padding, fused_activation, padding_pairs, positive
 from .common import static as static_value
 from .registry import OpContext, register

@@ -31,7 +31,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import ir
+from ..graph import ir
 from .common import clip_tf, fused_activation, output_dtype
 from .registry import OpContext, register
 

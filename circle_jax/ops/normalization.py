@@ -10,7 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import ir
+from ..graph import ir
 from .common import fused_activation
 from .registry import OpContext, register
 

@@ -22,7 +22,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from .. import ir
+from ..graph import ir
 from .common import check_padding, fused_activation, padding_pairs, positive
 from .registry import OpContext, register
 

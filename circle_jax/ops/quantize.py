@@ -12,7 +12,7 @@ from typing import Any
 import jax.numpy as jnp
 import numpy as np
 
-from .. import ir
+from ..graph import ir
 from .common import output_dtype
 from .elementwise import exact_divide, is_int
 from .registry import OpContext, register

@@ -17,7 +17,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
-from .. import ir
+from ..graph import ir
 from .common import activation_function, clip_tf
 from .registry import OpContext, register
 

@@ -13,7 +13,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from .. import ir
+from ..graph import ir
 
 OpFn = Callable[..., Any]
 CheckFn = Callable[["OpContext"], None]

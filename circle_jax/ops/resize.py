@@ -25,7 +25,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .. import ir
+from ..graph import ir
 from .common import static
 from .registry import OpContext, register
 

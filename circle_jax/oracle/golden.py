@@ -10,7 +10,7 @@
 
 Everything is computed in ``dtype`` (float64: the arbiter's ground truth; inputs and float
 params are cast up, and training runs under the float64 precision policy). The tensors are
-those of the loaded model: untied copies and added biases (`circle_jax.untie`) are tensors
+those of the loaded model: untied copies and added biases (`circle_jax.passes`) are tensors
 of their own, appended after the file's; the index records where each came from.
 ``write_golden`` writes the files ONE's tools read (`circle_jax.oracle.h5`), luci-value-
 test's raw layout on request, and ``index.json``.

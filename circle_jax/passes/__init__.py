@@ -1,7 +1,7 @@
 """Graph passes: pure rewrites of the IR, each one rule, run in an explicit pipeline.
 
 A pass is a function ``ir.Model -> ir.Model`` that returns a new model and appends a
-:class:`~circle_jax.ir.PassRecord` of what it changed to ``model.passes``; it never reads
+:class:`~circle_jax.graph.ir.PassRecord` of what it changed to ``model.passes``; it never reads
 or writes bytes (the reader parsed the file once; `circle_jax.formats.writer.write_model`
 writes any pass's output). `circle_jax.load` runs :func:`pipeline` of its options; every
 pass is also usable alone:
@@ -22,7 +22,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import partial
 
-from .. import ir
+from ..graph import ir
 from .bias import add_missing_biases
 from .edit import (
     add_constant,

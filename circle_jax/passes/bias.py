@@ -1,7 +1,7 @@
 """Add missing biases: a weighted operator without its optional bias gets a zero one.
 
 TF's converter drops all-zero FULLY_CONNECTED biases, which Keras still trains. For each
-operator `circle_jax.params_policy.missing_biases` finds (main subgraph, float weights
+operator `circle_jax.graph.params_policy.missing_biases` finds (main subgraph, float weights
 and output, no bias), :func:`add_missing_biases` adds a zero constant
 ``<weights name>/bias`` of the output channel count in the output's dtype and makes it the
 operator's bias input (padding the inputs with -1, "absent", up to the bias position).
@@ -13,8 +13,8 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import ir
-from ..params_policy import missing_biases
+from ..graph import ir
+from ..graph.params_policy import missing_biases
 from .edit import add_constant, record, replace_subgraph
 
 

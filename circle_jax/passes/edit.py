@@ -21,8 +21,8 @@ from typing import Any
 
 import numpy as np
 
-from .. import ir
 from ..formats.schema import OPERATOR_CODES
+from ..graph import ir
 
 
 def replace_subgraph(model: ir.Model, k: int, **changes: Any) -> ir.Model:
@@ -74,13 +74,26 @@ def add_operator(model: ir.Model, k: int, op_type: str, inputs: Sequence[int],
 
 
 def set_inputs(model: ir.Model, k: int, inputs: Sequence[int]) -> ir.Model:
-    """``model`` with subgraph ``k``'s input tensors replaced."""
-    return replace_subgraph(model, k, inputs=tuple(inputs))
+    """``model`` with subgraph ``k``'s input tensors replaced; its signature defs follow
+    (see :func:`set_outputs`)."""
+    return _set_io(model, k, "inputs", tuple(inputs))
 
 
 def set_outputs(model: ir.Model, k: int, outputs: Sequence[int]) -> ir.Model:
-    """``model`` with subgraph ``k``'s output tensors replaced."""
-    return replace_subgraph(model, k, outputs=tuple(outputs))
+    """``model`` with subgraph ``k``'s output tensors replaced. The signature defs of
+    subgraph ``k`` follow position by position: a signature name that named the j-th old
+    output names the j-th new one (names of tensors that were no output are kept)."""
+    return _set_io(model, k, "outputs", tuple(outputs))
+
+
+def _set_io(model: ir.Model, k: int, field: str, new: tuple[int, ...]) -> ir.Model:
+    old = getattr(model.subgraphs[k], field)
+    moved = dict(zip(old, new))
+    signatures = tuple(
+        replace(s, **{field: {name: moved.get(i, i) for name, i in getattr(s, field).items()}})
+        if s.subgraph_index == k else s for s in model.signature_defs)
+    out = replace_subgraph(model, k, **{field: new})
+    return replace(out, signature_defs=signatures)
 
 
 def replace_inputs(op: ir.Operator, old: int, new: int) -> ir.Operator:

@@ -22,7 +22,7 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import ir
+from ..graph import ir
 from .edit import add_constant, add_operator, add_tensor, record, replace_subgraph, set_outputs
 
 ACTIVATIONS = ("SOFTMAX", "LOGISTIC")
@@ -123,12 +123,7 @@ def replace_head(model: ir.Model, classes: int, seed: int = 0, output: int = 0) 
         model = add_operator(model, 0, activation.type, (y,), (z,), dict(activation.options))
         y = z
     outputs = list(model.main.outputs)
-    old = outputs[output]
     outputs[output] = y
-    model = set_outputs(model, 0, outputs)
-    signatures = tuple(
-        replace(s, outputs={k: (y if i == old else i) for k, i in s.outputs.items()})
-        if s.subgraph_index == 0 else s for s in model.signature_defs)
-    model = replace(model, signature_defs=signatures)
+    model = set_outputs(model, 0, outputs)  # the signature defs follow
     changes.update({f"{op.key} #{op.index}": "removed" for op in chain})
     return record(model, "replace_head", changes, "new param: initial value")

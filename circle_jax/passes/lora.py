@@ -30,9 +30,9 @@ from dataclasses import replace
 
 import numpy as np
 
-from .. import ir
-from ..aliases import alias_table
-from ..params_policy import param_table
+from ..graph import ir
+from ..graph.aliases import alias_table
+from ..graph.params_policy import param_table
 from .edit import add_constant, add_operator, add_tensor, record, replace_subgraph
 
 KINDS = {"fc": "FULLY_CONNECTED", "conv": "CONV_2D", "matmul": "BATCH_MATMUL"}

@@ -12,8 +12,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import ir
 from ..errors import CircleFormatError
+from ..graph import ir
 from .edit import record
 
 

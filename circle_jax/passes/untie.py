@@ -7,15 +7,15 @@ so one constant may feed several operators; onert trains such readers' weights a
 each other reader ``k`` a new tensor ``<name>/op<k>`` (a copy of the original: same data,
 shape, type and quantization, a buffer of its own when written), so every trained weight
 has a tensor of its own and an exported file computes what was trained. Which constants
-train follows the trainable policy (`circle_jax.params_policy`); frozen ones stay shared.
+train follows the trainable policy (`circle_jax.graph.params_policy`); frozen ones stay shared.
 """
 
 from __future__ import annotations
 
 from dataclasses import replace
 
-from .. import ir
-from ..params_policy import classify_params, param_table, shared_constants
+from ..graph import ir
+from ..graph.params_policy import classify_params, param_table, shared_constants
 from .edit import record, replace_inputs
 
 

@@ -32,7 +32,7 @@ class TrainConfig:
     ``shuffle``: epoch e takes the samples in the order ``jax.random.permutation(
     fold_in(key(seed), e), n)``, drawn on the device inside the compiled epoch.
     ``trainable`` "all" / N selects among the params the model's trainable policy trains
-    (`circle_jax.params_policy`); names and aliases select exactly those params. On a
+    (`circle_jax.graph.params_policy`); names and aliases select exactly those params. On a
     personalized model (`Model.personalize`) the new head and adapters train by default
     and any spec but "none" / 0 adds to them; the weights LoRA adapts never train.
     """
@@ -95,7 +95,7 @@ def _tail_count(ops: Sequence[int], n: int) -> int:
 
 def select_trainable(model: Model, spec: Any) -> frozenset[str]:
     """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
-    names may be aliases such as ``op3.bias``, see `circle_jax.aliases`)."""
+    names may be aliases such as ``op3.bias``, see `circle_jax.graph.aliases`)."""
     chosen = _selected(model, spec)
     if not chosen and (spec == "none" or (spec == 0 and not isinstance(spec, bool))):
         return chosen

@@ -339,13 +339,13 @@ def test_cli_functions_are_simple() -> None:
     root = REPO_ROOT
     p = subprocess.run([ruff, "check", "--select", "C901", "--config",
                         "lint.mccabe.max-complexity=10", "circle_jax/cli", "circle_jax/codes.py",
-                        "circle_jax/aliases.py"], capture_output=True, text=True, cwd=root)
+                        "circle_jax/graph/aliases.py"], capture_output=True, text=True, cwd=root)
     assert p.returncode == 0, p.stdout
 
 
 def test_aliases_are_unique_on_every_shared_model() -> None:
-    from circle_jax.aliases import alias_table, param_aliases
     from circle_jax.formats.reader import read_model
+    from circle_jax.graph.aliases import alias_table, param_aliases
     from circle_jax.lower import param_table
     from tests.paths import SHARED_MODELS
 
@@ -390,6 +390,8 @@ def test_aliases_of_a_shared_constant_name_each_readers_copy(capsys) -> None:
     out = capsys.readouterr().out
     assert re.search(r"^  op0\.bias +float32\[4\] +arith\.constant1 \(also op1\.bias, "
                      r"op2\.bias\)$", out, re.M), out
+    assert ("pass untie_shared_constants (copy: shared tensor): 2 change(s)\n"
+            "  arith.constant1/op1: arith.constant1\n") in out
     model = cj.load(path)
     assert model.resolve_params(["op0.bias", "op1.bias", "op2.bias"]) == {
         "arith.constant1", "arith.constant1/op1", "arith.constant1/op2"}

@@ -9,34 +9,39 @@ or operator moves outputs by far more.
 
 from __future__ import annotations
 
+import os
 from collections import Counter
 from functools import partial
 from typing import Any
 
 import flatbuffers
+import jax
 import numpy as np
 import pytest
+from ai_edge_litert.interpreter import Interpreter
 from circle_schema.v0_10 import circle as schema
 
 import circle_jax as cj
-from circle_jax import ir, passes
+from circle_jax import passes
 from circle_jax.formats.reader import read_model, unpack
 from circle_jax.formats.writer import write_model
+from circle_jax.graph import ir
 from circle_jax.model import Model
 from tests.conformance import run_litert
 from tests.formats.test_writer import differences
-from tests.paths import shared_model
+from tests.paths import KERAS_DATA, shared_model
 
 TRANSFORMER = "aeq_toy_transformer_kv_cache_2sig.tflite"
 MNIST_CIRCLE = "onert_micro_simple_mnist_model.circle"  # two FULLY_CONNECTED without bias
 MELSPEC = "oww_melspectrogram.tflite"  # one convolution weight read by two operators
-AUDIO = "tflite_support_audio_classifier_float.tflite"  # six biases shared by two readers
+BRANCHING = os.path.join(KERAS_DATA, "branching_cnn.tflite")  # a bias read by three convs
 
 
-def _feeds(model: Model, shapes: list[tuple[int, ...]] | None = None) -> list[np.ndarray]:
+def _feeds(model: Model) -> list[np.ndarray]:
     rng = np.random.default_rng(0)
     out = []
-    for spec, shape in zip(model.inputs, shapes or [s.shape for s in model.inputs]):
+    for spec in model.inputs:
+        shape = spec.shape
         if np.issubdtype(np.dtype(spec.dtype), np.integer):
             out.append(rng.integers(0, 8, shape).astype(spec.dtype))
         else:
@@ -144,17 +149,17 @@ def _trained_apart(model: Model) -> dict[str, Any]:
     return params
 
 
-@pytest.mark.parametrize("name, options, shapes", [
-    (TRANSFORMER, {"signature": "signature_2"}, None),
-    (MNIST_CIRCLE, {"numerics": "keras"}, None),
-    (AUDIO, {}, None),
-])
-def test_every_pass_output_runs_in_litert_as_in_circle_jax(name: str, options: dict,
-                                                           shapes: list | None) -> None:
-    model = cj.load(shared_model(name), **options)
+@pytest.mark.parametrize("path, options", [
+    (shared_model(TRANSFORMER), {"signature": "signature_2"}),
+    (shared_model(MNIST_CIRCLE), {"numerics": "keras"}),
+    (BRANCHING, {}),
+], ids=["select_signature", "add_missing_biases", "untie_shared_constants"])
+def test_every_pass_output_runs_in_litert_as_in_circle_jax(path: str, options: dict) -> None:
+    model = cj.load(path, **options)
+    assert any(r.changes for r in model.passes)
     params = _trained_apart(model)
-    feeds = _feeds(model, shapes)
-    ours = model.apply(params, *feeds)
+    feeds = _feeds(model)
+    ours = jax.jit(model.apply)(params, *feeds)
     tflite = model.export(params, file_format="tflite")
     _assert_same(ours, run_litert(tflite, feeds))
     circle = model.export(params, file_format="circle")
@@ -164,13 +169,18 @@ def test_every_pass_output_runs_in_litert_as_in_circle_jax(name: str, options: d
     assert differences(a, b) == []  # the .circle holds the same model as the .tflite
     again = cj.load(circle, tie_shared_weights=True)  # the copies are tensors of the file
     assert len(again.params) == len(model.params)
-    _assert_same(again(*feeds), [np.asarray(o) for o in ours])
+    _assert_same(jax.jit(again.apply)(again.params, *feeds), [np.asarray(o) for o in ours])
 
 
-def test_the_circle_output_runs_in_onert(tmp_path: Any) -> None:
+@pytest.mark.parametrize("path, options", [
+    (shared_model(MNIST_CIRCLE), {"numerics": "keras"}),
+    (BRANCHING, {}),
+], ids=["add_missing_biases", "untie_shared_constants"])
+def test_the_circle_output_runs_in_onert(path: str, options: dict, tmp_path: Any) -> None:
     from onert.infer import session
 
-    model = cj.load(shared_model(MNIST_CIRCLE), numerics="keras")
+    model = cj.load(path, **options)
+    assert model.rewrites
     params = _trained_apart(model)
     path = tmp_path / "m.circle"
     path.write_bytes(model.export(params, file_format="circle"))
@@ -209,5 +219,51 @@ def test_a_pass_that_adds_an_operator_exports_and_runs_in_litert() -> None:
     want = run_litert(source.source, feeds)
     got = run_litert(data, feeds)
     _assert_same(got, [3.0 * w for w in want])
+    (sig,) = written.signature_defs  # the signature's output follows the new output
+    assert tuple(sig.outputs.values()) == written.main.outputs != source.main.outputs
+    runner = Interpreter(model_content=data).get_signature_runner(sig.key)
+    by_name = runner(**{n: feeds[list(written.main.inputs).index(i)]
+                        for n, i in sig.inputs.items()})
+    _assert_same([by_name[n] for n in sig.outputs], got)
     _assert_same(model(*feeds), got)
     _assert_same(cj.load(data)(*feeds), got)
+
+
+def test_a_model_built_from_nothing_is_written_and_runs_in_litert() -> None:
+    """The writer's other path: no source bytes, every element built from the IR alone."""
+    empty = ir.Subgraph(0, "main", (), (), (), ())
+    m = ir.Model((empty,), "TFL3", 3, "built by passes.edit", {"note": b"kept"})
+    m, x = passes.add_tensor(m, 0, "x", (2, 3))
+    m, w = passes.add_constant(m, 0, "w", np.arange(12, dtype=np.float32).reshape(4, 3))
+    m, y = passes.add_tensor(m, 0, "y", (2, 4))
+    m = passes.add_operator(m, 0, "FULLY_CONNECTED", (x, w, -1), (y,),
+                            {"fused_activation_function": ir.ACT_RELU})
+    m = passes.set_outputs(passes.set_inputs(m, 0, (x,)), 0, (y,))
+    data = write_model(m)
+    back = read_model(data)
+    assert back.metadata == {"note": b"kept"} and back.description == "built by passes.edit"
+    feed = np.random.default_rng(0).uniform(-1, 1, (2, 3)).astype(np.float32)
+    want = np.maximum(feed @ np.arange(12, dtype=np.float32).reshape(4, 3).T, 0)
+    _assert_same(run_litert(data, [feed]), [want])
+    _assert_same(Model(m)(feed), [want])
+
+
+def test_a_copied_tensor_keeps_every_field_of_its_source_but_name_and_buffer() -> None:
+    """An untied copy starts from its source tensor's object (``origin``): fields the IR
+    does not model (``hasRank``, sparsity, ...) come along; only the name and a buffer of
+    its own differ, and the file's other tensors and operators are unchanged."""
+    source = read_model(BRANCHING)
+    out = passes.untie_shared_constants(source)
+    ((copy_name, shared),) = list(out.passes[0].changes.items())[:1]
+    written, before = unpack(write_model(out)), unpack(source.source)
+    sg, old = written.subgraphs[0], before.subgraphs[0]
+    names = [t.name.decode() for t in sg.tensors]
+    copy_t, orig_t = sg.tensors[names.index(copy_name)], sg.tensors[names.index(shared)]
+    assert {d.split(":")[0] for d in differences(orig_t, copy_t, "t")} == {"t.buffer", "t.name"}
+    assert len(written.buffers) == len(before.buffers) + len(out.passes[0].changes)
+    assert differences(old.tensors, sg.tensors[:len(old.tensors)]) == []
+    copies = {names.index(n) for n in out.passes[0].changes}
+    readers = [j for j, op in enumerate(sg.operators) if copies & set(op.inputs)]
+    assert len(readers) == len(copies) == 2  # one bias read by three convolutions
+    assert differences([o for j, o in enumerate(old.operators) if j not in readers],
+                       [o for j, o in enumerate(sg.operators) if j not in readers]) == []

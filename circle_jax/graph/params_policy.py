@@ -26,8 +26,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
+from ..ops.registry import static_inputs
 from . import ir
-from .ops.registry import static_inputs
 
 POLICIES = ("weights", "all_float")
 
