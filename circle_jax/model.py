@@ -14,7 +14,7 @@ import numpy as np
 
 from .errors import CircleFormatError, TrainingError
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
-from .formats.writer import export_model
+from .formats.writer import with_weights, write_model
 from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
 from .graph.checks import check_graph
@@ -22,7 +22,7 @@ from .graph.params_policy import ParamRole, classify_params, describe_roles
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
-from .passes import pipeline, run
+from .passes import adapter_names, merge_lora, personal_params, personalize, pipeline, run
 
 
 @dataclass(frozen=True)
@@ -156,6 +156,8 @@ class Model:
         params: Mapping[str, Any] | None = None,
         file_format: str | None = None,
         metadata: Mapping[str, bytes | None] | None = None,
+        *,
+        merge_adapters: bool = True,
     ) -> bytes:
         """The model file's bytes with ``params`` written in (default: the model's own).
 
@@ -166,7 +168,9 @@ class Model:
         copies and added biases (``rewrites``) are written as tensors with buffers of their
         own, so the file computes the trained function; while every copy still equals the
         param it was copied from and every added bias is zero, the input's own layout is
-        written instead (nothing was trained apart).
+        written instead (nothing was trained apart). LoRA adapters (`circle_jax.passes.lora`)
+        are merged into their base weights (``W + s * B A``, the original graph) unless
+        ``merge_adapters`` is False, which writes the graph with the adapter operators.
         """
         params = self.params if params is None else params
         unknown = sorted(set(params) - set(self.param_keys))
@@ -187,7 +191,36 @@ class Model:
                                     "exported only with finite weights")
             if old.tobytes() != new.tobytes():  # unchanged weights keep shared buffers shared
                 weights[(k, i)] = new
-        return export_model(model, weights, file_format=file_format, metadata=metadata)
+        model = with_weights(model, weights)
+        if merge_adapters:
+            model = merge_lora(model)
+        return write_model(model, file_format, metadata)
+
+    def personalize(self, *, new_head: int | None = None, seed: int = 0,
+                    output: int | str = 0, lora: int | None = None,
+                    lora_alpha: float | None = None,
+                    lora_targets: str | Iterable[str] = "all") -> Model:
+        """This model with a new ``new_head``-way classifier head on output ``output`` and/or
+        rank-``lora`` adapters (`circle_jax.passes.personalize`), same lowering and numerics;
+        its :attr:`personal_params` train by default. Refusals are one ValueError line."""
+        index = _output_index(self, output)
+        model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
+                                         lora_alpha=lora_alpha, lora_targets=lora_targets))
+        out = Model(model, self.lowering, self.numerics)
+        if self.digest is not None:
+            extra = (new_head, seed, index, lora, lora_alpha, str(lora_targets))
+            out.digest = hashlib.sha256((self.digest + repr(extra)).encode()).hexdigest()
+        return out
+
+    @property
+    def personal_params(self) -> frozenset[str]:
+        """The params a new head and LoRA adapters added: what trains by default."""
+        return personal_params(self.ir)
+
+    @property
+    def adapters(self) -> dict[str, str]:
+        """LoRA adapter param (A, B) -> the base weight it adapts (frozen)."""
+        return adapter_names(self.ir)
 
     def _rewrites_matter(self, params: Mapping[str, Any]) -> bool:
         """Whether some untied copy differs from its origin or some added bias is nonzero."""
@@ -235,6 +268,11 @@ def load(
     trainable_policy: str | None = None,
     signature: str | None = None,
     max_elements: int = MAX_TENSOR_ELEMENTS,
+    new_head: int | None = None,
+    seed: int = 0,
+    lora: int | None = None,
+    lora_alpha: float | None = None,
+    lora_targets: str | Iterable[str] = "all",
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -255,6 +293,11 @@ def load(
     several operators becomes one param per reader; with ``add_missing_bias`` weighted
     operators without a bias get a zero one. ``trainable_policy`` is "weights" (default),
     "all_float" or "fc_conv" (onert-micro's). The file is parsed once; nothing is serialized.
+
+    Personalizing (`Model.personalize`, run last): ``new_head=K`` replaces the classifier
+    head of output 0 by a fresh K-way one; ``lora=R`` adds rank-R adapters scaled by
+    ``lora_alpha / R`` on ``lora_targets`` ("all", "fc", "conv", "matmul" or weight names
+    and aliases); ``seed`` seeds their initial values.
     """
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
@@ -272,7 +315,19 @@ def load(
     digest = hashlib.sha256(data)
     digest.update(repr((loaded.lowering, prof, signature, max_elements)).encode())
     loaded.digest = digest.hexdigest()
+    if new_head is not None or lora is not None:
+        loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
+                                    lora_alpha=lora_alpha, lora_targets=lora_targets)
     return loaded
+
+
+def _output_index(model: Model, spec: int | str) -> int:
+    names = [o.name for o in model.outputs]
+    if isinstance(spec, str) and spec in names:
+        return names.index(spec)
+    if isinstance(spec, int) and 0 <= spec < len(names):
+        return spec
+    raise ValueError(f"no model output {spec!r}; the outputs are {names}")
 
 
 def summarize(model: ir.Model, param_keys: Mapping[str, ParamKey] | None = None) -> str:

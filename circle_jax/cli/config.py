@@ -37,6 +37,8 @@ class Outputs:
     wof: str | None = None
     checkpoint_every_steps: int | None = None
     checkpoint_order: str = "auto"
+    #: --export_unmerged: models written with their LoRA adapter operators
+    unmerged: bool = False
 
     def by_flag(self) -> dict[str, str | None]:
         return {"--export_circle": self.circle, "--export_tflite": self.tflite,
@@ -103,11 +105,19 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
 
 def load_options(ns: argparse.Namespace) -> dict[str, Any]:
     """`circle_jax.load` keywords from --numerics, --tie_shared_weights, --add_missing_bias,
-    --signature."""
-    return {"numerics": ns.numerics or "onert",
-            "tie_shared_weights": True if ns.tie_shared_weights else None,
-            "add_missing_bias": True if ns.add_missing_bias else None,
-            "signature": ns.signature}
+    --signature and the personalizing flags (--new_head, --lora, ... with --seed)."""
+    options = {"numerics": ns.numerics or "onert",
+               "tie_shared_weights": True if ns.tie_shared_weights else None,
+               "add_missing_bias": True if ns.add_missing_bias else None,
+               "signature": ns.signature}
+    if getattr(ns, "lora", 0) is None and (ns.lora_alpha is not None
+                                           or ns.lora_targets is not None
+                                           or ns.export_unmerged):
+        raise CliError("--lora_alpha, --lora_targets and --export_unmerged need --lora R")
+    if getattr(ns, "new_head", None) is not None or getattr(ns, "lora", None) is not None:
+        options.update(new_head=ns.new_head, seed=ns.seed or 0, lora=ns.lora,
+                       lora_alpha=ns.lora_alpha, lora_targets=ns.lora_targets or "all")
+    return options
 
 
 def _positive(ns: argparse.Namespace, name: str, flag: str, minimum: int = 1) -> None:
@@ -183,7 +193,7 @@ def _outputs(ns: argparse.Namespace) -> Outputs:
         raise CliError("--checkpoint_every_steps needs --export_checkpoint FILE")
     return Outputs(ns.export_circle, ns.export_tflite, ns.export_circleplus,
                    ns.export_checkpoint, ns.export_wof, ns.checkpoint_every_steps,
-                   ns.checkpoint_order or "auto")
+                   ns.checkpoint_order or "auto", bool(ns.export_unmerged))
 
 
 def _extra(ns: argparse.Namespace) -> dict[str, str]:
@@ -196,6 +206,12 @@ def _extra(ns: argparse.Namespace) -> dict[str, str]:
                             + (f" over {ns.num_processes} processes" if ns.num_processes else ""))
     if ns.loss_scale not in (None, "none"):
         extra["loss_scale"] = f"{ns.loss_scale} (on overflow: {ns.on_overflow or 'skip'})"
+    if ns.new_head is not None:
+        extra["new_head"] = f"{ns.new_head} classes (seed {ns.seed or 0})"
+    if ns.lora is not None:
+        alpha = ns.lora if ns.lora_alpha is None else ns.lora_alpha
+        extra["lora"] = (f"rank {ns.lora}, alpha {alpha:g}, targets {ns.lora_targets or 'all'}"
+                         + (", exported unmerged" if ns.export_unmerged else ", merged"))
     return extra
 
 

@@ -6,7 +6,7 @@ import argparse
 
 from .common import CliError, check_outputs, load_model
 from .config import load_options
-from .train_args import add_load_arguments
+from .train_args import add_load_arguments, add_personalize_arguments
 
 NAME = "export"
 HELP = "write a model (with weights from a .wof or checkpoint) as .circle, .tflite or .wof"
@@ -24,6 +24,8 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="write a .tflite file, LiteRT runs it (default: none)")
     p.add_argument("--wof", metavar="OUT", help="write the float weights as .wof (default: none)")
     add_load_arguments(p.add_argument_group("loading (as the run that wrote the weights)"))
+    add_personalize_arguments(p.add_argument_group("personalizing (as the run that wrote "
+                                                   "the weights)"), seed=True)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -43,7 +45,8 @@ def run(args: argparse.Namespace) -> int:
         params = checkpoint_params(args.checkpoint, model)
     for flag, fmt in (("--circle", "circle"), ("--tflite", "tflite")):
         if outputs[flag]:
-            atomic_write(outputs[flag], model.export(params, fmt), protect=inputs)
+            data = model.export(params, fmt, merge_adapters=not args.export_unmerged)
+            atomic_write(outputs[flag], data, protect=inputs)
             print(f"wrote {outputs[flag]}")
     if args.wof:
         save_wof(args.wof, model, params, protect=inputs)

@@ -382,7 +382,8 @@ def _export(run: TrainRun, model: Any, result: Any, log: Log) -> None:
         exports.append((o.circleplus, "circle", circleplus_metadata(result.trainer)))
     for path, fmt, meta in exports:
         if path:
-            atomic_write(path, model.export(result.params, fmt, metadata=meta), protect=protect)
+            data = model.export(result.params, fmt, metadata=meta, merge_adapters=not o.unmerged)
+            atomic_write(path, data, protect=protect)
             log(1, f"wrote {path}")
     if o.wof:
         save_wof(o.wof, model, result.params, result.trainer.trainable, protect=protect)

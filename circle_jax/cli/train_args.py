@@ -155,7 +155,10 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
           "can tell)")
     add_selection_arguments(g)
     add_load_arguments(g)
-    _flag(g, "--seed", type=int, default="0", help="shuffling seed")
+    add_personalize_arguments(p.add_argument_group("personalizing (README: Personalizing a "
+                                                   "model)"))
+    _flag(g, "--seed", type=int, default="0", help="shuffling seed; seeds a new head and "
+          "LoRA adapters too")
     _flag(g, "--shuffle", action="store_true", default="off (onert's sequential batches)",
           help="shuffle the samples every epoch")
     _flag(g, "--keep_remainder", action="store_true", default="off (onert drops it)",
@@ -197,3 +200,22 @@ def add_load_arguments(g: Any) -> None:
           help="give weighted operators without a bias a zero one that trains")
     _flag(g, "--signature", metavar="KEY", default="subgraph 0",
           help="use this SignatureDef's subgraph (`circle-jax info` lists the keys)")
+
+
+def add_personalize_arguments(g: Any, seed: bool = False) -> None:
+    """A new classifier head and LoRA adapters (`circle_jax.Model.personalize`)."""
+    _flag(g, "--new_head", type=int, metavar="K", default="none",
+          help="replace the classifier head by a fresh K-class one, which alone trains "
+          "unless --trainable / --num_of_trainable_ops add more")
+    _flag(g, "--lora", type=int, metavar="R", default="none",
+          help="add rank-R LoRA adapters; only they (and a new head) train, the base "
+          "weights are frozen")
+    _flag(g, "--lora_alpha", type=float, metavar="A", default="R",
+          help="LoRA scale numerator: the adapters' product is scaled by A/R")
+    _flag(g, "--lora_targets", metavar="ALIASES|fc|conv|matmul|all", default="all",
+          help="the operators given adapters: kinds or weight names/aliases, comma-separated")
+    _flag(g, "--export_unmerged", action="store_true", default="off (adapters merged into "
+          "the weights)", help="write the exported models with the adapter operators")
+    if seed:
+        _flag(g, "--seed", type=int, default="0", help="the seed of the new head and adapters "
+              "(as the run that wrote the weights)")

@@ -11,7 +11,9 @@ pass is also usable alone:
     data = write_model(model, "tflite")
 
 Passes: :func:`select_signature` (`.signature`), :func:`untie_shared_constants`
-(`.untie`), :func:`add_missing_biases` (`.bias`). New passes build on the helpers of
+(`.untie`), :func:`add_missing_biases` (`.bias`); personalizing ones (:func:`personalize`):
+:func:`replace_head` (`.head`), :func:`add_lora` and its inverse :func:`merge_lora`
+(`.lora`). New passes build on the helpers of
 `.edit` (``add_tensor``, ``add_constant``, ``add_operator``, ``set_outputs``, ``record``).
 """
 
@@ -32,6 +34,8 @@ from .edit import (
     set_inputs,
     set_outputs,
 )
+from .head import replace_head
+from .lora import adapter_names, add_lora, lora_frozen, lora_targets, merge_lora
 from .signature import select_signature, signature_keys
 from .untie import untie_shared_constants
 
@@ -60,8 +64,33 @@ def pipeline(*, signature: str | None = None, untie: bool = False, add_bias: boo
     return passes
 
 
+def personalize(*, new_head: int | None = None, seed: int = 0, output: int = 0,
+                lora: int | None = None, lora_alpha: float | None = None,
+                lora_targets: str | Iterable[str] = "all") -> list[Pass]:
+    """The personalizing passes, in order: the head of output ``output`` replaced by a
+    ``new_head``-way one, then rank-``lora`` adapters on ``lora_targets`` (never on the new
+    head); both seeded by ``seed``."""
+    passes: list[Pass] = []
+    if new_head is not None:
+        passes.append(partial(replace_head, classes=new_head, seed=seed, output=output))
+    if lora is not None:
+        passes.append(partial(add_lora, rank=lora, alpha=lora_alpha, targets=lora_targets,
+                              seed=seed + 1))
+    return passes
+
+
+def personal_params(model: ir.Model) -> frozenset[str]:
+    """The params the personalizing passes added (a new head's, the adapters): what trains
+    by default."""
+    names = {t.name for t in model.main.tensors if t.is_constant}
+    return frozenset(n for r in model.passes if r.name in ("replace_head", "add_lora")
+                     for n in r.changes if n in names and not n.endswith("_bias"))
+
+
 __all__ = [
-    "Pass", "add_constant", "add_missing_biases", "add_operator", "add_tensor", "pipeline",
+    "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
+    "add_tensor", "lora_frozen", "lora_targets", "merge_lora", "personal_params", "personalize",
+    "pipeline", "replace_head",
     "record", "replace_inputs", "replace_subgraph", "run", "select_signature", "set_inputs",
     "set_outputs", "signature_keys", "untie_shared_constants",
 ]

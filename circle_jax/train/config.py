@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from ..model import Model
+from ..passes import lora_frozen
 
 
 @dataclass(frozen=True)
@@ -34,7 +35,9 @@ class TrainConfig:
     ``shuffle``: epoch e takes the samples in the order ``jax.random.permutation(
     fold_in(key(seed), e), n)``, drawn on the device inside the compiled epoch.
     ``trainable`` "all" / N selects among the params the model's trainable policy trains
-    (`circle_jax.graph.params_policy`); names and aliases select exactly those params.
+    (`circle_jax.graph.params_policy`); names and aliases select exactly those params. On a
+    personalized model (`Model.personalize`) the new head and adapters train by default
+    and any spec but "none" / 0 adds to them; the weights LoRA adapts never train.
     """
 
     epochs: int | None = None
@@ -81,6 +84,8 @@ class TrainConfig:
                 optimizer=info.optimizer,
                 trainable=_tail_count(ops, n_ops) if _is_tail(ops, n_ops) else ops,
             )
+        if model.personal_params:  # a new head / adapters: they alone train by default
+            defaults["trainable"] = tuple(sorted(model.personal_params))
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
 
@@ -95,6 +100,13 @@ def _tail_count(ops: Sequence[int], n: int) -> int:
 def select_trainable(model: Model, spec: Any) -> frozenset[str]:
     """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
     names may be aliases such as ``op3.bias``, see `circle_jax.graph.aliases`)."""
+    chosen = _selected(model, spec)
+    if not chosen and (spec == "none" or (spec == 0 and not isinstance(spec, bool))):
+        return chosen
+    return (chosen | model.personal_params) - lora_frozen(model.ir)
+
+
+def _selected(model: Model, spec: Any) -> frozenset[str]:
     names = set(model.trainable_params)
     if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
         return frozenset(names)

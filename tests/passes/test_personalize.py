@@ -1,0 +1,295 @@
+"""Personalizing: a new classifier head and LoRA adapters, their training, files and exports.
+
+Exports are checked against LiteRT and onert (inference): rtol 1e-5 with an atol of 1e-5
+times the output's scale, as in test_passes (float32 kernels summing in other orders; a
+wrong weight or operator moves the outputs by far more). A merged model is compared with
+the unmerged graph circle-jax runs: merging changes the float32 rounding of ``W + s B A``
+only (same tolerance).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax import passes
+from circle_jax.build import Builder
+from circle_jax.checkpoints import fit_checkpointed, load_wof, save_wof
+from circle_jax.cli import main
+from circle_jax.formats.reader import read_model
+from circle_jax.formats.writer import write_model
+from circle_jax.model import Model
+from circle_jax.train import Trainer, fit
+from tests.conformance import run_litert
+from tests.passes.test_passes import _assert_same, _feeds
+from tests.paths import shared_model
+
+MOBILENET = "mobilenet_v1_0.25_128_float.tflite"  # 1x1 CONV_2D head, RESHAPE, SOFTMAX
+MNIST = "onert_micro_simple_mnist_model.circle"  # FC head, SOFTMAX; fast to compile
+KERAS = Path(__file__).parents[1] / "data" / "keras"
+
+
+def _onert(data: bytes, feeds: list[np.ndarray], tmp_path: Path) -> list[np.ndarray]:
+    from onert.infer import session
+
+    path = tmp_path / "m.circle"
+    path.write_bytes(data)
+    return session(str(path)).infer(feeds)
+
+
+def _moved(model: cj.Model, names: Any, seed: int = 1, size: float = 0.05) -> dict:
+    """The model's params with ``names`` moved by seeded noise (as if trained)."""
+    rng = np.random.default_rng(seed)
+    params = dict(model.params)
+    for n in names:
+        p = np.asarray(params[n])
+        params[n] = (p + rng.normal(0, size, p.shape)).astype(p.dtype)
+    return params
+
+
+@pytest.mark.parametrize("path", [
+    shared_model(MOBILENET),
+    shared_model("mlperftiny_vww_96_mobilenet_float.tflite"),
+    shared_model("mlperftiny_resnet8_cifar10_float.tflite"),
+    shared_model("tflite_support_audio_classifier_float.tflite"),  # FC then LOGISTIC
+    str(KERAS / "conv1d_stack.tflite"),
+])
+def test_new_head_exports_run_in_litert_and_onert(path: str, tmp_path: Path) -> None:
+    model = cj.load(path, new_head=5, seed=7)
+    (spec,) = model.outputs[:1]
+    assert spec.shape[-1] == 5 and model.personal_params == {"head/weights", "head/bias"}
+    assert Trainer(model, **CFG).trainable == model.personal_params
+    last = model.operators[-1].type
+    original = read_model(path)
+    had = {op.type for op in original.main.operators[-2:]} & {"SOFTMAX", "LOGISTIC"}
+    assert (last in had) if had else last == "FULLY_CONNECTED"
+    params = _moved(model, ["head/bias"])
+    feeds = _feeds(model)
+    ours = [np.asarray(o) for o in jax.jit(model.apply)(params, *feeds)]
+    _assert_same(run_litert(model.export(params, file_format="tflite"), feeds), ours)
+    got = _onert(model.export(params, file_format="circle"), feeds, tmp_path)
+    assert got[0].shape == ours[0].shape
+    _assert_same(got, ours)
+
+
+def test_new_head_weights_are_glorot_uniform_and_seeded() -> None:
+    a = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=1)
+    b = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=1)
+    c = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=2)
+    w = {m: next(t.data for t in m.main.tensors if t.name == "head/weights") for m in (a, b, c)}
+    assert w[a].shape == (10, 256) and np.array_equal(w[a], w[b]) and not np.array_equal(
+        w[a], w[c])
+    limit = np.sqrt(6 / (256 + 10))
+    assert np.abs(w[a]).max() <= limit and np.abs(w[a]).max() > 0.9 * limit
+    assert abs(float(np.var(w[a])) - limit**2 / 3) < 0.1 * limit**2 / 3  # uniform's variance
+    bias = next(t.data for t in a.main.tensors if t.name == "head/bias")
+    assert bias.shape == (10,) and not bias.any()
+    rec = a.passes[-1]
+    assert rec.name == "replace_head" and rec.changes["SOFTMAX #30"] == "removed"
+    assert [op.type for op in a.main.operators[-2:]] == ["FULLY_CONNECTED", "SOFTMAX"]
+
+
+@pytest.mark.parametrize("call, message", [
+    (lambda: cj.load(shared_model(MNIST), new_head=0), "class count must be an integer >= 1"),
+    (lambda: cj.load(shared_model("mediapipe_face_detection_short_range_fp16w.tflite"),
+                     new_head=3), "is not fed by a weighted operator"),
+    (lambda: cj.load(shared_model(MNIST), lora=5),
+     "LoRA rank 5 exceeds the rank 2 of FULLY_CONNECTED #4"),
+    (lambda: cj.load(shared_model(MNIST), lora=1, lora_targets="op9.weight"),
+     "LoRA target 'op9.weight' names no weights"),
+    (lambda: cj.load(shared_model(MNIST), lora=1, lora_targets="matmul"),
+     "LoRA target 'matmul' names nothing"),
+])
+def test_bad_input_is_one_line(call: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message) as e:
+        call()
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--new_head", "0"], "class count must be an integer >= 1"),
+    (["--lora", "9"], "exceeds the rank"),
+    (["--lora", "1", "--lora_targets", "nothing"], "LoRA target 'nothing'"),
+    (["--lora_alpha", "2"], "need --lora R"),
+])
+def test_cli_bad_input_is_one_line(flags: list[str], message: str, tmp_path: Path,
+                                   capsys: pytest.CaptureFixture) -> None:
+    x, y = _mnist_data(8)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    rc = main(["train", shared_model(MNIST), "--load_input", str(tmp_path / "x.npy"),
+               "--load_expected", str(tmp_path / "y.npy"), *flags])
+    err = capsys.readouterr().err.strip()
+    assert rc == 1 and err.startswith("E: ") and message in err and "\n" not in err
+
+
+def _mnist_data(n: int = 16, classes: int = 2) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.random((n, 11, 11, 1), dtype=np.float32)
+    return x, np.eye(classes, dtype=np.float32)[rng.integers(0, classes, n)]
+
+
+CFG = dict(batch_size=4, learning_rate=0.05, loss="cce", optimizer="adam", epochs=2)
+
+
+def test_only_the_new_head_trains_by_default_and_wof_follows(tmp_path: Path) -> None:
+    model = cj.load(shared_model(MNIST), new_head=3)
+    x, y = _mnist_data(16, 3)
+    result = fit(model, x, y, **CFG)
+    changed = {n for n, v in result.params.items()
+               if not np.array_equal(np.asarray(v), np.asarray(model.params[n]))}
+    assert changed == {"head/weights", "head/bias"}
+    wider = Trainer(model, **CFG, trainable=3)  # the last 3 operators: the FC before too
+    assert wider.trainable == model.personal_params | {"arith.constant1"}  # FC #3 (no bias)
+    save_wof(tmp_path / "h.wof", model, result.params, result.trainer.trainable)
+    again = cj.load(shared_model(MNIST), new_head=3)
+    loaded = load_wof(tmp_path / "h.wof", again)
+    _assert_same(again.apply(loaded, x[:1]), [np.asarray(o) for o in
+                                              model.apply(result.params, x[:1])])
+
+
+def test_lora_with_zero_b_is_the_base_model_and_trains_only_adapters() -> None:
+    base = cj.load(shared_model(MNIST))
+    model = cj.load(shared_model(MNIST), lora=2, lora_alpha=4.0)
+    assert len(set(model.adapters.values())) == 3  # the CONV_2D's and both FCs' weights
+    x, y = _mnist_data(16)
+    np.testing.assert_array_equal(np.asarray(model(x[:4])[0]), np.asarray(base(x[:4])[0]))
+    first = fit(model, x, y, **{**CFG, "epochs": 1, "batch_size": 16})
+    want = fit(base, x, y, **{**CFG, "epochs": 1, "batch_size": 16})
+    assert first.history.loss[0] == want.history.loss[0]  # B = 0: the same first loss
+    trained = fit(model, x, y, **CFG)
+    assert trained.trainer.trainable == model.personal_params
+    for name, value in trained.params.items():
+        same = np.array_equal(np.asarray(value), np.asarray(model.params[name]))
+        assert same == (name not in model.personal_params), name
+
+
+def test_merged_and_unmerged_exports_run_in_litert_and_onert(tmp_path: Path) -> None:
+    model = cj.load(shared_model(MOBILENET), new_head=5, lora=4, lora_alpha=8)
+    assert len(model.adapters) == 28  # the 14 CONV_2D (depthwise ones are no targets)
+    params = _moved(model, [n for n in model.adapters if n.endswith("lora_b")])
+    feeds = _feeds(model)
+    ours = [np.asarray(o) for o in jax.jit(model.apply)(params, *feeds)]
+    merged = model.export(params, file_format="tflite")
+    unmerged = model.export(params, file_format="tflite", merge_adapters=False)
+    assert len(read_model(merged).main.operators) == 30  # 31, a 3-operator head now 2
+    assert len(read_model(unmerged).main.operators) == len(model.operators)
+    for data in (merged, unmerged):
+        _assert_same(run_litert(data, feeds), ours)
+    for merge in (True, False):
+        data = model.export(params, file_format="circle", merge_adapters=merge)
+        _assert_same(_onert(data, feeds, tmp_path), ours)
+
+
+def test_merge_lora_adds_the_scaled_product_to_each_weight() -> None:
+    b = Builder()
+    x = b.input("x", (2, 4, 16))
+    w = b.constant("w", np.random.default_rng(0).normal(size=(2, 8, 16)).astype(np.float32))
+    y = b.op("BATCH_MATMUL", [x, w], {"adjoint_rhs": True})
+    b.output(b.op("FULLY_CONNECTED", [y, b.constant("f", np.ones((3, 8), np.float32)), -1],
+                  {"keep_num_dims": True}))
+    source = read_model(b.to_bytes("tflite"))
+    model = passes.add_lora(source, rank=2, alpha=3.0, targets="matmul,fc")
+    (a,) = [t for t in model.main.tensors if t.name == "w/lora_a"]
+    assert a.shape == (2, 2, 16) and np.abs(a.data).max() <= 1 / np.sqrt(16)
+    rng = np.random.default_rng(2)
+    tensors = list(model.main.tensors)
+    for i, t in enumerate(tensors):
+        if t.name.endswith("/lora_b"):
+            tensors[i] = replace(t, data=rng.normal(size=t.shape).astype(np.float32))
+    model = passes.replace_subgraph(model, 0, tensors=tuple(tensors))
+    merged = passes.merge_lora(model)
+    assert [op.type for op in merged.main.operators] == ["BATCH_MATMUL", "FULLY_CONNECTED"]
+    assert len(merged.main.tensors) == len(source.main.tensors)
+    get = {t.name: np.asarray(t.data, np.float64) for t in model.main.tensors if t.is_constant}
+    want = get["w"] + 1.5 * np.swapaxes(np.swapaxes(get["w/lora_a"], -1, -2)
+                                        @ get["w/lora_b"], -1, -2)
+    got = next(t.data for t in merged.main.tensors if t.name == "w")
+    np.testing.assert_allclose(got, want, rtol=1e-6)
+    feed = _feeds(Model(source))
+    want_out = [np.asarray(o) for o in Model(model)(*feed)]
+    _assert_same(Model(merged)(*feed), want_out)
+    for graph in (model, merged):
+        _assert_same(run_litert(write_model(graph, "tflite"), feed), want_out)
+
+
+def test_lora_checkpoint_holds_adapters_and_resume_is_exact(tmp_path: Path) -> None:
+    model = cj.load(shared_model(MNIST), new_head=2, lora=2)
+    x, y = _mnist_data(16)
+    whole = fit(model, x, y, **CFG)
+    trainer = Trainer(model, **{**CFG, "epochs": 1})
+    path = tmp_path / "run.ckpt"
+    first = fit_checkpointed(model, x, y, trainer=trainer, save=path)
+    second = fit_checkpointed(model, x, y, trainer=trainer, resume=path, save=path)
+    assert first.history.loss + second.history.loss == whole.history.loss
+    for name, value in whole.params.items():
+        np.testing.assert_array_equal(np.asarray(second.params[name]), np.asarray(value))
+
+
+def test_lora_composes_with_accumulation_and_mixed_precision() -> None:
+    model = cj.load(shared_model(MNIST), lora=2)
+    x, y = _mnist_data(16)
+    sgd = dict(learning_rate=0.1, loss="cce", optimizer="sgd", epochs=1)
+    one = fit(model, x, y, batch_size=8, **sgd)
+    two = fit(model, x, y, batch_size=8, accumulate=2, accumulate_mode="in_step", **sgd)
+    for name in model.personal_params:  # a mean over 2 x 4 samples is one over 8
+        np.testing.assert_allclose(np.asarray(two.params[name]), np.asarray(one.params[name]),
+                                   rtol=1e-5, atol=1e-6)
+    mixed = fit(model, x, y, batch_size=8, precision="p=f32,c=bf16,o=f32", **sgd)
+    assert np.isfinite(mixed.history.loss).all()
+    for name, value in mixed.params.items():
+        assert value.dtype == model.params[name].dtype
+        moved = not np.array_equal(np.asarray(value), np.asarray(model.params[name]))
+        assert moved == (name in model.personal_params), name
+    assert mixed.trainer.policy.compute_dtype == jnp.bfloat16
+
+
+def test_new_head_trains_in_onert_as_in_circle_jax(tmp_path: Path) -> None:
+    """The exported new-head graph trained by onert (head only: its last 2 operators) gives
+    circle-jax's per-epoch losses within 1e-3 (the agreement tests' tolerance: float32
+    kernels of two runtimes over 8 Adam steps)."""
+    from tests.onert_peer import onert_fit
+
+    model = cj.load(shared_model(MNIST), new_head=3, seed=4)
+    x, y = _mnist_data(16, 3)
+    path = tmp_path / "head.circle"
+    path.write_bytes(model.export(file_format="circle"))
+    theirs = onert_fit(path, x, y, epochs=2, batch_size=4, learning_rate=0.01, loss=2,
+                       optimizer=2, trainable_ops=2)
+    ours = fit(model, x, y, epochs=2, batch_size=4, learning_rate=0.01, loss="cce",
+               optimizer="adam")
+    np.testing.assert_allclose(ours.history.loss, theirs.loss, atol=1e-3)
+
+
+def test_cli_new_head_writes_circleplus_tflite_and_refuses_lora_circleplus(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture) -> None:
+    from circle_jax.formats.traininfo import decode_traininfo
+
+    monkeypatch.chdir(tmp_path)
+    x, y = _mnist_data(8, 3)
+    np.save("x.npy", x)
+    np.save("y.npy", y)
+    base = ["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected", "y.npy",
+            "--epoch", "1", "--batch_size", "4", "--loss", "cce", "--optimizer", "adam",
+            "--new_head", "3", "--seed", "2"]
+    assert main(base + ["--export_circleplus", "h.circle", "--export_tflite", "h.tflite"]) == 0
+    plus = read_model("h.circle")
+    info = decode_traininfo(plus.metadata["CIRCLE_TRAINING"])
+    assert info.trainable_ops == (4, 5)  # the new FULLY_CONNECTED and the SOFTMAX
+    (out,) = run_litert(Path("h.tflite").read_bytes(), [x[:1]])
+    assert out.shape == (1, 3)
+    capsys.readouterr()
+    assert main(base + ["--lora", "1", "--export_circleplus", "l.circle"]) == 1
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("E: ") and "last N operators" in err and "\n" not in err
+    assert main(base + ["--lora", "1", "--export_tflite", "l.tflite", "--export_unmerged",
+                        "--export_wof", "l.wof"]) == 0
+    unmerged = read_model("l.tflite")
+    assert len(unmerged.main.operators) > len(plus.main.operators)
