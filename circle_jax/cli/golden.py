@@ -56,7 +56,7 @@ def run(args: argparse.Namespace) -> int:
     check_output_dir("-o", args.output_dir)
     model = load_model(args.model, lowering="reference", **load_options(args))
     xs = read_inputs(args.input, model)
-    y, config = None, TrainConfig(**step_config(args))
+    y, config = None, TrainConfig(**step_config(args)).with_defaults(model)
     if args.expected:
         o = model.outputs[output_index(model, config.loss_output)]
         sparse = loss_name(config.loss) == "sparse_categorical_crossentropy"
