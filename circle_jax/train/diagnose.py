@@ -118,7 +118,7 @@ def _first(trainer: Trainer, forward: dict, loss: bool, grads: dict, weights: di
                 return NonFinite("forward", sg.tensors[i].name, op.index, op.key, scale)
     if not loss:
         return NonFinite("loss", "loss", None, None, scale)
-    readers = trainer.model.param_operators
+    readers = trainer.model.param_operators()
     for op in reversed(sg.operators):
         for i in op.outputs:
             if not grads.get(i, True):
