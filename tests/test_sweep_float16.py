@@ -33,8 +33,13 @@ def shared_model_files() -> list[str]:
     return sorted(os.path.basename(p) for p in found)
 
 
-#: model -> the start of the one-line error that refuses its float16 step
-REFUSED: dict[str, str] = {}
+#: model -> (a regular expression of) the one-line error that refuses its float16 step
+REFUSED: dict[str, str] = {
+    # a WHILE whose loop variables change shape with a run-time trip count runs eagerly only
+    "one_vscode_while_000.circle": "WHILE body changes the shape or dtype of a loop variable",
+    # declares input [1, 1] (dynamic [1, -1] audio): its 512-tap STFT needs a resized input
+    "oww_melspectrogram.tflite": r"kernel \(512, dilation 1\) is larger than the padded input",
+}
 
 POLICY = dict(precision="p=f32,c=f16,o=f32", loss_scale=1.0, loss="mse", optimizer="sgd",
               learning_rate=1e-3, epochs=1)
