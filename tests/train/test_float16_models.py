@@ -3,8 +3,8 @@ operators, the first non-finite tensor, and the warning when the loss scale is a
 
 Random data (uniform inputs, one-hot random labels), Adam, CCE, as the issue's measurement
 (benchmarks/bench_float16.py runs it in full: 200 samples; numbers in benchmarks/README.md);
-fewer samples here for MobileNet. Tolerance: every epoch's loss within 5% of float32's (the issue's target;
-measured at most 1.1% on ResNet-8 and 4.8% on MobileNet with 200 samples).
+fewer samples here for MobileNet. Tolerance: every epoch's loss within 5% of float32's (the
+issue's target; measured at most 1.1% on ResNet-8 and 4.8% on MobileNet with 200 samples).
 """
 
 from __future__ import annotations
