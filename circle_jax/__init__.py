@@ -13,6 +13,7 @@ from .errors import (
     CircleFormatError,
     CircleJaxError,
     DataError,
+    LossScaleWarning,
     TrainingError,
     UnsupportedOperatorError,
 )
@@ -72,7 +73,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "Builder", "CircleFormatError", "CircleJaxError", "DataError", "FitResult", "GraphBuilder",
-    "History", "Model", "ProgramCache", "TensorSpec", "TrainConfig", "TrainState", "Trainer",
+    "History", "LossScaleWarning", "Model", "ProgramCache", "TensorSpec", "TrainConfig",
+    "TrainState", "Trainer",
     "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats",
     "inline_cpu_dispatch", "load", "losses", "optim", "passes", "read_model",
     "retain_host_memory",

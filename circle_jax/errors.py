@@ -21,3 +21,8 @@ class DataError(CircleJaxError, ValueError):
 
 class TrainingError(CircleJaxError, RuntimeError):
     """Training cannot go on (e.g. a non-finite loss)."""
+
+
+class LossScaleWarning(RuntimeWarning):
+    """Steps are still skipped for non-finite gradients while the loss scale can no longer
+    back off; the message names the first non-finite tensor and its operator."""

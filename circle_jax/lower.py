@@ -19,6 +19,7 @@ from dataclasses import replace
 from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from .errors import CircleFormatError, CircleJaxError, UnsupportedOperatorError
@@ -205,6 +206,9 @@ class Lowered:
                     with jax.ensure_compile_time_eval():
                         out = fn(ctx, *args)
                     out = jax.tree.map(np.asarray, out)
+                elif op.key in self.options.float32_ops:
+                    out = _in_float32(fn, ctx, args, [k == 0 and i in sg.outputs
+                                                      for i in op.outputs])
                 else:
                     out = fn(ctx, *args)
             except CircleJaxError:
@@ -263,6 +267,28 @@ def _refusal(e: Exception, where: str) -> CircleJaxError:
 
 def _no_subgraph(j: int, args: Sequence[Any]) -> tuple[Any, ...]:
     raise RuntimeError("subgraphs run only while the model is applied")
+
+
+def _in_float32(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any],
+                keep: Sequence[bool]) -> Any:
+    """``fn(ctx, *args)`` computed in float32 when an argument is a half float: those
+    arguments cast up, float32 outputs cast back to the (first) half dtype, except where
+    ``keep`` is set (the main subgraph's outputs, which the loss reads in float32)."""
+    half = next((a.dtype for a in args if _half(a)), None)
+    if half is None:
+        return fn(ctx, *args)
+    out = fn(ctx, *(a.astype(np.float32) if _half(a) else a for a in args))
+    many = isinstance(out, (tuple, list))
+    outs = tuple(out) if many else (out,)
+    if len(outs) != len(keep):  # the caller reports the count
+        return out
+    outs = tuple(o if kept or getattr(o, "dtype", None) != np.float32 else o.astype(half)
+                 for o, kept in zip(outs, keep))
+    return outs if many else outs[0]
+
+
+def _half(x: Any) -> bool:
+    return getattr(x, "dtype", None) in (np.float16, jnp.bfloat16)
 
 
 def _static(x: Any) -> bool:

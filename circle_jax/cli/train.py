@@ -12,12 +12,13 @@ import contextlib
 import os
 import sys
 import time
+import warnings
 from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
 
-from circle_jax.errors import DataError
+from circle_jax.errors import DataError, LossScaleWarning
 
 from . import onert_output as out
 from .cache import cache_dir, enable_compile_cache
@@ -283,6 +284,7 @@ class Reporter:
         self.notice = out.CompileNotice("compiling the training epoch", self.terminal,
                                         run.verbosity >= 1)
         self.bar: Any = None
+        self.warned = False
         if self.terminal:
             from tqdm import tqdm
 
@@ -309,9 +311,12 @@ class Reporter:
             h.val_accuracy[-1] if metric and h.val_loss else None, extra))
         if self.bar is None:
             print(line, flush=True)
-            return
-        self.bar.write(line, file=sys.stdout)
-        self.bar.update(1)
+        else:
+            self.bar.write(line, file=sys.stdout)
+            self.bar.update(1)
+        if h.overflow is not None and not self.warned:  # once: fit records it once
+            self.warned = True
+            print(f"W: {h.overflow}", file=sys.stderr, flush=True)
 
     def stop(self) -> None:
         self.notice.stop()
@@ -335,19 +340,22 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
     clock.mark("fit")
     rep.notice.start()
     o = run.outputs
-    try:
-        if o.checkpoint or run.resume:
-            from circle_jax.checkpoints import fit_checkpointed
+    # the reporter prints fit's LossScaleWarning as one "W:" line
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", LossScaleWarning)
+        try:
+            if o.checkpoint or run.resume:
+                from circle_jax.checkpoints import fit_checkpointed
 
-            return fit_checkpointed(model, xs, y, trainer=trainer, resume=run.resume,
-                                    save=o.checkpoint, every_steps=o.checkpoint_every_steps,
-                                    order=o.checkpoint_order,
-                                    protect=run.input_files(resume=False),
-                                    on_epoch=rep.on_epoch, on_start=rep.on_start)
-        return fit(model, xs, y, trainer=trainer, on_epoch=rep.on_epoch,
-                   on_start=rep.on_start)
-    finally:
-        rep.stop()
+                return fit_checkpointed(model, xs, y, trainer=trainer, resume=run.resume,
+                                        save=o.checkpoint, every_steps=o.checkpoint_every_steps,
+                                        order=o.checkpoint_order,
+                                        protect=run.input_files(resume=False),
+                                        on_epoch=rep.on_epoch, on_start=rep.on_start)
+            return fit(model, xs, y, trainer=trainer, on_epoch=rep.on_epoch,
+                       on_start=rep.on_start)
+        finally:
+            rep.stop()
 
 
 def _timing(clock: Clock, history: Any, cache: str, chunked: bool) -> out.Timing:

@@ -39,13 +39,18 @@ class LoweringOptions:
     convolution is slow, so convolutions take im2col up to a larger size. ``backend``: the
     JAX backend the choice is made for (None: ``jax.default_backend()``). ``force``: one
     method of ``CONV_METHODS`` / ``TRANSPOSE_CONV_METHODS`` for every convolution (tests and
-    benchmarks; a convolution it cannot compute raises ValueError).
+    benchmarks; a convolution it cannot compute raises ValueError). ``float32_ops``: the
+    operator keys that compute in float32 when an input is a half float (a precision
+    policy's rule, `circle_jax.optim.precision.FLOAT32_OPERATORS`): their half inputs are
+    cast to float32, and their outputs back to that half dtype, except the main subgraph's
+    outputs, which stay float32 for the loss (`circle_jax.lower.Lowered.run`).
     """
 
     kind: str | None = None
     in_loop: bool = False
     backend: str | None = None
     force: str | None = None
+    float32_ops: frozenset[str] = frozenset()
 
     def __post_init__(self) -> None:
         if self.kind is not None and self.kind not in KINDS:
@@ -53,6 +58,7 @@ class LoweringOptions:
         if self.force is not None and self.force not in CONV_METHODS + TRANSPOSE_CONV_METHODS:
             raise ValueError(f"unknown lowering {self.force!r} (use one of "
                              f"{sorted(set(CONV_METHODS + TRANSPOSE_CONV_METHODS))})")
+        object.__setattr__(self, "float32_ops", frozenset(self.float32_ops))
 
     @property
     def fast(self) -> bool:

@@ -48,9 +48,16 @@ from circle_jax.optim.optimizers import (
     torch_rmsprop,
     torch_sgd,
 )
-from circle_jax.optim.precision import Policy, get_policy, master_weights_needed, to_dtype
+from circle_jax.optim.precision import (
+    FLOAT32_OPERATORS,
+    Policy,
+    get_policy,
+    master_weights_needed,
+    to_dtype,
+)
 
 __all__ = [
+    "FLOAT32_OPERATORS",
     "EPS_PLACEMENTS",
     "FAMILIES",
     "HYPERPARAMETERS",

@@ -14,6 +14,16 @@ Specs `get_policy` accepts:
 - one dtype name ``"float32"``/``"f32"``/``"fp16"``/``"bf16"``/...: all four dtypes;
 - Keras' ``"mixed_float16"``/``"mixed_bfloat16"``: float32 params, grads and output,
   half compute.
+
+The rule for half compute (Keras' ``mixed_float16``, whose softmax outputs, normalization
+statistics and losses are float32): the operators of :data:`FLOAT32_OPERATORS` compute in
+float32 (their half inputs are cast up, their outputs back to half, except model outputs,
+which reach the loss in float32), and losses always compute in float32. Those operators
+are where a half result overflows or loses the loss: a softmax's small probabilities
+underflow float16 (its smallest subnormal is 6e-8), and cross-entropy's gradient
+``-t / (N p)`` at such a probability exceeds float16's 65504 even at loss scale 1; a sum
+or mean over many elements, a pooling window's sum, a norm's sum of squares or variance
+exceed 65504, or lose the small addends, in a float16 accumulator.
 """
 
 from __future__ import annotations
@@ -61,6 +71,15 @@ _FORMS = (
 )
 
 
+FLOAT32_OPERATORS: frozenset[str] = frozenset({
+    "SOFTMAX", "LOG_SOFTMAX",  # probabilities below float16's range; the loss's log
+    "MEAN", "SUM", "REDUCE_PROD", "CUMSUM",  # reductions: float32 accumulators
+    "AVERAGE_POOL_2D", "L2_POOL_2D",  # window sums
+    "L2_NORMALIZATION", "LOCAL_RESPONSE_NORMALIZATION", "INSTANCE_NORM", "RMS_NORM",
+})
+"""The operators a half-compute `Policy` runs in float32 (see the module docstring)."""
+
+
 def to_dtype(spec: Any) -> np.dtype:
     """A floating numpy dtype from a name (``"f16"``, ``"bfloat16"``, ...) or a dtype."""
     if isinstance(spec, str):
@@ -102,18 +121,27 @@ class Policy:
       grad_dtype: what gradients are cast to before the optimizer sees them (None: the
         param dtype).
       output_dtype: what model outputs are cast to before the loss.
+      float32_ops: the operator keys that compute in float32 when the compute dtype is half
+        (None: :data:`FLOAT32_OPERATORS`; empty: none, every operator in half); empty when
+        the compute dtype is float32 or wider.
     """
 
     param_dtype: Any = np.dtype(jnp.float32)
     compute_dtype: Any = np.dtype(jnp.float32)
     grad_dtype: Any = None
     output_dtype: Any = np.dtype(jnp.float32)
+    float32_ops: Any = None
 
     def __post_init__(self):
         if self.grad_dtype is None:
             object.__setattr__(self, "grad_dtype", self.param_dtype)
-        for f in dataclasses.fields(self):
-            object.__setattr__(self, f.name, to_dtype(getattr(self, f.name)))
+        for name in ("param_dtype", "compute_dtype", "grad_dtype", "output_dtype"):
+            object.__setattr__(self, name, to_dtype(getattr(self, name)))
+        ops = FLOAT32_OPERATORS if self.float32_ops is None else self.float32_ops
+        if isinstance(ops, str) or not all(isinstance(k, str) for k in ops):
+            raise ValueError(f"float32_ops must be a collection of operator names, got {ops!r}")
+        half = np.dtype(self.compute_dtype).itemsize < 4
+        object.__setattr__(self, "float32_ops", frozenset(ops) if half else frozenset())
 
     def cast_to_param(self, tree: Any) -> Any:
         return _cast(tree, self.param_dtype)
@@ -128,10 +156,13 @@ class Policy:
         return _cast(tree, self.output_dtype)
 
     def __str__(self) -> str:
-        return (
-            f"p={_short(self.param_dtype)},c={_short(self.compute_dtype)},"
-            f"g={_short(self.grad_dtype)},o={_short(self.output_dtype)}"
-        )
+        text = (f"p={_short(self.param_dtype)},c={_short(self.compute_dtype)},"
+                f"g={_short(self.grad_dtype)},o={_short(self.output_dtype)}")
+        if self.float32_ops and self.float32_ops != FLOAT32_OPERATORS:
+            text += f" (float32: {','.join(sorted(self.float32_ops))})"
+        elif not self.float32_ops and np.dtype(self.compute_dtype).itemsize < 4:
+            text += " (every operator in half)"
+        return text
 
 
 def _parse_jmp(spec: str) -> Policy:

@@ -5,6 +5,7 @@ logging point after each, callbacks, and resumption at any step; checkpointing
 from __future__ import annotations
 
 import time
+import warnings
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Protocol
@@ -13,13 +14,14 @@ import jax
 import numpy as np
 
 from ..distributed import DataParallel, local
-from ..errors import DataError, TrainingError
+from ..errors import DataError, LossScaleWarning, TrainingError
 from ..formats.rawdata import check_training_data
 from ..losses import loss_name
 from ..model import Model
 from ..optim import NoLossScale
 from .config import TrainConfig
 from .data import as_inputs, split_validation
+from .diagnose import first_non_finite
 from .state import History, StepMetrics, TrainState
 from .trainer import Trainer
 
@@ -128,6 +130,7 @@ def fit(
     if fused:
         state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
                               epochs)
+        warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
     for i in range(0 if fused else epochs):
         epoch = initial_epoch + i
         if whole and not (i == 0 and initial_step):
@@ -144,6 +147,7 @@ def fit(
                                          skip_steps=initial_step if i == 0 else 0,
                                          after_chunk=chunk_done)
             record_epoch(trainer, hist, i, state, frozen, m, t, n_train, val)
+        warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
         for cb in callbacks:
             cb.on_epoch_end(epoch, hist, state, frozen)
         if on_epoch is not None:
@@ -169,6 +173,24 @@ def _whole_epochs(trainer: Trainer, hist: History, state: TrainState, frozen: di
         if validation is not None:
             _record_validation(hist, len(hist.val_loss), *validation)
     return state
+
+
+def warn_if_stuck(trainer: Trainer, hist: History, state: TrainState, frozen: dict,
+                  x: tuple, y: jax.Array) -> None:
+    """At a logging point, once per run: when the last epoch skipped steps and the loss
+    scale can no longer back off (a dynamic scale at its floor, or a fixed one), find the
+    first non-finite tensor of the step (`first_non_finite`, host-side), record it in
+    ``hist.overflow`` and warn it (`LossScaleWarning`)."""
+    if hist.overflow is not None or not hist.skipped or not hist.skipped[-1] or \
+            bool(state.loss_scale.can_back_off()):
+        return
+    found = first_non_finite(trainer, state.params, frozen, x, y, hist.loss_scale[-1])
+    epoch = len(hist.loss)
+    hist.overflow = (f"epoch {epoch}: {hist.skipped[-1]} of {hist.steps[-1]} steps skipped "
+                     f"with the loss scale at its floor ({hist.loss_scale[-1]:g}): "
+                     + (str(found) if found is not None else
+                        "no non-finite value found when re-running the first batches"))
+    warnings.warn(hist.overflow, LossScaleWarning, stacklevel=3)
 
 
 def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:

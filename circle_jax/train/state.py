@@ -55,3 +55,7 @@ class History:
     #: initialized, epochs compiled (``compile_ms`` of it)
     prepare_ms: float = 0.0
     compile_ms: float = 0.0
+    #: set (once) when an epoch skipped steps with the loss scale at its floor: which
+    #: tensor of the step turned non-finite first (`circle_jax.train.diagnose`); ``fit``
+    #: also warns it (`circle_jax.LossScaleWarning`)
+    overflow: str | None = None

@@ -65,8 +65,13 @@ class Trainer:
         #: traced every run). Used when no progress callback is set and on one device.
         self.program_cache: ProgramCache | None = None
         self.placement = placement
-        lowering = {} if placement is None or model.lowering.backend is not None else \
-            {"backend": placement.platform}
+        self.policy: Policy = get_policy(config.precision)
+        lowering: dict[str, Any] = {} if placement is None or \
+            model.lowering.backend is not None else {"backend": placement.platform}
+        if self.policy.float32_ops:  # the policy's float32 operators (half compute)
+            lowering["float32_ops"] = self.policy.float32_ops
+        #: the changes to the model's lowering options the training forward is lowered with
+        self.lowering_changes: dict[str, Any] = lowering
         self.reduction = reduction = get_reduction(config.reduction)
         #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
         #: the index of the model output the loss reads
@@ -98,7 +103,6 @@ class Trainer:
         self.micro_batches = config.accumulate if config.accumulate_mode == "in_step" else 1
         acc_reduction = "sum" if reduction.value == "sum" else "mean"
         self.tx = accumulate(inner, stream_k, acc_reduction) if stream_k > 1 else inner
-        self.policy: Policy = get_policy(config.precision)
         # Masters and the loss are float32 at least; a float64 policy trains in float64.
         self.master_dtype = np.promote_types(self.policy.param_dtype, np.float32)
         self.loss_dtype = np.promote_types(self.policy.output_dtype, np.float32)
@@ -159,7 +163,7 @@ class Trainer:
     def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array],
                  in_loop: bool = False) -> jax.Array:
         p = self.policy
-        params = {**p.cast_to_param(_grad_cast(trainable, p.grad_dtype)), **frozen}
+        params = {**p.cast_to_param(grad_cast(trainable, p.grad_dtype)), **frozen}
         apply = self.numerics.apply_in_loop if in_loop else self.numerics.apply
         out = apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[self.loss_output]
         return p.cast_to_output(out).astype(self.loss_dtype)
@@ -532,7 +536,7 @@ def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
             (tuple(validation) or None))
 
 
-def _grad_cast(tree: dict, dtype: Any) -> dict:
+def grad_cast(tree: dict, dtype: Any) -> dict:
     """Identity forward; the backward rounds cotangents to ``dtype`` (the gradient dtype).
 
     A no-op where the masters already have that dtype (float32, or float64 under x64).
