@@ -42,6 +42,14 @@ REFUSED = {
     "keras:lstm_b16.tflite": "runs only at its declared batch",
 }
 
+# What known models refuse to train on (a training refusal of a model that runs at batch 3).
+TRAIN_REFUSED = {
+    **REFUSED,
+    # its declared [1, 1] is a placeholder of [1, -1] (it needs >= 512 samples): the trainer
+    # checks samples against the declared shape
+    "oww_melspectrogram.tflite": "the model expects [1]",
+}
+
 # Runs eagerly only: its WHILE needs concrete trip counts.
 EAGER = frozenset({"one_vscode_while_000.circle"})
 
@@ -55,13 +63,13 @@ def _model(name: str) -> cj.Model:
     return m
 
 
-def _assert_refusal(error: BaseException, name: str) -> None:
+def _assert_refusal(error: BaseException, name: str, refused: dict = REFUSED) -> None:
     """A documented refusal: a circle-jax error of one line naming its reason."""
     message = str(error)
     assert isinstance(error, cj.CircleJaxError), f"{name}: {type(error).__name__}: {message}"
     assert message and "\n" not in message and len(message) < 600, message
-    assert name in REFUSED, f"{name} is refused, undocumented: {message}"
-    assert REFUSED[name] in message, message
+    assert name in refused, f"{name} is refused, undocumented: {message}"
+    assert refused[name] in message, message
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -147,7 +155,9 @@ def test_float64_gradients_at_batch_3_are_sums_of_per_sample_ones(name: str, x64
 
 @pytest.mark.parametrize("name", MODELS)
 def test_one_epoch_at_batch_8_trains_or_refuses(name: str) -> None:
-    """Random inputs and MSE targets shaped like output 0; SGD; 16 samples (2 steps)."""
+    """Random inputs and MSE targets shaped like output 0; 16 samples (2 steps); Adam, whose
+    first steps move each weight by about the learning rate whatever the gradient's scale
+    (SGD diverges on the hand model, whose outputs reach 230)."""
     model = _model(name)
     out = model.outputs[0]
     rng = np.random.default_rng(7)
@@ -155,10 +165,10 @@ def test_one_epoch_at_batch_8_trains_or_refuses(name: str) -> None:
     y = rng.uniform(0, 1, (16, *out.shape[1:])).astype(np.float32)
     try:
         result = cj.fit(model, xs if len(xs) > 1 else xs[0], y, epochs=1, batch_size=8,
-                        loss="mse", optimizer="sgd", learning_rate=1e-3)
+                        loss="mse", optimizer="adam", learning_rate=1e-4)
     except cj.CircleJaxError as e:
-        _assert_refusal(e, name)
+        _assert_refusal(e, name, TRAIN_REFUSED)
         return
-    assert name not in REFUSED, f"{name} trains: drop it from REFUSED"
+    assert name not in TRAIN_REFUSED, f"{name} trains: drop it from REFUSED"
     loss = result.history.loss[0]
     assert math.isfinite(loss), loss
