@@ -157,7 +157,7 @@ def test_a_mapped_model_steps_with_the_mean_of_per_sample_gradients(hand) -> Non
             lambda p: jnp.mean((hand.apply({**frozen, **p}, xi)[0] - yi) ** 2))(p)
 
     parts = [single(state.params, x[i:i + 1], y[i:i + 1]) for i in range(2)]
-    assert float(metrics.loss) == pytest.approx((parts[0][0] + parts[1][0]) / 2, rel=1e-5)
+    assert float(metrics.loss) == pytest.approx(float(parts[0][0] + parts[1][0]) / 2, rel=1e-5)
     for k, p in state.params.items():
         want = p - 1e-6 * (parts[0][1][k] + parts[1][1][k]) / 2
         np.testing.assert_allclose(new.params[k], want, rtol=1e-5, atol=1e-9, err_msg=k)
