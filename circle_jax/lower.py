@@ -22,7 +22,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import CircleFormatError, CircleJaxError, UnsupportedOperatorError
+from .batching import batch_blocker
+from .errors import CircleFormatError, CircleJaxError, DataError, UnsupportedOperatorError
 from .graph import ir
 from .graph.checks import check_arity, check_graph
 from .graph.params_policy import param_table
@@ -74,6 +75,8 @@ class Lowered:
         self.params = param_table(model)
         self._param_name = {key: name for name, key in self.params.items()}
         self._ops = self._parse()
+        #: None when a batch runs as one batched graph; else why it does not follow the batch
+        self.batch_blocker: str | None = batch_blocker(model)
 
     def _parse(self) -> dict[tuple[int, int], tuple[OpDef, Callable[..., Any], OpContext]]:
         """Every operator's definition, implementation and static context, after its checks;
@@ -114,7 +117,7 @@ class Lowered:
         """The same model lowered with ``changes`` to its options (e.g. ``in_loop=True``)."""
         new = object.__new__(Lowered)
         new.model, new.params, new._param_name = self.model, self.params, self._param_name
-        new.options = replace(self.options, **changes)
+        new.options, new.batch_blocker = replace(self.options, **changes), self.batch_blocker
         new._ops = {key: (d, implementation(ctx.op.key, new.options) or d.fn,
                           replace(ctx, lowering=new.options))
                     for key, (d, _, ctx) in self._ops.items()}
@@ -123,29 +126,42 @@ class Lowered:
     def apply(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
         """Run subgraph 0: the model's outputs, in order, as a tuple.
 
-        A model whose every input declares batch 1, given N > 1 samples, runs as one batch
-        when its operators follow the batch; where one cannot (a RESHAPE to a fixed
-        [1, ...] shape that mixes samples' elements, say), it runs per sample: the batch-1
-        graph mapped over the samples (``jax.vmap``), each output the N single-sample
-        outputs concatenated on axis 0. Either way a batch of N gives what N single-sample
-        runs give.
+        Given N samples where the inputs declare a batch of D (their common dimension 0), the
+        graph runs as one batch when :attr:`batch_blocker` is None (every operator follows
+        the batch, `circle_jax.batching`); else, when D is 1, the batch-1 graph runs mapped
+        over the samples (``jax.vmap``), each output the N single-sample outputs
+        concatenated on axis 0, and when D is not 1 the batch is refused in one line.
+        Either way a batch of N gives what N single-sample runs give.
         """
-        try:
-            outputs, _ = self.run(0, params, inputs, keep=False)
-        except CircleFormatError:
-            if not self.batch_one_at(inputs):
-                raise
+        mode = self.batching(inputs)
+        if mode == "mapped":
             return self.per_sample(params, *inputs)
-        return outputs
+        if mode == "refused":
+            shapes = [list(self.model.main.tensors[i].shape) for i in self.model.main.inputs]
+            raise DataError(f"inputs of shapes {[list(np.shape(x)) for x in inputs]}: the "
+                            f"model runs only at its declared batch ({shapes}), because "
+                            f"{self.batch_blocker}")
+        return self.run(0, params, inputs, keep=False)[0]
 
-    def batch_one_at(self, inputs: Sequence[Any]) -> bool:
-        """Whether every input of subgraph 0 declares batch 1 and ``inputs`` share a batch
-        N > 1."""
-        sg = self.model.main
-        declared = [sg.tensors[i].shape[:1] for i in sg.inputs]
-        given = {np.shape(x)[:1] for x in inputs}
-        return bool(declared) and all(d == (1,) for d in declared) and len(given) == 1 \
-            and given.pop() not in ((), (1,))
+    def batching(self, inputs: Sequence[Any]) -> str:
+        """How :meth:`apply` runs ``inputs``: "mapped" (the batch-1 graph over the samples),
+        "refused" (another batch of a model whose declared batch is not 1 and that does not
+        follow the batch) or "direct" (the graph as given: the declared batch, a batch the
+        graph follows, or other shapes of a dynamic-shape model)."""
+        declared = [self.model.main.tensors[i].shape for i in self.model.main.inputs]
+        given = [tuple(np.shape(x)) for x in inputs]
+        if len(given) != len(declared) or any(not g or len(g) != len(d)
+                                              for g, d in zip(given, declared)):
+            return "direct"
+        batches, declared_batches = {g[0] for g in given}, {d[0] for d in declared}
+        if len(batches) != 1 or len(declared_batches) != 1 or batches == declared_batches:
+            return "direct"
+        same_samples = all(g[1:] == d[1:] for g, d in zip(given, declared))
+        if self.batch_blocker is None and same_samples:
+            return "direct"
+        if declared_batches == {1}:
+            return "mapped"
+        return "refused" if same_samples else "direct"
 
     def per_sample(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
         """Subgraph 0 run on each sample alone (batch 1), mapped over the samples."""

@@ -92,6 +92,14 @@ class Model:
         return self._lowered.apply(params, *(jnp.asarray(x) for x in inputs))
 
     @property
+    def batch_blocker(self) -> str | None:
+        """None when a batch of N samples runs as one batched graph; else why the graph does
+        not follow the batch (the first operator that pins dimension 0, see
+        `circle_jax.batching`): a batch-1 model then runs its batch-1 graph mapped over the
+        samples, and another model runs only at its declared batch."""
+        return self._lowered.batch_blocker
+
+    @property
     def lowering(self) -> LoweringOptions:
         """The options the operators were lowered with."""
         return self._lowered.options

@@ -102,9 +102,12 @@ def reshape(ctx: OpContext, x: Array, new_shape: Array = None) -> Array:
     """Reshape to the static shape input (1-D) or ``options.new_shape`` (one -1 allowed).
 
     Batch following (onert's convention): a model declared with batch 1 must run at any batch
-    size. When the requested shape does not fit the input's element count, has no -1, the
-    input's leading dimension differs from the declared one and the requested leading
-    dimension equals the declared batch, that leading dimension becomes -1.
+    size. When the input's leading dimension differs from the declared one and the requested
+    leading dimension equals the declared batch, that leading dimension becomes -1 if the
+    requested shape has no -1 and does not fit the input's element count; if it has a -1
+    elsewhere and the input is the declared one with another leading dimension, the result
+    is the declared input's result with that leading dimension (each sample keeps its size:
+    `circle_jax.batching` runs a graph batched only where this holds).
     """
     if new_shape is not None and np.ndim(static(new_shape, "reshape shape")) == 1:
         shape = ints(new_shape, "reshape shape")
@@ -122,6 +125,12 @@ def reshape(ctx: OpContext, x: Array, new_shape: Array = None) -> Array:
         and _numel(shape[1:]) and size % _numel(shape[1:]) == 0
     ):
         shape[0] = -1
+    elif (
+        shape and declared and -1 in shape[1:] and x.ndim == len(declared)
+        and x.shape[0] != declared[0] and tuple(x.shape[1:]) == tuple(declared[1:])
+        and shape[0] == declared[0]
+    ):
+        shape = [-1, *_infer_shape(list(shape), _numel(declared), tuple(declared))[1:]]
     shape = _infer_shape(shape, size, x.shape)
     if _numel(shape) != size:
         raise ValueError(f"cannot reshape {list(x.shape)} ({size} elements) into {shape}")

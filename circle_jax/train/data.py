@@ -57,6 +57,9 @@ def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
     out = []
     for a, spec in zip(xs, model.inputs):
         a = np.asarray(a)
+        if not spec.shape:
+            raise DataError(f"input {spec.name!r} is a scalar: the model has no batch axis to "
+                            "stack samples on (it runs only at its declared shapes)")
         if a.shape[1:] != spec.shape[1:]:
             raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
                             f"the model expects {list(spec.shape[1:])}")

@@ -1,0 +1,163 @@
+"""The batch rule (`circle_jax.batching`): which graphs run a batch of N as one batched graph
+and which map their batch-1 graph over the samples, on builder-made graphs and on the shared
+models the issue named (a batch of N must always give what N single-sample runs give)."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.build import Builder
+from circle_jax.examples import branching_cnn
+from circle_jax.train import Trainer
+from tests.conformance import run_litert
+from tests.paths import shared_model
+
+
+def _one_op(key: str, x_shape: tuple, consts: list, options: dict | None = None,
+            first: bool = True) -> cj.Model:
+    """x -> KEY(x, *consts) (x first unless ``first`` is False) -> output."""
+    b = Builder()
+    x = b.input("x", x_shape)
+    cs = [b.constant(f"c{i}", c) for i, c in enumerate(consts)]
+    b.output(b.op(key, [x, *cs] if first else [*cs, x], options or {}))
+    return cj.load(b.to_bytes("circle"))
+
+
+I32 = np.int32
+FOLLOW = [  # operators whose options and constants leave dimension 0 alone
+    ("RESHAPE", (1, 2, 3), [np.array([1, -1], I32)], None),
+    ("RESHAPE", (1, 2, 3), [np.array([-1, 3, 2], I32)], None),
+    ("TRANSPOSE", (1, 2, 3), [np.array([0, 2, 1], I32)], None),
+    ("STRIDED_SLICE", (1, 4, 3), [np.array([0, 1], I32), np.array([1, 3], I32),
+                                  np.array([1, 1], I32)], {"end_mask": 1}),
+    ("SLICE", (1, 4, 3), [np.array([0, 1, 0], I32), np.array([-1, 2, 3], I32)], None),
+    ("MEAN", (1, 4, 3), [np.array([1, 2], I32)], {"keep_dims": True}),
+    ("PAD", (1, 4, 3), [np.array([[0, 0], [1, 1], [0, 2]], I32)], None),
+    ("CONCATENATION", (1, 4, 3), [], {"axis": -1}),
+]
+PIN = [  # ... and operators that pin it (the batch-1 graph is mapped over the samples)
+    ("RESHAPE", (1, 2, 3), [np.array([2, 3], I32)], None, "new shape"),
+    ("TRANSPOSE", (1, 2, 3), [np.array([1, 0, 2], I32)], None, "moves dimension 0"),
+    ("STRIDED_SLICE", (1, 4, 3), [np.array([0, 1], I32), np.array([1, 3], I32),
+                                  np.array([1, 1], I32)], None, "pin dimension 0"),
+    ("SLICE", (1, 4, 3), [np.array([0, 1, 0], I32), np.array([1, 2, 3], I32)], None,
+     "pin dimension 0"),
+    ("MEAN", (1, 4, 3), [np.array([0, 1], I32)], {"keep_dims": True}, "dimension 0"),
+    ("TILE", (1, 4, 3), [np.array([2, 1, 1], I32)], None, "tiles dimension 0"),
+    ("CONCATENATION", (1, 4, 3), [], {"axis": 0}, "dimension 0"),
+    ("BROADCAST_TO", (1, 4, 3), [np.array([1, 4, 3], I32)], None, "not known"),
+    ("SOFTMAX", (1,), [], {"beta": 1.0}, "dimension 0"),
+]
+
+
+def _check_per_sample(model: cj.Model, n: int = 3) -> None:
+    x = np.random.default_rng(0).standard_normal((n, *model.inputs[0].shape[1:]))
+    x = x.astype(np.float32)
+    for apply in (model.apply, jax.jit(model.apply)):
+        got = apply(model.params, *([x] * len(model.inputs)))[0]
+        want = np.concatenate([model(*([x[i:i + 1]] * len(model.inputs)))[0]
+                               for i in range(n)])
+        assert got.shape == want.shape
+        np.testing.assert_allclose(got, want, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("key, shape, consts, options", FOLLOW)
+def test_operators_that_follow_the_batch_run_batched(key, shape, consts, options) -> None:
+    if key == "CONCATENATION":
+        b = Builder()
+        x = b.input("x", shape)
+        b.output(b.op(key, [x, x], options))
+        model = cj.load(b.to_bytes("circle"))
+    else:
+        model = _one_op(key, shape, consts, options)
+    assert model.batch_blocker is None
+    _check_per_sample(model)
+
+
+@pytest.mark.parametrize("key, shape, consts, options, why", PIN)
+def test_operators_that_pin_dimension_0_map_the_batch_1_graph(key, shape, consts, options,
+                                                              why) -> None:
+    if key == "CONCATENATION":
+        b = Builder()
+        x = b.input("x", shape)
+        b.output(b.op(key, [x, x], options))
+        model = cj.load(b.to_bytes("circle"))
+    else:
+        model = _one_op(key, shape, consts, options)
+    assert model.batch_blocker is not None and why in model.batch_blocker
+    assert f"operator 0 ({key})" in model.batch_blocker
+    _check_per_sample(model)
+
+
+def test_a_declared_batch_other_than_1_that_is_pinned_is_refused_in_one_line() -> None:
+    model = _one_op("RESHAPE", (2, 3), [np.array([6], I32)])
+    assert model(np.ones((2, 3), np.float32))[0].shape == (6,)
+    with pytest.raises(cj.DataError, match=r"^inputs of shapes \[\[4, 3\]\]: the model runs "
+                       r"only at its declared batch \(\[\[2, 3\]\]\), because operator 0 "
+                       r"\(RESHAPE\)[^\n]*$"):
+        model(np.ones((4, 3), np.float32))
+
+
+@pytest.fixture(scope="module")
+def hand() -> cj.Model:
+    return cj.load(shared_model("mediapipe_hand_recrop_fp32.tflite"))
+
+
+def test_hand_recrop_maps_its_batch_1_graph_and_matches_litert_per_sample(hand) -> None:
+    """Its operator 49 (STRIDED_SLICE channel_padding_3) keeps batch 1 in begin/end: mapped.
+    LiteRT tolerance as tests/test_models.py (rtol 1e-4, atol 1e-4 x output scale)."""
+    assert hand.batch_blocker.startswith("operator 49 (STRIDED_SLICE)")
+    x = np.random.default_rng(1).uniform(-1, 1, (3, 256, 256, 3)).astype(np.float32)
+    got = np.asarray(jax.jit(hand.apply)(hand.params, x)[0])
+    with open(shared_model("mediapipe_hand_recrop_fp32.tflite"), "rb") as f:
+        tflite = f.read()
+    for i in range(3):
+        want = run_litert(tflite, [x[i:i + 1]])[0]
+        scale = max(float(np.max(np.abs(want))), 1.0)
+        np.testing.assert_allclose(got[i:i + 1], want, rtol=1e-4, atol=1e-4 * scale)
+
+
+def test_common_models_keep_the_batched_graph() -> None:
+    """The fast path: these follow the batch, so a batch runs as one batched graph."""
+    for name in ("mobilenet_v1_0.25_128_float.tflite", "mlperftiny_resnet8_cifar10_float.tflite",
+                 "mediapipe_face_detection_short_range_fp16w.tflite"):
+        assert cj.load(shared_model(name)).batch_blocker is None, name
+    assert cj.load(branching_cnn().to_bytes("circle")).batch_blocker is None
+
+
+def test_face_detector_runs_and_trains_at_batch_8() -> None:
+    """Its RESHAPEs to [1, -1, 16] keep each sample's 896 x 16 at batch 8 (they made one
+    sample of 7168 x 16 before)."""
+    model = cj.load(shared_model("mediapipe_face_detection_short_range_fp16w.tflite"))
+    x = np.random.default_rng(2).uniform(-1, 1, (8, 128, 128, 3)).astype(np.float32)
+    out = jax.jit(model.apply)(model.params, x)
+    assert [o.shape for o in out] == [(8, 896, 16), (8, 896, 1)]
+    y = np.random.default_rng(3).uniform(0, 1, (8, 896, 16)).astype(np.float32)
+    r = cj.fit(model, x, y, epochs=1, batch_size=8, loss="mse", optimizer="sgd",
+               learning_rate=1e-4)
+    assert np.isfinite(r.history.loss[0])
+
+
+def test_a_mapped_model_steps_with_the_mean_of_per_sample_gradients(hand) -> None:
+    """SGD at batch 2 on the mapped hand model: new = old - lr * mean of per-sample grads."""
+    rng = np.random.default_rng(4)
+    x = rng.uniform(-1, 1, (2, 256, 256, 3)).astype(np.float32)
+    y = rng.uniform(0, 1, (2, 1, 1, 4)).astype(np.float32)
+    trainer = Trainer(hand, batch_size=2, learning_rate=1e-6, loss="mse", optimizer="sgd")
+    state, frozen = trainer.init()
+    new, metrics = trainer.train_step(state, frozen, ((jnp.asarray(x),), jnp.asarray(y)))
+
+    @jax.jit
+    def single(p, xi, yi):
+        return jax.value_and_grad(
+            lambda p: jnp.mean((hand.apply({**frozen, **p}, xi)[0] - yi) ** 2))(p)
+
+    parts = [single(state.params, x[i:i + 1], y[i:i + 1]) for i in range(2)]
+    assert float(metrics.loss) == pytest.approx(float(parts[0][0] + parts[1][0]) / 2, rel=1e-5)
+    for k, p in state.params.items():
+        want = p - 1e-6 * (parts[0][1][k] + parts[1][1][k]) / 2
+        np.testing.assert_allclose(new.params[k], want, rtol=1e-5, atol=1e-9, err_msg=k)

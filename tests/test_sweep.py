@@ -1,0 +1,174 @@
+"""A sweep over every model the tests know (`tests.model_zoo.all_models`: each file of
+../shared/models, the Keras conversions, the bundled example, the toy models): it loads;
+a batch of 3 gives what 3 single-sample runs give (and what LiteRT gives on each sample);
+float64 gradients of a sum-loss at batch 3 are the sums of the per-sample gradients; one
+epoch at batch 8 trains to a finite loss. A model that cannot do one of these must refuse
+it in one line naming the reason; the refusals of known models are pinned in ``REFUSED``.
+
+Tolerances: a batched graph sums its matmuls and convolutions in another order than a
+single-sample one, so float32 outputs differ by rounding (measured at most 1.1e-5 on outputs
+of magnitude 38, the face detector's scores): rtol 1e-5 and atol 1e-5 times the output's
+scale (max |output|, at least 1). LiteRT: rtol 1e-4, atol 1e-4 times the scale, as in
+tests/test_models.py. float64 gradients: 1e-9 of each param's largest gradient.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.formats.reader import read_model
+from circle_jax.formats.writer import export_model
+from tests import model_zoo
+from tests.conformance import run_litert
+
+MODELS = model_zoo.all_models()
+
+# What known models refuse, and the reason their one-line refusal must name.
+REFUSED = {
+    # inputs [3, 4, 4, 1] -> [48]: SPLIT on axis 0 makes the declared 3 part of one sample
+    "aeq_branching_conv_fc.tflite": "runs only at its declared batch",
+    # a [5360] waveform RESHAPEd to [67, 80]: no batch axis at all
+    "tflite_support_audio_classifier_float.tflite": "runs only at its declared batch",
+    # a scalar trip count and a [2, 3] state: no batch axis
+    "one_vscode_while_000.circle": "no batch axis",
+    # Keras conversions with batch 16 fixed (scripts/make_keras_models.py): the LSTM's
+    # TRANSPOSE puts time first
+    "keras:lstm_b16.tflite": "runs only at its declared batch",
+}
+
+# What known models refuse to train on (a training refusal of a model that runs at batch 3).
+TRAIN_REFUSED = {
+    **REFUSED,
+    # its declared [1, 1] is a placeholder of [1, -1] (it needs >= 512 samples): the trainer
+    # checks samples against the declared shape
+    "oww_melspectrogram.tflite": "the model expects [1]",
+}
+
+# Runs eagerly only: its WHILE needs concrete trip counts.
+EAGER = frozenset({"one_vscode_while_000.circle"})
+
+N = 3
+
+
+def _model(name: str) -> cj.Model:
+    m = model_zoo.load(name)
+    if isinstance(m, cj.CircleJaxError):
+        pytest.fail(f"{name} is refused at load: {m}")
+    return m
+
+
+def _assert_refusal(error: BaseException, name: str, refused: dict = REFUSED) -> None:
+    """A documented refusal: a circle-jax error of one line naming its reason."""
+    message = str(error)
+    assert isinstance(error, cj.CircleJaxError), f"{name}: {type(error).__name__}: {message}"
+    assert message and "\n" not in message and len(message) < 600, message
+    assert name in refused, f"{name} is refused, undocumented: {message}"
+    assert refused[name] in message, message
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_loads_or_refuses_in_one_line(name: str) -> None:
+    m = model_zoo.load(name)
+    if isinstance(m, cj.CircleJaxError):
+        _assert_refusal(m, name)
+    else:
+        assert m.inputs and m.outputs
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_a_batch_of_3_is_3_single_sample_runs(name: str) -> None:
+    """Batch rows against single-sample runs, and the last sample against LiteRT (a wrong
+    batch shows in samples after the first)."""
+    model = _model(name)
+    if any(not s.shape for s in model.inputs):  # a scalar input: no axis to stack samples on
+        assert model.batch_blocker == "its inputs share no leading (batch) dimension"
+        return
+    xs = model_zoo.inputs(model, name, N)
+    apply = model.apply if name in EAGER else jax.jit(model.apply)
+    try:
+        batch = [np.asarray(o) for o in apply(model.params, *xs)]
+        singles = [[np.asarray(o) for o in apply(model.params, *[x[i:i + 1] for x in xs])]
+                   for i in range(N)]
+    except cj.CircleJaxError as e:
+        _assert_refusal(e, name)
+        return
+    assert name not in REFUSED, f"{name} runs at batch {N}: drop it from REFUSED"
+    for k, out in enumerate(batch):
+        want = np.concatenate([s[k] for s in singles])
+        assert out.shape == want.shape, (k, out.shape, want.shape)
+        scale = max(float(np.max(np.abs(want))), 1.0)
+        np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5 * scale, err_msg=f"{k}")
+    litert = _litert(model, name)
+    for k, want in enumerate(litert([x[-1:] for x in xs]) if litert else ()):
+        scale = max(float(np.max(np.abs(want))), 1.0)
+        np.testing.assert_allclose(singles[-1][k], want, rtol=1e-4, atol=1e-4 * scale,
+                                   err_msg=f"output {k} vs LiteRT")
+
+
+def _litert(model: cj.Model, name: str):
+    """LiteRT on one sample of the declared batch (CIR0 rewritten as TFL3), or None."""
+    if name in model_zoo.LITERT_CANNOT_RUN or any(s.shape[:1] != (1,) for s in model.inputs):
+        return None
+    ir = read_model(model_zoo.file_bytes(name))
+    tflite = export_model(ir, file_format="tflite") if ir.format == "circle" else ir.source
+    return lambda feeds: run_litert(tflite, feeds)
+
+
+def _wide(tree: dict) -> dict:
+    return {k: jnp.asarray(v, jnp.float64) if jnp.issubdtype(v.dtype, jnp.floating) else v
+            for k, v in tree.items()}
+
+
+@pytest.mark.parametrize("name", [n for n in MODELS if n not in REFUSED])
+def test_float64_gradients_at_batch_3_are_sums_of_per_sample_ones(name: str, x64) -> None:
+    """The sum-loss weights every output by a fixed random tensor (a softmax's plain sum has
+    a zero gradient); the batch's gradient must be the per-sample gradients' sum."""
+    model = _model(name)
+    xs = [jnp.asarray(x, jnp.float64) if x.dtype.kind == "f" else x
+          for x in model_zoo.inputs(model, name, N)]
+    params = _wide(model.params)
+    outs = jax.eval_shape(model.apply, params, *xs)
+    rng = np.random.default_rng(5)
+    weights = [rng.standard_normal(o.shape) for o in outs]
+
+    @jax.jit
+    def grad(p, feeds, ws):
+        def loss(p):
+            return sum(jnp.sum(o * w) for o, w in zip(model.apply(p, *feeds), ws)
+                       if jnp.issubdtype(o.dtype, jnp.floating))
+        return jax.grad(loss)(p)
+
+    got = grad(params, xs, weights)
+    parts = [grad(params, [x[i:i + 1] for x in xs], [w[i:i + 1] for w in weights])
+             for i in range(N)]
+    for k, g in got.items():
+        want = sum(np.asarray(p[k]) for p in parts)
+        scale = float(np.max(np.abs(want))) or 1.0
+        np.testing.assert_allclose(g, want, rtol=1e-9, atol=1e-9 * scale, err_msg=k)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_one_epoch_at_batch_8_trains_or_refuses(name: str) -> None:
+    """Random inputs and MSE targets shaped like output 0; 16 samples (2 steps); Adam, whose
+    first steps move each weight by about the learning rate whatever the gradient's scale
+    (SGD diverges on the hand model, whose outputs reach 230)."""
+    model = _model(name)
+    out = model.outputs[0]
+    rng = np.random.default_rng(7)
+    xs = model_zoo.inputs(model, name, 16)
+    y = rng.uniform(0, 1, (16, *out.shape[1:])).astype(np.float32)
+    try:
+        result = cj.fit(model, xs if len(xs) > 1 else xs[0], y, epochs=1, batch_size=8,
+                        loss="mse", optimizer="adam", learning_rate=1e-4)
+    except cj.CircleJaxError as e:
+        _assert_refusal(e, name, TRAIN_REFUSED)
+        return
+    assert name not in TRAIN_REFUSED, f"{name} trains: drop it from REFUSED"
+    loss = result.history.loss[0]
+    assert math.isfinite(loss), loss
