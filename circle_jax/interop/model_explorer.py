@@ -29,7 +29,7 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from .. import ir
+from ..graph import ir
 from ..errors import CircleFormatError, CircleJaxError
 
 INSTALL = 'pip install "circle-jax[explorer]"'
