@@ -1,0 +1,166 @@
+"""Fixed-point arithmetic of LiteRT's integer kernels, exact under JAX's default 32-bit mode.
+
+A real multiplier ``r`` (a ratio of scales) is stored as an int32 fraction ``m`` in
+[2**30, 2**31) and a power-of-two exponent ``shift``: ``r ~= m * 2**(shift - 31)``
+(:func:`quantize_multiplier`: ``m = round(frac * 2**31)`` half away from zero, with
+``frac`` in [0.5, 1) from ``frexp``; an ``m`` of 2**31 becomes 2**30 with ``shift + 1``; a
+shift below -31 gives the multiplier 0).
+
+``x * r`` on an int32 ``x`` (:func:`multiply_by_quantized_multiplier`) is computed in two
+roundings, as LiteRT's default build does:
+
+1. ``x * 2**max(shift, 0)`` (int32), then the *saturating rounding doubling high multiply*
+   with ``m``: ``(x * m + nudge) / 2**31`` over 64 bits, truncated toward zero, with
+   ``nudge = 2**30`` for a non-negative product and ``1 - 2**30`` for a negative one (round
+   to nearest, ties away from zero);
+2. a *rounding divide by a power of two* of ``max(-shift, 0)`` bits: round to nearest, ties
+   away from zero.
+
+JAX without ``jax_enable_x64`` has no int64, so the 64-bit product of step 1 is formed from
+16-bit halves in uint32 arithmetic (:func:`rounding_doubling_high_mul`): every value is
+exact, nothing is approximated in floating point.
+
+The int16 kernels with 64-bit accumulators (16x8 convolutions and fully connected layers)
+use LiteRT's int64 variant (:func:`multiply_by_quantized_multiplier_wide`): the multiplier is
+first reduced to 15 bits, ``(m + 2**15) >> 16`` (``0x7FFF`` from ``0x7FFF0000`` up), and
+``x * m15`` is shifted right by ``15 - shift`` with round half up.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import jax.numpy as jnp
+import numpy as np
+
+Array = Any
+
+INT32_MIN, INT32_MAX = -(1 << 31), (1 << 31) - 1
+
+
+# ----------------------------------------------------------------------------- static side
+
+
+def quantize_multiplier(real: float) -> tuple[int, int]:
+    """(m, shift) with ``real ~= m * 2**(shift - 31)``, m in [2**30, 2**31) (0 for 0)."""
+    if real == 0.0:
+        return 0, 0
+    frac, shift = math.frexp(real)
+    m = int(math.floor(abs(frac) * (1 << 31) + 0.5)) * (1 if frac > 0 else -1)
+    if abs(m) == 1 << 31:
+        m //= 2
+        shift += 1
+    if shift < -31:
+        return 0, 0
+    return m, shift
+
+
+def quantize_multipliers(reals: Any) -> tuple[np.ndarray, np.ndarray]:
+    """:func:`quantize_multiplier` of every value: (int64 m, int64 shift) arrays."""
+    pairs = [quantize_multiplier(float(r)) for r in np.asarray(reals, np.float64).ravel()]
+    m = np.array([p[0] for p in pairs], np.int64).reshape(np.shape(reals))
+    s = np.array([p[1] for p in pairs], np.int64).reshape(np.shape(reals))
+    return m, s
+
+
+def quantize_multiplier_smaller_than_one(real: float) -> tuple[int, int]:
+    """:func:`quantize_multiplier` of a ratio in (0, 1): the exponent is <= 0."""
+    m, shift = quantize_multiplier(real)
+    if shift > 0:
+        raise ValueError(f"multiplier {real} is not smaller than one")
+    return m, shift
+
+
+# ----------------------------------------------------------------------------- traced side
+
+
+def _u32(x: Array) -> Array:
+    return jnp.asarray(x).astype(jnp.uint32)
+
+
+def rounding_doubling_high_mul(a: Array, m: Array) -> Array:
+    """``round(a * m / 2**31)`` (int32 ``a``, non-negative int32 ``m``; ties away from zero,
+    LiteRT's SaturatingRoundingDoublingHighMul; no saturation case since m >= 0)."""
+    a = jnp.asarray(a, jnp.int32)
+    neg = a < 0
+    mag = _u32(jnp.where(neg, -a, a))  # |INT32_MIN| = 2**31 fits in uint32
+    mu = _u32(m)
+    mask = jnp.uint32(0xFFFF)
+    al, ah = mag & mask, mag >> 16
+    ml, mh = mu & mask, mu >> 16
+    ll, lh, hl, hh = al * ml, al * mh, ah * ml, ah * mh
+    mid = (ll >> 16) + (lh & mask) + (hl & mask)
+    lo = (ll & mask) | (mid << 16)
+    hi = hh + (lh >> 16) + (hl >> 16) + (mid >> 16)
+    nudge = jnp.where(neg, jnp.uint32((1 << 30) - 1), jnp.uint32(1 << 30))
+    lo2 = lo + nudge
+    hi = hi + (lo2 < lo).astype(jnp.uint32)
+    q = ((hi << 1) | (lo2 >> 31)).astype(jnp.int32)  # < 2**31: |a| <= 2**31, m < 2**31
+    return jnp.where(neg, -q, q)
+
+
+def rounding_divide_by_pot(x: Array, exponent: Array) -> Array:
+    """``round(x / 2**exponent)``, ties away from zero (int32, exponent in [0, 31])."""
+    x = jnp.asarray(x, jnp.int32)
+    e = jnp.asarray(exponent, jnp.int32)
+    mask = (jnp.int32(1) << e) - 1
+    remainder = x & mask
+    threshold = (mask >> 1) + (x < 0).astype(jnp.int32)
+    return (x >> e) + (remainder > threshold).astype(jnp.int32)
+
+
+def multiply_by_quantized_multiplier(x: Array, m: Any, shift: Any) -> Array:
+    """``x * m * 2**(shift - 31)`` with LiteRT's two roundings (int32 ``x``; ``m`` and
+    ``shift`` static ints or arrays broadcasting against ``x``)."""
+    m = np.asarray(m, np.int64)
+    shift = np.asarray(shift, np.int64)
+    left = np.maximum(shift, 0).astype(np.int32)
+    right = np.maximum(-shift, 0).astype(np.int32)
+    x = jnp.asarray(x, jnp.int32)
+    if np.any(left):
+        x = x * (jnp.int32(1) << jnp.asarray(left))
+    y = rounding_doubling_high_mul(x, m.astype(np.uint32))
+    return rounding_divide_by_pot(y, right) if np.any(right) else y
+
+
+def multiply_by_quantized_multiplier_wide(x: Array, m: Any, shift: Any) -> Array:
+    """LiteRT's int64-input variant on an int32 ``x``: ``(x * m15 + 2**(t-1)) >> t`` with
+    ``m15`` the 15-bit multiplier and ``t = 15 - shift`` (round half up). Exact: the 47-bit
+    product is formed from 16-bit halves of ``x``."""
+    m = np.asarray(m, np.int64)
+    m15 = np.where(m < 0x7FFF0000, (m + (1 << 15)) >> 16, 0x7FFF).astype(np.int32)
+    total = (15 - np.asarray(shift, np.int64)).astype(np.int32)
+    if np.any(total < 1) or np.any(total > 46):
+        raise ValueError(f"shift {shift} is out of LiteRT's range for 16-bit kernels")
+    x = jnp.asarray(x, jnp.int32)
+    # x * m15 = xh * m15 * 2**16 + xl * m15, with xl in [0, 2**16) and |xh| < 2**15
+    xh, xl = x >> 16, x & 0xFFFF
+    a = xh * jnp.asarray(m15)           # < 2**30 in magnitude
+    b = xl * jnp.asarray(m15)           # in [0, 2**31)
+    # (a * 2**16 + b + 2**(t-1)) >> t, without forming the 47-bit sum: split b's low 16 bits
+    b_hi, b_lo = b >> 16, b & 0xFFFF
+    high = a + b_hi                      # the value's bits from 16 up, b_lo below
+    return _shift_round_half_up(high, b_lo, jnp.asarray(total))
+
+
+def _shift_round_half_up(high: Array, low16: Array, t: Array) -> Array:
+    """``(high * 2**16 + low16 + 2**(t-1)) >> t`` for int32 ``high``, ``low16`` in
+    [0, 2**16), 1 <= t <= 46 (arithmetic shift: floor)."""
+    # Split by whether the rounding bit lies in the low 16 bits.
+    t = jnp.broadcast_to(t, jnp.broadcast_shapes(jnp.shape(high), jnp.shape(t)))
+    small = t <= 16
+    # t <= 16: value = high * 2**16 + low16 + 2**(t-1); floor-divide by 2**t
+    ts = jnp.clip(t, 1, 16)
+    low_sum = low16 + (jnp.int32(1) << (ts - 1))          # < 2**17
+    carry = low_sum >> 16
+    part = (high + carry) * (jnp.int32(1) << (16 - ts)) + ((low_sum & 0xFFFF) >> ts)
+    # t > 16: add 2**(t-17) to high, floor-divide by 2**(t-16); low16 never carries
+    tb = jnp.clip(t - 16, 1, 30)
+    big = (high + (jnp.int32(1) << (tb - 1))) >> tb
+    return jnp.where(small, part, big)
+
+
+def saturate(x: Array, lo: int, hi: int, dtype: Any) -> Array:
+    """Clamp int32 ``x`` to [lo, hi] and narrow it to ``dtype``."""
+    return jnp.clip(x, lo, hi).astype(dtype)
