@@ -117,11 +117,13 @@ _QUANT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767
 BIAS_INPUTS = {("CONV_2D", 2), ("DEPTHWISE_CONV_2D", 2), ("FULLY_CONNECTED", 2),
                ("TRANSPOSE_CONV", 3)}
 #: Operators that only move or select stored values: exact on quantized integers as they
-#: are, as LiteRT computes them (no integer kernel needed).
+#: are, as LiteRT computes them (no integer kernel needed; REDUCE_MAX/MIN refuse differing
+#: input and output parameters themselves).
 DATA_MOVEMENT = frozenset({
     "RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "STRIDED_SLICE", "SLICE", "GATHER",
     "GATHER_ND", "SPLIT", "SPLIT_V", "UNPACK", "PACK", "TILE", "BROADCAST_TO",
     "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "BATCH_TO_SPACE_ND", "REVERSE_V2", "SHAPE",
+    "REDUCE_MAX", "REDUCE_MIN",
 })
 
 
