@@ -34,7 +34,12 @@ import numpy as np
 from jax import lax
 
 from ..registry import OpContext, register
-from .fixed_point import multiply_by_quantized_multiplier, quantize_multiplier, saturate
+from .fixed_point import (
+    multiply_by_quantized_multiplier,
+    quantize_multiplier,
+    rounded_product,
+    saturate,
+)
 from .params import QParams, activation_range, as_int32, qparams, quantize_value
 
 Array = Any
@@ -240,7 +245,7 @@ def softmax(ctx: OpContext, x: Array) -> Array:
     e = jnp.asarray(table)[diff]
     total = _ordered_sum(e)
     inv = jnp.float32(1.0) / (total * jnp.float32(yq.s))
-    p = e * inv
+    p = rounded_product(e, inv)
     if yq.dtype == "uint8":
         r = jnp.trunc(p + jnp.float32(0.5))
     else:

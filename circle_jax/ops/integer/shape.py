@@ -19,7 +19,7 @@ from jax import lax
 
 from ..registry import OpContext, register
 from ..shape import axis_index, pad_pairs
-from .fixed_point import saturate
+from .fixed_point import rounded_product, saturate
 from .params import QParams, as_int32, qparams
 
 Array = Any
@@ -50,7 +50,7 @@ def _requantize_uint8(x: Array, xq: QParams, yq: QParams) -> Array:
         return jnp.asarray(x)
     scale = np.float32(xq.s) * (np.float32(1.0) / np.float32(yq.s))
     bias = -np.float32(xq.zp) * scale
-    v = jnp.asarray(x).astype(jnp.float32) * scale + bias
+    v = rounded_product(jnp.asarray(x).astype(jnp.float32), scale) + bias
     r = jnp.trunc(v + jnp.copysign(jnp.float32(0.5), v)).astype(jnp.int32)
     return saturate(r + yq.zp, yq.qmin, yq.qmax, yq.np_dtype)
 
