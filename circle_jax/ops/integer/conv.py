@@ -11,10 +11,11 @@ the float32 scales), MBQM :func:`~.fixed_point.multiply_by_quantized_multiplier`
 clamp the fused activation's integer range (:func:`~.params.activation_range`). int8 and
 uint8 activations take int8 (symmetric, per-channel or per-tensor) or uint8 (per-tensor,
 with a zero point) weights and int32 biases. 16x8 kernels (int16 activations with zero point
-0, int8 weights) take int32 or int64 biases and LiteRT's 64-bit rescaling
-(:func:`~.fixed_point.multiply_by_quantized_multiplier_wide`); circle-jax accumulates them in
-int32, which is exact when every channel's bound ``32768 * sum|w| + |bias|`` is below 2**31:
-checked at load from the constant weights (a larger one is refused).
+0, int8 weights) accumulate in 64 bits in LiteRT; its convolutions take an int64 bias and
+rescale with the 64-bit variant (:func:`~.fixed_point.multiply_by_quantized_multiplier_wide`),
+its FULLY_CONNECTED an int32 or int64 bias and the 32-bit rescaling. circle-jax accumulates
+in int32, which is exact when every channel's bound ``32768 * sum|w| + |bias|`` is below
+2**31: checked at load from the constant weights (a larger one is refused).
 
 Products are computed in int32 by XLA's integer convolutions and dot products: exact.
 """
@@ -79,9 +80,13 @@ def check_weighted(ctx: OpContext) -> None:
     x, w, y = _weight_params(ctx)
     bias = _bias_tensor(ctx)
     wide = x.dtype == "int16"
-    if bias is not None and bias.dtype not in (("int32", "int64") if wide else ("int32",)):
+    allowed = ("int32",)
+    if wide:
+        allowed = ("int32", "int64") if ctx.op.key == "FULLY_CONNECTED" else ("int64",)
+    if bias is not None and bias.dtype not in allowed:
         raise NotImplementedError(f"bias {bias.name[:60]!r} is {bias.dtype}; {x.dtype} "
-                                  f"kernels take {'int32/int64' if wide else 'int32'}")
+                                  f"{ctx.op.key} takes {'/'.join(allowed)} (LiteRT's 16x8 "
+                                  "convolutions read their bias as int64)")
     wt = ctx.inputs[_ROLES[ctx.op.key][1]]
     if wide and wt is not None and wt.data is not None:
         axis = _CHANNEL_AXIS[ctx.op.key]
@@ -93,6 +98,12 @@ def check_weighted(ctx: OpContext) -> None:
             raise NotImplementedError(
                 f"a channel's 16x8 accumulator may reach {int(mag.max())}, beyond the int32 "
                 "circle-jax accumulates in (LiteRT uses int64)")
+
+
+def _wide(ctx: OpContext, x: QParams) -> bool:
+    """Whether LiteRT rescales with its 64-bit variant: the 16x8 convolutions (its 16x8
+    FULLY_CONNECTED uses the 32-bit one)."""
+    return x.dtype == "int16" and ctx.op.key != "FULLY_CONNECTED"
 
 
 def _bias_tensor(ctx: OpContext) -> Any:
@@ -111,7 +122,7 @@ def _rescale(ctx: OpContext, acc: Array, b: Any, x: QParams, w: QParams, y: QPar
     if b is not None:
         acc = acc + as_int32(b)
     m, shift = _multipliers(x, w, y)
-    if x.dtype == "int16":
+    if _wide(ctx, x):
         out = multiply_by_quantized_multiplier_wide(acc, m, shift)
     else:
         out = multiply_by_quantized_multiplier(acc, m, shift)
@@ -155,12 +166,11 @@ def transpose_conv(ctx: OpContext, output_shape: Any, w: Array, x: Array, b: Arr
 
 
 def check_batch_matmul(ctx: OpContext) -> None:
-    """Per-tensor int8 operands (int16 too, with zero points 0) and output of the same type."""
-    x = qparams(ctx, "input", 0, dtypes=("int8", "int16"))
-    y = qparams(ctx, "input", 1, dtypes=(x.dtype,))
-    out = qparams(ctx, "output", 0, dtypes=(x.dtype,))
-    if x.dtype == "int16" and (x.zp or y.zp or out.zp):
-        raise ValueError("int16 BATCH_MATMUL needs zero points 0")
+    """Per-tensor int8 operands and output (int16 products of int16 operands overflow the
+    int32 accumulator; LiteRT's is 64-bit: refused)."""
+    x = qparams(ctx, "input", 0, dtypes=("int8",))
+    qparams(ctx, "input", 1, dtypes=(x.dtype,))
+    qparams(ctx, "output", 0, dtypes=(x.dtype,))
 
 
 @register("BATCH_MATMUL", check=check_batch_matmul, integer=True)
@@ -176,6 +186,5 @@ def batch_matmul(ctx: OpContext, x: Array, y: Array) -> Array:
         bb = jnp.swapaxes(bb, -1, -2)
     acc = jnp.matmul(a, bb, preferred_element_type=jnp.int32)
     m, shift = quantize_multipliers(np.float64(xq.s) * np.float64(yq.s) / np.float64(oq.s))
-    scale = (multiply_by_quantized_multiplier_wide if xq.dtype == "int16"
-             else multiply_by_quantized_multiplier)
-    return saturate(scale(acc, m, shift) + oq.zp, oq.qmin, oq.qmax, oq.np_dtype)
+    out = multiply_by_quantized_multiplier(acc, m, shift)
+    return saturate(out + oq.zp, oq.qmin, oq.qmax, oq.np_dtype)
