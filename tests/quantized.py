@@ -1,6 +1,8 @@
 """Conformance rows of integer kernels: one quantized operator built by the Builder, run by
 LiteRT (default kernels, no delegate: :func:`tests.conformance.run_litert`) and by
-circle-jax (.tflite jitted, .circle jitted and eagerly); the outputs must be equal
+circle-jax (.tflite and .circle jitted; eagerly too where ``eager=True``: eager runs compile
+every primitive apart, seconds per row, so the rows that exercise float32 steps, where XLA
+could round differently inside a fusion, take it); the outputs must be equal
 (``np.array_equal``: bit-exact) and of the same type.
 """
 
@@ -58,13 +60,14 @@ def quantized_model(op_type: str, inputs: Sequence[Q | None], options: Mapping[s
 
 def check_quantized(op_type: str, inputs: Sequence[Q | None],
                     options: Mapping[str, Any] | None = None, *, out_q: Any,
-                    out_dtype: str | None = None, **kw: Any) -> np.ndarray:
+                    out_dtype: str | None = None, eager: bool = False, **kw: Any
+                    ) -> np.ndarray:
     """LiteRT vs circle-jax, bit-exact; returns LiteRT's output."""
     b, feeds = quantized_model(op_type, inputs, options, out_q, out_dtype, **kw)
     tflite, circle = b.to_bytes("tflite"), b.to_bytes("circle")
     want = run_litert(tflite, feeds)[0]
-    for data, label, jit in ((tflite, "tflite/jit", True), (circle, "circle/jit", True),
-                             (tflite, "tflite/eager", False)):
+    runs = [(tflite, "tflite/jit", True), (circle, "circle/jit", True)]
+    for data, label, jit in runs + ([(tflite, "tflite/eager", False)] if eager else []):
         got = run_circle_jax(data, feeds, jit=jit)[0]
         assert got.dtype == want.dtype, f"{label}: dtype {got.dtype} != LiteRT {want.dtype}"
         assert got.shape == want.shape, f"{label}: shape {got.shape} != LiteRT {want.shape}"

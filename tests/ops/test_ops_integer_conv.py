@@ -69,7 +69,8 @@ def test_fully_connected_without_bias() -> None:
     scheme = SCHEMES[0]
     x, _ = _input((3, 6), scheme)
     w, _ = _weights((4, 6), scheme, 0)
-    check_quantized("FULLY_CONNECTED", [x, w, None], None, out_q=_out(scheme, 0.1))
+    check_quantized("FULLY_CONNECTED", [x, w, None], None, out_q=_out(scheme, 0.1),
+                    eager=True)
 
 
 @pytest.mark.parametrize("scheme", SCHEMES, ids=IDS)
