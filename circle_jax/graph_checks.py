@@ -54,7 +54,9 @@ def check_graph(model: ir.Model) -> list[str]:
     calls: dict[int, set[int]] = {}
     for sg in model.subgraphs:
         known = set(sg.inputs)
-        known.update(t.index for t in sg.tensors if t.data is not None or t.is_variable)
+        # int4 constants keep no unpacked data (refused later by check_quantization)
+        known.update(t.index for t in sg.tensors
+                     if t.data is not None or t.is_variable or t.dtype == "int4")
         calls[sg.index] = set()
         for op in sg.operators:
             where = f"subgraph {sg.index} operator {op.index} ({op.key})"
