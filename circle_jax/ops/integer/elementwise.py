@@ -21,6 +21,11 @@ LiteRT's rules (scales are the tensors' float32 values; ``x'`` is ``x - x_zp``):
   ``T[d] = exp(-s_in * beta * d)`` for d = max - q in [0, 255], the row sum accumulated in
   order, ``p = T[d] * (1 / (sum * s_out))``, int8 output ``round(p) + zp`` (ties away from
   zero), uint8 output ``trunc(p + 0.5)``, clamped.
+- SOFTMAX (int16, zero points 0, output scale 1/32768): fixed point with two interpolated
+  513-entry tables (:func:`lut16`, :func:`lut16_lookup`): ``e = exp_table(clamp(MBQM(q - max,
+  s_in beta / (10 / 65535)) + 32767))`` (inputs spanning [-10, 0]), the int32 row sum
+  normalised to its leading bit, ``r = one_over_one_plus_x_table(...)`` and
+  ``out = clamp((e * r + 2**(k-1)) >> k, 0, 32767)``.
 """
 
 from __future__ import annotations
@@ -227,16 +232,21 @@ register("TANH", check=check_lut, integer=True)(_table_op(_tanh32))
 
 
 def check_softmax(ctx: OpContext) -> None:
-    x, y = _same_type(ctx, ("int8", "uint8"))
+    x, y = _same_type(ctx)
     if x.dtype == "int8" and y.zp != -128:
         raise ValueError(f"int8 SOFTMAX needs output zero point -128, got {y.zp}")
+    if x.dtype == "int16" and (x.zp or y.zp or abs(y.s * 32768 - 1) > 1e-3):
+        raise ValueError("int16 SOFTMAX needs zero points 0 and output scale 1/32768")
 
 
 @register("SOFTMAX", check=check_softmax, integer=True)
 def softmax(ctx: OpContext, x: Array) -> Array:
-    """Integer SOFTMAX over the last axis (LiteRT's float32 table kernel)."""
+    """Integer SOFTMAX over the last axis (LiteRT's float32 table kernel for 8-bit types,
+    its fixed-point kernel for int16)."""
     xq, yq = _same_type(ctx)
     beta = _f32(ctx.options.beta if ctx.options.beta is not None else 1.0)
+    if xq.dtype == "int16":
+        return _softmax_int16(as_int32(x), xq, beta)
     scale = -_f32(xq.s) * beta
     d = np.arange(256, dtype=np.float32)
     table = np.exp((scale * d).astype(np.float64)).astype(np.float32)  # exp(-s beta d)
@@ -263,3 +273,61 @@ def _ordered_sum(e: jax.Array) -> jax.Array:
 
     return lax.fori_loop(0, n, body, jnp.zeros((*e.shape[:-1], 1), jnp.float32))
 
+
+
+# ----------------------------------------------------------------------------- int16 tables
+
+_RANGE16 = 65535
+
+
+def lut16(fn: Callable[[float], float], in_scale: float, in_zp: int, out_scale: float,
+          out_zp: int) -> np.ndarray:
+    """LiteRT's 513-entry int16 table of ``fn`` (in double): 512 samples over the input
+    range, each biased by half the interpolation error at its midpoint, then the end."""
+    lo16, hi16 = -32768, 32767
+    in_min, in_max = in_scale * (lo16 - in_zp), in_scale * (hi16 - in_zp)
+    out_min, out_max = out_scale * (lo16 - out_zp), out_scale * (hi16 - out_zp)
+    step = (in_max - in_min) / 512
+    inv = 65536.0 / (out_max - out_min)
+
+    def rnd(v: float) -> float:
+        return float(_round_away(np.float64(v)))
+
+    table = []
+    for i in range(512):
+        val = fn(in_min + i * step)
+        mid = fn(in_min + i * step + step / 2)
+        nxt = fn(in_min + (i + 1) * step)
+        sample = rnd(val * inv)
+        interp = rnd((nxt * inv + rnd(val * inv)) / 2)
+        bias = rnd((interp - rnd(mid * inv)) / 2)
+        table.append(min(max(sample - bias, lo16), hi16))
+    table.append(min(max(rnd(fn(in_max) * inv), lo16), hi16))
+    return np.asarray(table, np.int32)
+
+
+def lut16_lookup(v: Array, table: np.ndarray) -> Array:
+    """Linear interpolation in a 513-entry table at int16 ``v`` (int32 array): entry
+    ``256 + (v >> 7)`` plus ``(slope * (v & 127) + 64) >> 7``."""
+    t = jnp.asarray(table)
+    index = 256 + (v >> 7)
+    base = t[index]
+    slope = t[index + 1] - base
+    return base + ((slope * (v & 0x7F) + 64) >> 7)
+
+
+def _softmax_int16(v: Array, xq: QParams, beta: np.float32) -> Array:
+    exp_table = lut16(np.exp, 10.0 / _RANGE16, 32767, 2.0 / _RANGE16, 0)
+    recip_table = lut16(lambda u: 1.0 / (1.0 + u), 1.0 / _RANGE16, -32768, 2.0 / _RANGE16, 0)
+    m = quantize_multiplier(float(_f32(xq.s) * beta) / (10.0 / _RANGE16))
+    diff = v - jnp.max(v, axis=-1, keepdims=True)
+    scaled = multiply_by_quantized_multiplier(diff, *m) + 32767
+    e = lut16_lookup(jnp.clip(scaled, -32768, 32767), exp_table)
+    total = jnp.sum(e, axis=-1, keepdims=True, dtype=jnp.int32)
+    lead = lax.clz(total)  # headroom + 1
+    shifted = ((total.astype(jnp.uint32) << (lead - 1).astype(jnp.uint32)) + (1 << 13)) >> 14
+    sym = shifted.astype(jnp.int32) - ((1 << 15) + (1 << 16))
+    recip = lut16_lookup(jnp.clip(sym, -32768, 32767), recip_table)
+    right = 31 - lead
+    out = (e * recip + (jnp.int32(1) << (right - 1))) >> right
+    return saturate(out, 0, 32767, np.int16)
