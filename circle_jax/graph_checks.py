@@ -59,7 +59,8 @@ def check_graph(model: ir.Model) -> list[str]:
                      if t.data is not None or t.is_variable or t.dtype == "int4")
         calls[sg.index] = set()
         for op in sg.operators:
-            where = f"subgraph {sg.index} operator {op.index} ({op.key})"
+            where = (f"subgraph {sg.index} " if len(model.subgraphs) > 1 else "") \
+                + f"operator {op.index} ({op.key})"
             if not any(i >= 0 for i in op.outputs):
                 refusals.append(f"{where} has no output (expected at least one)")
             late = [i for i in op.inputs if i >= 0 and i not in known]
@@ -167,15 +168,17 @@ def tensor_quantization_refusals(sg: ir.Subgraph, t: ir.Tensor) -> tuple[list[st
 
 def check_quantization(
     model: ir.Model, runs_integer: Callable[[str, tuple, tuple], bool],
-) -> tuple[list[str], list[str]]:
+) -> tuple[list[str], list[str], set[tuple[int, int]]]:
     """(malformed, unsupported) refusals of a model's quantization: every tensor's parameters
     (:func:`tensor_quantization_refusals`), quantized int32/int64 tensors anywhere but a
     bias, and operators reading or writing quantized int8/uint8/int16 tensors that have no
     integer kernel for them (``runs_integer``) and do not merely move values
     (:data:`DATA_MOVEMENT`; QUANTIZE and DEQUANTIZE convert): among them the hybrid
-    (dynamic-range) operators, int8 weights with float activations."""
+    (dynamic-range) operators, int8 weights with float activations. The third value holds
+    the (subgraph, operator) pairs refused, whose own checks need not run."""
     bad: list[str] = []
     unsupported: list[str] = []
+    refused: set[tuple[int, int]] = set()
     for sg in model.subgraphs:
         for t in sg.tensors:
             b, u = tensor_quantization_refusals(sg, t)
@@ -184,7 +187,8 @@ def check_quantization(
         for op in sg.operators:
             ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)
             outs = tuple(sg.tensors[i] for i in op.outputs if i >= 0)
-            where = f"subgraph {sg.index} operator {op.index} ({op.key})"
+            where = (f"subgraph {sg.index} " if len(model.subgraphs) > 1 else "") \
+                + f"operator {op.index} ({op.key})"
             for pos, t in enumerate(ins):
                 if t is not None and t.quantization is not None and t.dtype in (
                         "int32", "int64") and (op.key, pos) not in BIAS_INPUTS:
@@ -200,8 +204,9 @@ def check_quantization(
                     and outs[0].dtype == ins[0].dtype:
                 continue
             t = quantized[0]
-            kind = ("hybrid: quantized weights with float activations; dequantize the model "
-                    "first" if any(o.is_float for o in outs) else "no integer kernel")
-            unsupported.append(f"{where} on quantized {t.dtype} tensor {t.name[:60]!r} is not "
+            kind = ("hybrid: float activations; dequantize first"
+                    if any(o.is_float for o in outs) else "no integer kernel")
+            unsupported.append(f"{where} on quantized {t.dtype} tensor {t.name[:40]!r} is not "
                                f"supported ({kind})")
-    return bad, unsupported
+            refused.add((sg.index, op.index))
+    return bad, unsupported, refused

@@ -92,12 +92,14 @@ class Lowered:
     def _parse(self) -> dict[tuple[int, int], tuple[OpDef, Callable[..., Any], OpContext]]:
         """Every operator's definition, implementation and static context, after its checks;
         one error lists every refusal (UnsupportedOperatorError if any is unsupported)."""
-        malformed, refused = check_quantization(self.model, runs_integer)
+        malformed, refused, refused_ops = check_quantization(self.model, runs_integer)
         parsed, refusals = {}, check_graph(self.model) + malformed + refused
         unsupported = bool(refused)
         multi = len(self.model.subgraphs) > 1
         for sg in self.model.subgraphs:
             for op in sg.operators:
+                if (sg.index, op.index) in refused_ops:
+                    continue
                 where = f"{op.key} (code {op.code}) at {f'subgraph {sg.index} ' if multi else ''}" \
                     f"operator {op.index}"
                 ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)

@@ -9,8 +9,9 @@ Use a virtualenv of its own:
 The model (seeded, trained 3 epochs on the bundled 8x8 digits so its activations have
 realistic ranges): Conv2D(8, 3x3, ReLU) -> DepthwiseConv2D(3x3, ReLU6) -> a 1x1 Conv2D
 whose output is added to the first convolution's (a branch) -> MaxPool 2x2 ->
-AveragePool 2x2 -> Reshape -> Dense(16, ReLU) -> Concatenate with the spatial mean
-(MEAN) -> Dense(10) -> Softmax. It is converted with TensorFlow's TFLite converter into:
+AveragePool 2x2 -> Reshape -> Dense(64, ReLU; its 2048 weights are enough for the
+dynamic-range converter to quantize them) -> Concatenate with the spatial mean (MEAN) ->
+Dense(10) -> Softmax. It is converted with TensorFlow's TFLite converter into:
 
 - ``full_int8.tflite``: full integer, int8 inputs and outputs (representative dataset: 64
   digits);
@@ -58,7 +59,7 @@ def build(seed: int = 0) -> tf.keras.Model:
     s = layers.MaxPooling2D(2)(s)
     s = layers.AveragePooling2D(2)(s)
     f = layers.Reshape((32,))(s)
-    h = layers.Dense(16, activation="relu")(f)
+    h = layers.Dense(64, activation="relu")(f)
     g = layers.GlobalAveragePooling2D()(a)
     c = layers.Concatenate()([h, g])
     y = layers.Dense(10)(c)

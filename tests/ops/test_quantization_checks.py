@@ -126,7 +126,9 @@ def test_hybrid_operators_are_refused() -> None:
     y = b.op("FULLY_CONNECTED", [x, w, -1], shapes=[(1, 3)])
     b.output(y)
     msg = _refused(b.to_bytes("tflite"), cj.UnsupportedOperatorError)
-    assert "FULLY_CONNECTED) on quantized int8 tensor 'w' is not supported (hybrid" in msg
+    assert msg.startswith("1 unsupported operator(s): operator 0 (FULLY_CONNECTED) on "
+                          "quantized int8 tensor 'w' is not supported (hybrid: float "
+                          "activations; dequantize first)"), msg
 
 
 def test_quantized_operators_without_an_integer_kernel_are_refused() -> None:

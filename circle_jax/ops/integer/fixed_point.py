@@ -14,7 +14,8 @@ roundings, as LiteRT's default build does:
    ``nudge = 2**30`` for a non-negative product and ``1 - 2**30`` for a negative one (round
    to nearest, ties away from zero);
 2. a *rounding divide by a power of two* of ``max(-shift, 0)`` bits: round to nearest, ties
-   away from zero.
+   away from zero (LiteRT's own kernels) or toward +infinity (the GEMMs LiteRT hands to ruy,
+   whose x86 kernels shift so: measured, 1 output in a few hundred differs otherwise).
 
 JAX without ``jax_enable_x64`` has no int64, so the 64-bit product of step 1 is formed from
 16-bit halves in uint32 arithmetic (:func:`rounding_doubling_high_mul`): every value is
@@ -111,9 +112,21 @@ def rounding_divide_by_pot(x: Array, exponent: Array) -> Array:
     return (x >> e) + (remainder > threshold).astype(jnp.int32)
 
 
-def multiply_by_quantized_multiplier(x: Array, m: Any, shift: Any) -> Array:
+def rounding_divide_by_pot_up(x: Array, exponent: Array) -> Array:
+    """``round(x / 2**exponent)``, ties toward +infinity (ruy's rounding right shift),
+    without forming ``x + 2**(exponent - 1)`` (no overflow)."""
+    x = jnp.asarray(x, jnp.int32)
+    e = jnp.asarray(exponent, jnp.int32)
+    half = (x >> jnp.maximum(e - 1, 0)) & 1
+    return (x >> e) + jnp.where(e > 0, half, 0)
+
+
+def multiply_by_quantized_multiplier(x: Array, m: Any, shift: Any, ties: str = "away"
+                                     ) -> Array:
     """``x * m * 2**(shift - 31)`` with LiteRT's two roundings (int32 ``x``; ``m`` and
-    ``shift`` static ints or arrays broadcasting against ``x``)."""
+    ``shift`` static ints or arrays broadcasting against ``x``). ``ties="up"``: the final
+    shift rounds ties toward +infinity, as ruy's x86 kernels do (LiteRT's GEMM-based
+    kernels, see ``conv.py``)."""
     m = np.asarray(m, np.int64)
     shift = np.asarray(shift, np.int64)
     left = np.maximum(shift, 0).astype(np.int32)
@@ -122,7 +135,9 @@ def multiply_by_quantized_multiplier(x: Array, m: Any, shift: Any) -> Array:
     if np.any(left):
         x = x * (jnp.int32(1) << jnp.asarray(left))
     y = rounding_doubling_high_mul(x, m.astype(np.uint32))
-    return rounding_divide_by_pot(y, right) if np.any(right) else y
+    if not np.any(right):
+        return y
+    return (rounding_divide_by_pot_up if ties == "up" else rounding_divide_by_pot)(y, right)
 
 
 def multiply_by_quantized_multiplier_wide(x: Array, m: Any, shift: Any) -> Array:
