@@ -16,7 +16,8 @@ uint8 activations take int8 (symmetric, per-channel or per-tensor) or uint8 (per
 with a zero point) weights and int32 biases. 16x8 kernels (int16 activations with zero point
 0, int8 weights) accumulate in 64 bits in LiteRT; its convolutions take an int64 bias and
 rescale with the 64-bit variant (:func:`~.fixed_point.multiply_by_quantized_multiplier_wide`),
-its FULLY_CONNECTED an int32 or int64 bias and the 32-bit rescaling. circle-jax accumulates
+its FULLY_CONNECTED an int32 or int64 bias and one 64-bit rounding
+(:func:`~.fixed_point.multiply_by_quantized_multiplier_single`). circle-jax accumulates
 in int32, which is exact when every channel's bound ``32768 * sum|w| + |bias|`` is below
 2**31: checked at load from the constant weights (a larger one is refused).
 
@@ -41,6 +42,7 @@ from ..conv import (
 from ..registry import OpContext, register
 from .fixed_point import (
     multiply_by_quantized_multiplier,
+    multiply_by_quantized_multiplier_single,
     multiply_by_quantized_multiplier_wide,
     quantize_multipliers,
     saturate,
@@ -140,6 +142,8 @@ def _rescale(ctx: OpContext, acc: Array, b: Any, x: QParams, w: QParams, y: QPar
     m, shift = _multipliers(x, w, y)
     if _wide(ctx, x):
         out = multiply_by_quantized_multiplier_wide(acc, m, shift)
+    elif x.dtype == "int16":  # 16x8 FULLY_CONNECTED: one rounding
+        out = multiply_by_quantized_multiplier_single(acc, m, shift)
     else:
         out = multiply_by_quantized_multiplier(acc, m, shift, _ties(ctx.op.key, x.dtype))
     lo, hi = activation_range(ctx.options.fused_activation_function, y)

@@ -81,24 +81,57 @@ def _u32(x: Array) -> Array:
     return jnp.asarray(x).astype(jnp.uint32)
 
 
+def _mul_u64(mag: Array, m: Array) -> tuple[Array, Array]:
+    """The 64-bit product of two uint32 values as (high, low) uint32 words, from 16-bit
+    halves (every partial product fits in 32 bits)."""
+    mask = jnp.uint32(0xFFFF)
+    al, ah = mag & mask, mag >> 16
+    ml, mh = m & mask, m >> 16
+    ll, lh, hl, hh = al * ml, al * mh, ah * ml, ah * mh
+    mid = (ll >> 16) + (lh & mask) + (hl & mask)
+    lo = (ll & mask) | (mid << 16)
+    hi = hh + (lh >> 16) + (hl >> 16) + (mid >> 16)
+    return hi, lo
+
+
+def _add_u64(hi: Array, lo: Array, add_hi: Array, add_lo: Array) -> tuple[Array, Array]:
+    lo2 = lo + add_lo
+    return hi + add_hi + (lo2 < lo).astype(jnp.uint32), lo2
+
+
 def rounding_doubling_high_mul(a: Array, m: Array) -> Array:
     """``round(a * m / 2**31)`` (int32 ``a``, non-negative int32 ``m``; ties away from zero,
     LiteRT's SaturatingRoundingDoublingHighMul; no saturation case since m >= 0)."""
     a = jnp.asarray(a, jnp.int32)
     neg = a < 0
     mag = _u32(jnp.where(neg, -a, a))  # |INT32_MIN| = 2**31 fits in uint32
-    mu = _u32(m)
-    mask = jnp.uint32(0xFFFF)
-    al, ah = mag & mask, mag >> 16
-    ml, mh = mu & mask, mu >> 16
-    ll, lh, hl, hh = al * ml, al * mh, ah * ml, ah * mh
-    mid = (ll >> 16) + (lh & mask) + (hl & mask)
-    lo = (ll & mask) | (mid << 16)
-    hi = hh + (lh >> 16) + (hl >> 16) + (mid >> 16)
+    hi, lo = _mul_u64(mag, _u32(m))
     nudge = jnp.where(neg, jnp.uint32((1 << 30) - 1), jnp.uint32(1 << 30))
-    lo2 = lo + nudge
-    hi = hi + (lo2 < lo).astype(jnp.uint32)
-    q = ((hi << 1) | (lo2 >> 31)).astype(jnp.int32)  # < 2**31: |a| <= 2**31, m < 2**31
+    hi, lo = _add_u64(hi, lo, jnp.uint32(0), nudge)
+    q = ((hi << 1) | (lo >> 31)).astype(jnp.int32)  # < 2**31: |a| <= 2**31, m < 2**31
+    return jnp.where(neg, -q, q)
+
+
+def multiply_by_quantized_multiplier_single(x: Array, m: Any, shift: Any) -> Array:
+    """``x * m * 2**(shift - 31)`` rounded once, to nearest with ties toward +infinity:
+    ``(x * m + 2**(t-1)) >> t`` over 64 bits with ``t = 31 - shift`` (LiteRT's 16x8
+    FULLY_CONNECTED). Exact: the 62-bit product is formed from 16-bit halves."""
+    m = np.asarray(m, np.int64)
+    t = (31 - np.asarray(shift, np.int64))
+    if np.any(t < 1) or np.any(t > 62):
+        raise ValueError(f"shift {shift} is out of range")
+    x = jnp.asarray(x, jnp.int32)
+    neg = x < 0
+    hi, lo = _mul_u64(_u32(jnp.where(neg, -x, x)), _u32(m.astype(np.uint32)))
+    # floor((x*m + 2**(t-1)) / 2**t) = sign * floor((|x|*m + 2**(t-1) - [x<0]) / 2**t)
+    half = np.left_shift(np.int64(1), t - 1)
+    n_hi, n_lo = (half >> 32).astype(np.uint32), (half & 0xFFFFFFFF).astype(np.uint32)
+    m_hi, m_lo = ((half - 1) >> 32).astype(np.uint32), ((half - 1) & 0xFFFFFFFF).astype(
+        np.uint32)
+    hi, lo = _add_u64(hi, lo, jnp.where(neg, m_hi, n_hi), jnp.where(neg, m_lo, n_lo))
+    tt = jnp.asarray(t.astype(np.int32))
+    low_part = (hi << _u32(jnp.clip(32 - tt, 0, 31))) | (lo >> _u32(jnp.clip(tt, 0, 31)))
+    q = jnp.where(tt >= 32, hi >> _u32(jnp.clip(tt - 32, 0, 31)), low_part).astype(jnp.int32)
     return jnp.where(neg, -q, q)
 
 
