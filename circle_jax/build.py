@@ -9,6 +9,15 @@
 
 Output shapes and dtypes are inferred by running circle-jax's own operator on abstract values
 (``jax.eval_shape``); pass ``shapes=``/``dtypes=`` where inference is not possible.
+
+Quantized tensors: ``quantization=(scale, zero_point)`` per tensor or
+``(scales, zero_points, quantized_dimension)`` per channel (or an ``ir.Quantization``) on
+``input``, ``constant`` and ``tensor``; ``op(..., quantization=[...])`` gives one per output
+(an output with quantization and no ``dtypes=`` takes the first input's type):
+
+    x = b.input("x", (1, 8, 8, 3), "int8", quantization=(0.05, -3))
+    w = b.constant("w", w_int8, quantization=(w_scales, [0] * 4, 0))
+    y = b.op("CONV_2D", [x, w, bias], {"padding": "SAME"}, quantization=[(0.1, 2)])
 """
 
 from __future__ import annotations
@@ -27,7 +36,7 @@ from .formats.schema import OPERATOR_CODES, options_class, options_tag, schema, 
 from .formats.writer import opcode_object, pack
 from .graph import ir
 from .ops.common import is_static
-from .ops.registry import OpContext, definition
+from .ops.registry import OpContext, definition, runs_integer
 
 _ENUMS = {
     "padding": schema.Padding.Padding,
@@ -38,12 +47,25 @@ _OP_ENUMS = {("MIRROR_PAD", "mode"): schema.MirrorPadMode.MirrorPadMode}
 _DTYPE_OPTIONS = {"in_data_type", "out_data_type", "out_type", "output_type", "idx_out_type"}
 
 
+QuantizationSpec = Any  # (scale, zero_point), (scales, zero_points, dim) or ir.Quantization
+
+
+def as_quantization(spec: QuantizationSpec) -> ir.Quantization | None:
+    """An ``ir.Quantization`` from a (scale, zero_point[, quantized_dimension]) tuple."""
+    if spec is None or isinstance(spec, ir.Quantization):
+        return spec
+    scale, zero = np.atleast_1d(spec[0]), np.atleast_1d(spec[1])
+    return ir.Quantization(tuple(float(v) for v in scale), tuple(int(v) for v in zero),
+                           int(spec[2]) if len(spec) > 2 else 0)
+
+
 @dataclass
 class _Tensor:
     name: str
     shape: tuple[int, ...]
     dtype: str
     data: np.ndarray | None = None
+    quantization: ir.Quantization | None = None
 
 
 @dataclass
@@ -70,21 +92,24 @@ class GraphBuilder:
     inputs: list[int] = field(default_factory=list)
     outputs: list[int] = field(default_factory=list)
 
-    def input(self, name: str, shape: Sequence[int], dtype: str = "float32") -> int:
+    def input(self, name: str, shape: Sequence[int], dtype: str = "float32",
+              quantization: QuantizationSpec = None) -> int:
         """Add a graph input."""
-        t = self._add(name, tuple(shape), np.dtype(dtype).name)
+        t = self._add(name, tuple(shape), np.dtype(dtype).name, quantization=quantization)
         self.inputs.append(t)
         return t
 
-    def constant(self, name: str, value: Any, dtype: str | None = None) -> int:
+    def constant(self, name: str, value: Any, dtype: str | None = None,
+                 quantization: QuantizationSpec = None) -> int:
         """Add a constant tensor holding ``value`` (its numpy dtype is kept unless given)."""
         arr = np.asarray(value, dtype=dtype)
         data = np.ascontiguousarray(arr).reshape(arr.shape)  # keeps 0-d constants 0-d
-        return self._add(name, arr.shape, _dtype_name(arr.dtype), data)
+        return self._add(name, arr.shape, _dtype_name(arr.dtype), data, quantization)
 
-    def tensor(self, name: str, shape: Sequence[int], dtype: str = "float32") -> int:
+    def tensor(self, name: str, shape: Sequence[int], dtype: str = "float32",
+               quantization: QuantizationSpec = None) -> int:
         """Add a plain (non-constant) tensor, e.g. for an output computed by a later op."""
-        return self._add(name, tuple(shape), np.dtype(dtype).name)
+        return self._add(name, tuple(shape), np.dtype(dtype).name, quantization=quantization)
 
     def op(
         self,
@@ -99,13 +124,15 @@ class GraphBuilder:
         custom_code: str | None = None,
         custom_options: bytes | None = None,
         version: int = 1,
+        quantization: Sequence[QuantizationSpec] | None = None,
     ) -> Any:
         """Add an operator; returns its output tensor (or a tuple when it has several).
 
         ``op_type`` is a builtin name (``"CONV_2D"``) or ``"CUSTOM"`` with ``custom_code``.
         ``options`` use snake_case names of the schema's options table; enum options accept
         names (``padding="VALID"``, ``fused_activation_function="RELU6"``). ``outputs`` is
-        a count of new tensors or a list of existing tensor indices.
+        a count of new tensors or a list of existing tensor indices. ``quantization``: one
+        spec (or None) per new output.
         """
         if op_type not in OPERATOR_CODES:
             raise ValueError(f"unknown operator {op_type!r}")
@@ -120,9 +147,13 @@ class GraphBuilder:
             f"{op_type.lower()}_{len(self.ops)}" + (f"_{j}" if n > 1 else "") for j in range(n)
         ]
         if out_idx is None:
+            quants = [as_quantization(q) for q in (quantization or [None] * n)]
+            if dtypes is None and any(q is not None for q in quants) and inputs:
+                dtypes = [self.tensors[inputs[0]].dtype] * n
             inferred = self._infer(op_type, custom_code, inputs, opts, custom_options, n,
-                                   shapes, dtypes)
-            out_idx = [self._add(nm, s, d) for nm, (s, d) in zip(names, inferred)]
+                                   shapes, dtypes, quants)
+            out_idx = [self._add(nm, s, d, quantization=q)
+                       for nm, (s, d), q in zip(names, inferred, quants)]
         self.ops.append(
             _Op(op_type, custom_code, list(inputs), out_idx, tag, opts, custom_options, version)
         )
@@ -135,32 +166,36 @@ class GraphBuilder:
     def shape(self, t: int) -> tuple[int, ...]:
         return self.tensors[t].shape
 
-    def _add(self, name: str, shape: tuple[int, ...], dtype: str, data: Any = None) -> int:
-        self.tensors.append(_Tensor(name, tuple(int(d) for d in shape), dtype, data))
+    def _add(self, name: str, shape: tuple[int, ...], dtype: str, data: Any = None,
+             quantization: QuantizationSpec = None) -> int:
+        self.tensors.append(_Tensor(name, tuple(int(d) for d in shape), dtype, data,
+                                    as_quantization(quantization)))
         return len(self.tensors) - 1
 
     def _ir_tensor(self, i: int) -> ir.Tensor | None:
         if i < 0:
             return None
         t = self.tensors[i]
-        return ir.Tensor(i, t.name, t.shape, t.dtype, 0, t.data)
+        return ir.Tensor(i, t.name, t.shape, t.dtype, 0, t.data, t.quantization)
 
-    def _infer(self, op_type, custom_code, inputs, opts, custom_options, n, shapes, dtypes):
+    def _infer(self, op_type, custom_code, inputs, opts, custom_options, n, shapes, dtypes,
+               quants=None):
         if shapes is not None:
             dts = dtypes or ["float32"] * n
             return [(tuple(s), np.dtype(d).name) for s, d in zip(shapes, dts)]
         key = f"CUSTOM:{custom_code}" if op_type == "CUSTOM" else op_type
-        d = definition(key)
-        if d is None:
-            raise ValueError(f"cannot infer output shapes of {key}: pass shapes= and dtypes=")
         placeholder = tuple(
-            ir.Tensor(-1, f"out{j}", (), np.dtype(dtypes[j]).name if dtypes else "float32", 0)
+            ir.Tensor(-1, f"out{j}", (), np.dtype(dtypes[j]).name if dtypes else "float32", 0,
+                      quantization=quants[j] if quants else None)
             for j in range(n)
         )
+        ins = tuple(self._ir_tensor(i) for i in inputs)
+        d = definition(key, runs_integer(key, ins, placeholder))
+        if d is None:
+            raise ValueError(f"cannot infer output shapes of {key}: pass shapes= and dtypes=")
         op = ir.Operator(len(self.ops), op_type, OPERATOR_CODES[op_type], tuple(inputs), (),
                          options_of(opts), custom_code, custom_options)
-        ctx = OpContext(op, tuple(self._ir_tensor(i) for i in inputs), placeholder,
-                        self.owner._abstract_subgraph)
+        ctx = OpContext(op, ins, placeholder, self.owner._abstract_subgraph)
         if d.check is not None:  # the load-time checks of the operator's options
             d.check(ctx)
         fn = d.fn
@@ -228,6 +263,8 @@ class Builder:
             for t in g.tensors:
                 tt = schema.Tensor.TensorT()
                 tt.name, tt.shape, tt.type = t.name, list(t.shape), tensor_type(t.dtype)
+                if t.quantization is not None:
+                    tt.quantization = _quantization_object(t.quantization)
                 if t.data is not None:
                     b = schema.Buffer.BufferT()
                     b.data = np.ascontiguousarray(t.data).view(np.uint8).ravel()
@@ -297,3 +334,12 @@ def _options_object(op_type: str, tag: int, options: Mapping[str, Any]) -> Any:
             value = list(np.asarray(value).tolist())
         setattr(obj, attr, value)
     return obj
+
+
+def _quantization_object(q: ir.Quantization) -> Any:
+    """circle-schema's ``QuantizationParametersT`` of ``q``."""
+    t = schema.QuantizationParameters.QuantizationParametersT()
+    t.scale = [float(v) for v in q.scale]
+    t.zeroPoint = [int(v) for v in q.zero_point]
+    t.quantizedDimension = q.quantized_dimension
+    return t

@@ -25,11 +25,11 @@ import numpy as np
 from .batching import batch_blocker
 from .errors import CircleFormatError, CircleJaxError, DataError, UnsupportedOperatorError
 from .graph import ir
-from .graph.checks import check_arity, check_graph
+from .graph.checks import check_arity, check_graph, check_quantization
 from .graph.params_policy import param_table
 from .lowering import LoweringOptions, as_options, implementation
 from .ops.common import check_padding
-from .ops.registry import OpContext, OpDef, definition, lookup
+from .ops.registry import OpContext, OpDef, definition, lookup, runs_integer
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 
@@ -81,20 +81,24 @@ class Lowered:
     def _parse(self) -> dict[tuple[int, int], tuple[OpDef, Callable[..., Any], OpContext]]:
         """Every operator's definition, implementation and static context, after its checks;
         one error lists every refusal (UnsupportedOperatorError if any is unsupported)."""
-        parsed, refusals, unsupported = {}, check_graph(self.model), False
+        malformed, refused, refused_ops = check_quantization(self.model, runs_integer)
+        parsed, refusals = {}, check_graph(self.model) + malformed + refused
+        unsupported = bool(refused)
         multi = len(self.model.subgraphs) > 1
         for sg in self.model.subgraphs:
             for op in sg.operators:
+                if (sg.index, op.index) in refused_ops:
+                    continue
                 where = f"{op.key} (code {op.code}) at {f'subgraph {sg.index} ' if multi else ''}" \
                     f"operator {op.index}"
-                d = definition(op.key)
+                ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)
+                outs = tuple(sg.tensors[i] for i in op.outputs)
+                d = definition(op.key, runs_integer(op.key, ins, outs))
                 if d is None:
                     refusals.append(where)
                     unsupported = True
                     continue
-                ctx = OpContext(op, tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs),
-                                tuple(sg.tensors[i] for i in op.outputs), _no_subgraph,
-                                self.options)
+                ctx = OpContext(op, ins, outs, _no_subgraph, self.options)
                 try:
                     check_arity(op, d.fn)
                     _check_common(op)
@@ -104,8 +108,7 @@ class Lowered:
                     refusals.append(f"{where}: {e}")
                     unsupported |= isinstance(e, NotImplementedError)
                     continue
-                fn = implementation(op.key, self.options) or d.fn
-                parsed[(sg.index, op.index)] = (d, fn, ctx)
+                parsed[(sg.index, op.index)] = (d, _implementation(d, op.key, self.options), ctx)
         if refusals:
             error = UnsupportedOperatorError if unsupported else CircleFormatError
             what = "unsupported operator(s)" if unsupported else "invalid operator(s)"
@@ -118,7 +121,7 @@ class Lowered:
         new = object.__new__(Lowered)
         new.model, new.params, new._param_name = self.model, self.params, self._param_name
         new.options, new.batch_blocker = replace(self.options, **changes), self.batch_blocker
-        new._ops = {key: (d, implementation(ctx.op.key, new.options) or d.fn,
+        new._ops = {key: (d, _implementation(d, ctx.op.key, new.options),
                           replace(ctx, lowering=new.options))
                     for key, (d, _, ctx) in self._ops.items()}
         return new
@@ -279,6 +282,12 @@ def _refusal(e: Exception, where: str) -> CircleJaxError:
         cause = f"{type(e).__name__}: {cause}"
     kind = UnsupportedOperatorError if isinstance(e, NotImplementedError) else CircleFormatError
     return kind(f"{where}: {cause}")
+
+
+def _implementation(d: OpDef, key: str, options: LoweringOptions) -> Callable[..., Any]:
+    """The fast lowering of a float kernel where the options choose one, else ``d.fn``
+    (integer kernels have no fast variant)."""
+    return d.fn if d.integer else (implementation(key, options) or d.fn)
 
 
 def _no_subgraph(j: int, args: Sequence[Any]) -> tuple[Any, ...]:

@@ -257,7 +257,9 @@ def _tensor(k: int, t: Any, buffers: list, sg: int, where: str,
     bidx = _index(t.buffer, max(len(buffers), 1), f"tensor {name!r} buffer", where)
     raw = buffers[bidx] if bidx < len(buffers) else None
     data = None
-    if raw is not None and dtype not in ("string",) and not dtype.startswith(("unknown", "ggml")):
+    # int4 (packed two to a byte) is kept as bytes-less: numpy would read "int4" as int32.
+    if raw is not None and dtype not in ("string", "int4") \
+            and not dtype.startswith(("unknown", "ggml")):
         try:
             np_dtype = as_numpy_dtype(dtype)
         except TypeError:

@@ -1,6 +1,8 @@
 """Whole-graph validation at load, before anything is traced: every operator's input count
 against its kernel's signature, every tensor read after it is computed (operators run in
-file order), every subgraph an operator calls exists and calls do not recurse.
+file order), every subgraph an operator calls exists and calls do not recurse, every
+tensor's quantization parameters are well formed and every quantized tensor meets a kernel
+that computes on it.
 
 Each check returns refusals as one-line strings; :class:`~circle_jax.lower.Lowered` gathers
 them with the operators' own option checks into the single load-time error.
@@ -12,6 +14,8 @@ import inspect
 from collections.abc import Callable
 from functools import cache
 from typing import Any
+
+import numpy as np
 
 from . import ir
 
@@ -50,10 +54,13 @@ def check_graph(model: ir.Model) -> list[str]:
     calls: dict[int, set[int]] = {}
     for sg in model.subgraphs:
         known = set(sg.inputs)
-        known.update(t.index for t in sg.tensors if t.data is not None or t.is_variable)
+        # int4 constants keep no unpacked data (refused later by check_quantization)
+        known.update(t.index for t in sg.tensors
+                     if t.data is not None or t.is_variable or t.dtype == "int4")
         calls[sg.index] = set()
         for op in sg.operators:
-            where = f"subgraph {sg.index} operator {op.index} ({op.key})"
+            where = (f"subgraph {sg.index} " if len(model.subgraphs) > 1 else "") \
+                + f"operator {op.index} ({op.key})"
             if not any(i >= 0 for i in op.outputs):
                 refusals.append(f"{where} has no output (expected at least one)")
             late = [i for i in op.inputs if i >= 0 and i not in known]
@@ -102,3 +109,104 @@ def _recursion(calls: dict[int, set[int]]) -> list[int] | None:
         if k not in state and (found := visit(k)):
             return found
     return None
+
+
+# ----------------------------------------------------------------------------- quantization
+
+#: Integer types that may carry affine quantization, and their value ranges.
+_QUANT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
+                 "int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 31), (1 << 31) - 1)}
+#: (operator, input position) pairs where a quantized int32/int64 tensor is a bias.
+BIAS_INPUTS = {("CONV_2D", 2), ("DEPTHWISE_CONV_2D", 2), ("FULLY_CONNECTED", 2),
+               ("TRANSPOSE_CONV", 3)}
+#: Operators that only move or select stored values: exact on quantized integers as they
+#: are, as LiteRT computes them (no integer kernel needed; REDUCE_MAX/MIN refuse differing
+#: input and output parameters themselves).
+DATA_MOVEMENT = frozenset({
+    "RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "STRIDED_SLICE", "SLICE", "GATHER",
+    "GATHER_ND", "SPLIT", "SPLIT_V", "UNPACK", "PACK", "TILE", "BROADCAST_TO",
+    "DEPTH_TO_SPACE", "SPACE_TO_DEPTH", "BATCH_TO_SPACE_ND", "REVERSE_V2", "SHAPE",
+    "REDUCE_MAX", "REDUCE_MIN",
+})
+
+
+def tensor_quantization_refusals(sg: ir.Subgraph, t: ir.Tensor) -> tuple[list[str], list[str]]:
+    """(malformed, unsupported) one-line refusals of one tensor's quantization parameters:
+    scales positive and finite, one zero point per scale inside the type's range, a per-axis
+    count equal to the quantized dimension's size; int4 and float layouts unsupported."""
+    q = t.quantization
+    if q is None:
+        return [], []
+    where = f"subgraph {sg.index} tensor {t.index} {t.name[:60]!r} ({t.dtype})"
+    if t.dtype not in _QUANT_RANGES:
+        if t.is_float:
+            return [], []  # a converter's leftover range on a float tensor: unused
+        return [], [f"{where}: quantized {t.dtype} tensors are not supported "
+                    "(int8, uint8, int16 activations; int32/int64 biases)"]
+    bad = []
+    scale = np.asarray(q.scale, np.float64)
+    if len(q.zero_point) != len(q.scale):
+        bad.append(f"{where}: {len(q.scale)} scales but {len(q.zero_point)} zero points "
+                   "(expected one per scale)")
+    if not np.all(np.isfinite(scale) & (scale > 0)):
+        worst = next(float(s) for s in scale if not (np.isfinite(s) and s > 0))
+        bad.append(f"{where}: quantization scale {worst} (expected finite and > 0)")
+    lo, hi = _QUANT_RANGES[t.dtype]
+    out = [z for z in q.zero_point if not lo <= z <= hi]
+    if out:
+        bad.append(f"{where}: zero point {out[0]} is outside {t.dtype}'s range [{lo}, {hi}]")
+    if len(q.scale) > 1:
+        dim = q.quantized_dimension
+        if not 0 <= dim < len(t.shape):
+            bad.append(f"{where}: quantized_dimension {dim} is outside the tensor's "
+                       f"{len(t.shape)} dimensions")
+        elif t.shape[dim] != len(q.scale):
+            bad.append(f"{where}: {len(q.scale)} per-channel scales for dimension {dim} of "
+                       f"size {t.shape[dim]} (expected one per index)")
+    return bad, []
+
+
+def check_quantization(
+    model: ir.Model, runs_integer: Callable[[str, tuple, tuple], bool],
+) -> tuple[list[str], list[str], set[tuple[int, int]]]:
+    """(malformed, unsupported) refusals of a model's quantization: every tensor's parameters
+    (:func:`tensor_quantization_refusals`), quantized int32/int64 tensors anywhere but a
+    bias, and operators reading or writing quantized int8/uint8/int16 tensors that have no
+    integer kernel for them (``runs_integer``) and do not merely move values
+    (:data:`DATA_MOVEMENT`; QUANTIZE and DEQUANTIZE convert): among them the hybrid
+    (dynamic-range) operators, int8 weights with float activations. The third value holds
+    the (subgraph, operator) pairs refused, whose own checks need not run."""
+    bad: list[str] = []
+    unsupported: list[str] = []
+    refused: set[tuple[int, int]] = set()
+    for sg in model.subgraphs:
+        for t in sg.tensors:
+            b, u = tensor_quantization_refusals(sg, t)
+            bad += b
+            unsupported += u
+        for op in sg.operators:
+            ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)
+            outs = tuple(sg.tensors[i] for i in op.outputs if i >= 0)
+            where = (f"subgraph {sg.index} " if len(model.subgraphs) > 1 else "") \
+                + f"operator {op.index} ({op.key})"
+            for pos, t in enumerate(ins):
+                if t is not None and t.quantization is not None and t.dtype in (
+                        "int32", "int64") and (op.key, pos) not in BIAS_INPUTS:
+                    unsupported.append(f"{where}: quantized {t.dtype} tensor {t.name[:60]!r} "
+                                       "is only supported as a bias")
+            quantized = [t for t in (*ins, *outs) if t is not None and t.quantization
+                         is not None and t.dtype in ("int8", "uint8", "int16")]
+            if not quantized or op.key in ("QUANTIZE", "DEQUANTIZE"):
+                continue
+            if runs_integer(op.key, ins, outs):
+                continue
+            if op.key in DATA_MOVEMENT and outs and ins and ins[0] is not None \
+                    and outs[0].dtype == ins[0].dtype:
+                continue
+            t = quantized[0]
+            kind = ("hybrid: float activations; dequantize first"
+                    if any(o.is_float for o in outs) else "no integer kernel")
+            unsupported.append(f"{where} on quantized {t.dtype} tensor {t.name[:40]!r} is not "
+                               f"supported ({kind})")
+            refused.add((sg.index, op.index))
+    return bad, unsupported, refused

@@ -29,8 +29,8 @@ import tempfile
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..graph import ir
 from ..errors import CircleFormatError, CircleJaxError
+from ..graph import ir
 
 INSTALL = 'pip install "circle-jax[explorer]"'
 ADAPTER = "builtin_tflite_flatbuffer"

@@ -65,7 +65,8 @@ def valid_counts(sizes: Sequence[int], window: Window) -> np.ndarray:
     return (per_axis[0][:, None] * per_axis[1][None, :])[..., None]
 
 
-def _reduce(x: jax.Array, init: float | int, op: Callable, window: Window) -> jax.Array:
+def reduce_window(x: jax.Array, init: float | int, op: Callable, window: Window) -> jax.Array:
+    """``op`` over each window of the NHWC ``x``, padded positions holding ``init``."""
     kernel, strides, pads = window
     return lax.reduce_window(x, np.asarray(init, x.dtype), op, (1, *kernel, 1),
                              (1, *strides, 1), [(0, 0), *pads, (0, 0)])
@@ -73,12 +74,12 @@ def _reduce(x: jax.Array, init: float | int, op: Callable, window: Window) -> ja
 
 def window_max(x: jax.Array, window: Window) -> jax.Array:
     """Max over each window (padding never wins)."""
-    return _reduce(x, lowest(x.dtype), lax.max, window)
+    return reduce_window(x, lowest(x.dtype), lax.max, window)
 
 
 def window_mean(x: jax.Array, window: Window) -> jax.Array:
     """Mean over the non-padded elements of every window."""
-    return _reduce(x, 0, lax.add, window) / valid_counts(x.shape[1:3], window).astype(x.dtype)
+    return reduce_window(x, 0, lax.add, window) / valid_counts(x.shape[1:3], window).astype(x.dtype)
 
 
 @jax.custom_jvp

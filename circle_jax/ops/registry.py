@@ -5,6 +5,10 @@ shapes are static Python values read from ``ctx``; inputs are JAX arrays, or num
 static (integer/shape) constants, or ``None`` for an omitted optional input. An optional
 ``check(ctx)`` validates the operator's static options and input specs when the model is
 loaded (raising ValueError, or NotImplementedError for what circle-jax does not support).
+
+An operator may also have an *integer kernel* (``register(..., integer=True)``, the modules of
+``circle_jax/ops/integer``): LiteRT's integer arithmetic on affine-quantized int8 / uint8 /
+int16 tensors. :func:`runs_integer` says which of the two an operator of a model gets.
 """
 
 from __future__ import annotations
@@ -27,13 +31,18 @@ class OpDef:
     static_inputs: frozenset[int] = frozenset()
     fold: bool = True
     check: CheckFn | None = None
+    integer: bool = False
 
 
 _REGISTRY: dict[str, OpDef] = {}
+_INTEGER: dict[str, OpDef] = {}
+
+#: The tensor types of quantized activations that integer kernels compute on.
+QUANTIZED_TYPES = ("int8", "uint8", "int16")
 
 
 def register(*keys: str, static_inputs: Sequence[int] = (), fold: bool = True,
-             check: CheckFn | None = None) -> Callable[[OpFn], OpFn]:
+             check: CheckFn | None = None, integer: bool = False) -> Callable[[OpFn], OpFn]:
     """Register an implementation under operator names (``"CONV_2D"``, ``"CUSTOM:Name"``).
 
     ``static_inputs``: positions of inputs the implementation needs as values known when the
@@ -41,23 +50,39 @@ def register(*keys: str, static_inputs: Sequence[int] = (), fold: bool = True,
     float constant read only at such positions is kept as data instead of becoming a
     trainable param, so the model still compiles. ``fold=False``: never evaluate the operator
     at lowering time, even when all its inputs are constants (control flow, state).
-    ``check(ctx)``: the load-time validation of its options and input specs.
+    ``check(ctx)``: the load-time validation of its options and input specs. ``integer``: the
+    implementation is the operator's integer kernel (see :func:`runs_integer`).
     """
 
     def decorate(fn: OpFn) -> OpFn:
+        table = _INTEGER if integer else _REGISTRY
         for key in keys:
-            if key in _REGISTRY:
+            if key in table:
                 raise ValueError(f"operator {key} registered twice")
-            _REGISTRY[key] = OpDef(fn, frozenset(static_inputs), fold, check)
+            table[key] = OpDef(fn, frozenset(static_inputs), fold, check, integer)
         return fn
 
     return decorate
 
 
-def definition(key: str) -> OpDef | None:
-    """The registered definition of ``key``, or None when circle-jax does not support it."""
+def definition(key: str, integer: bool = False) -> OpDef | None:
+    """The registered definition of ``key`` (its integer kernel when ``integer``), or None
+    when circle-jax does not support it."""
     _load_families()
-    return _REGISTRY.get(key)
+    return (_INTEGER if integer else _REGISTRY).get(key)
+
+
+def runs_integer(key: str, inputs: Sequence[ir.Tensor | None],
+                 outputs: Sequence[ir.Tensor | None]) -> bool:
+    """Whether an operator runs its integer kernel: it has one, its first output is int8,
+    uint8 or int16, and one of its tensors carries quantization parameters. (Integer tensors
+    without any are plain integers: the generic kernel computes on them.)"""
+    _load_families()
+    if key not in _INTEGER or not outputs or outputs[0] is None:
+        return False
+    if outputs[0].dtype not in QUANTIZED_TYPES:
+        return False
+    return any(t is not None and t.quantization is not None for t in (*inputs, *outputs))
 
 
 def static_inputs(key: str) -> frozenset[int]:
@@ -75,7 +100,7 @@ def lookup(key: str) -> OpFn | None:
 def supported_operators() -> list[str]:
     """Every operator name circle-jax can lower, sorted."""
     _load_families()
-    return sorted(_REGISTRY)
+    return sorted(_REGISTRY.keys() | _INTEGER.keys())
 
 
 @dataclass(frozen=True)

@@ -362,7 +362,8 @@ def _offset_slice(x: Array, begin: Array, extents: list[int], strides: list[int]
 # ---------------------------------------------------------------- padding, tiling, broadcasting
 
 
-def _pad_pairs(paddings: Array, rank: int, what: str) -> list[tuple[int, int]]:
+def pad_pairs(paddings: Array, rank: int, what: str) -> list[tuple[int, int]]:
+    """(before, after) per axis from a static [rank, 2] paddings tensor (non-negative)."""
     p = ints(paddings, what)
     if len(p) != 2 * rank:
         raise ValueError(f"{what} must have shape [{rank}, 2], got {len(p)} values")
@@ -375,7 +376,7 @@ def _pad_pairs(paddings: Array, rank: int, what: str) -> list[tuple[int, int]]:
 @register("PAD", "PADV2")
 def pad(ctx: OpContext, x: Array, paddings: Array, value: Array = None) -> Array:
     """Constant padding: zeros (PAD) or the scalar third input (PADV2)."""
-    pairs = _pad_pairs(paddings, x.ndim, "paddings")
+    pairs = pad_pairs(paddings, x.ndim, "paddings")
     if value is None:
         return xp(x).pad(x, pairs)
     if xp(x, value) is np:
@@ -388,7 +389,7 @@ def pad(ctx: OpContext, x: Array, paddings: Array, value: Array = None) -> Array
 def mirror_pad(ctx: OpContext, x: Array, paddings: Array) -> Array:
     """Mirror padding: mode REFLECT (0, edge not repeated) or SYMMETRIC (1, edge repeated)."""
     mode = {0: "reflect", 1: "symmetric"}[int(ctx.options.mode or 0)]
-    pairs = _pad_pairs(paddings, x.ndim, "paddings")
+    pairs = pad_pairs(paddings, x.ndim, "paddings")
     limit = 1 if mode == "reflect" else 0
     for d, (lo, hi) in enumerate(pairs):
         if max(lo, hi) > x.shape[d] - limit:
@@ -518,7 +519,7 @@ def space_to_batch_nd(ctx: OpContext, x: Array, block_shape: Array, paddings: Ar
     """Pad the M spatial axes, then move each block offset into the batch (offset-major)."""
     blocks = _block_shape(block_shape, x)
     m = len(blocks)
-    pairs = _pad_pairs(paddings, m, "space_to_batch paddings")
+    pairs = pad_pairs(paddings, m, "space_to_batch paddings")
     x = xp(x).pad(x, [(0, 0)] + pairs + [(0, 0)] * (x.ndim - 1 - m))
     batch, spatial, rest = x.shape[0], x.shape[1:1 + m], x.shape[1 + m:]
     if any(s % k for s, k in zip(spatial, blocks)):
@@ -536,7 +537,7 @@ def batch_to_space_nd(ctx: OpContext, x: Array, block_shape: Array, crops: Array
     """The inverse of SPACE_TO_BATCH_ND: batch blocks back into space, then crop."""
     blocks = _block_shape(block_shape, x)
     m = len(blocks)
-    pairs = _pad_pairs(crops, m, "batch_to_space crops")
+    pairs = pad_pairs(crops, m, "batch_to_space crops")
     batch, spatial, rest = x.shape[0], x.shape[1:1 + m], x.shape[1 + m:]
     if batch % _numel(blocks):
         raise ValueError(f"batch {batch} is not a multiple of the block volume {blocks}")

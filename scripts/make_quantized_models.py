@@ -1,0 +1,123 @@
+"""Convert a small Keras CNN into TensorFlow's quantized variants for tests/data/quantized/.
+
+Run by hand, never by CI: it needs tensorflow-cpu, which the project does not depend on.
+Use a virtualenv of its own:
+
+    python3 -m venv /work/venv-tf && /work/venv-tf/bin/pip install tensorflow-cpu
+    /work/venv-tf/bin/python scripts/make_quantized_models.py [--out tests/data/quantized]
+
+The model (seeded, trained 3 epochs on the bundled 8x8 digits so its activations have
+realistic ranges): Conv2D(8, 3x3, ReLU) -> DepthwiseConv2D(3x3, ReLU6) -> a 1x1 Conv2D
+whose output is added to the first convolution's (a branch) -> MaxPool 2x2 ->
+AveragePool 2x2 -> Reshape -> Dense(64, ReLU; its 2048 weights are enough for the
+dynamic-range converter to quantize them) -> Concatenate with the spatial mean (MEAN) ->
+Dense(10) -> Softmax. It is converted with TensorFlow's TFLite converter into:
+
+- ``full_int8.tflite``: full integer, int8 inputs and outputs (representative dataset: 64
+  digits);
+- ``full_int8_float_io.tflite``: full integer with float32 inputs and outputs (QUANTIZE and
+  DEQUANTIZE at the ends);
+- ``int16x8.tflite``: 16x8 (int16 activations, int8 weights, float32 inputs and outputs);
+- ``dynamic_range.tflite``: int8 weights, float activations (hybrid kernels);
+- ``float16.tflite``: float16 weights dequantized at load (DEQUANTIZE operators).
+
+``inputs.npz`` holds 8 float32 digits (``x``, [8, 8, 8, 1]); ``versions.json`` the
+TensorFlow version and each file's operators.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "2")
+os.environ.setdefault("CUDA_VISIBLE_DEVICES", "")
+
+import numpy as np  # noqa: E402
+import tensorflow as tf  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    data = np.load(ROOT / "circle_jax" / "data" / "digits.npz")
+    x = data["images"].astype(np.float32).reshape(-1, 8, 8, 1) / 16.0
+    return x, data["labels"].astype(np.int64)
+
+
+def build(seed: int = 0) -> tf.keras.Model:
+    tf.keras.utils.set_random_seed(seed)
+    layers = tf.keras.layers
+    x = tf.keras.Input((8, 8, 1), batch_size=1, name="image")
+    a = layers.Conv2D(8, 3, padding="same", activation="relu")(x)
+    d = layers.DepthwiseConv2D(3, padding="same")(a)
+    d = layers.ReLU(6.0)(d)
+    p = layers.Conv2D(8, 1)(d)
+    s = layers.Add()([a, p])
+    s = layers.MaxPooling2D(2)(s)
+    s = layers.AveragePooling2D(2)(s)
+    f = layers.Reshape((32,))(s)
+    h = layers.Dense(64, activation="relu")(f)
+    g = layers.GlobalAveragePooling2D()(a)
+    c = layers.Concatenate()([h, g])
+    y = layers.Dense(10)(c)
+    y = layers.Softmax()(y)
+    return tf.keras.Model(x, y)
+
+
+def convert(model: tf.keras.Model, variant: str, rep: np.ndarray) -> bytes:
+    conv = tf.lite.TFLiteConverter.from_keras_model(model)
+    if variant == "float16":
+        conv.optimizations = [tf.lite.Optimize.DEFAULT]
+        conv.target_spec.supported_types = [tf.float16]
+        return conv.convert()
+    conv.optimizations = [tf.lite.Optimize.DEFAULT]
+    if variant == "dynamic_range":
+        return conv.convert()
+
+    def dataset():
+        for v in rep:
+            yield [v[None]]
+
+    conv.representative_dataset = dataset
+    if variant == "int16x8":
+        conv.target_spec.supported_ops = [
+            tf.lite.OpsSet.EXPERIMENTAL_TFLITE_BUILTINS_ACTIVATIONS_INT16_WEIGHTS_INT8]
+        return conv.convert()
+    conv.target_spec.supported_ops = [tf.lite.OpsSet.TFLITE_BUILTINS_INT8]
+    if variant == "full_int8":
+        conv.inference_input_type = tf.int8
+        conv.inference_output_type = tf.int8
+    return conv.convert()
+
+
+def operators(data: bytes) -> list[str]:
+    interp = tf.lite.Interpreter(model_content=data)
+    return sorted({d["op_name"] for d in interp._get_ops_details()})
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "quantized"))
+    args = ap.parse_args()
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    x, y = digits()
+    model = build()
+    model.compile("adam", "sparse_categorical_crossentropy")
+    model.fit(x[:512], y[:512], batch_size=1, epochs=3, verbose=0, shuffle=False)
+    info = {"tensorflow": tf.__version__, "models": {}}
+    for variant in ("full_int8", "full_int8_float_io", "int16x8", "dynamic_range",
+                    "float16"):
+        data = convert(model, variant, x[:64])
+        (out / f"{variant}.tflite").write_bytes(data)
+        info["models"][variant] = {"bytes": len(data), "operators": operators(data)}
+        print(variant, len(data), "bytes")
+    np.savez(out / "inputs.npz", x=x[1000:1008])
+    (out / "versions.json").write_text(json.dumps(info, indent=1) + "\n")
+
+
+if __name__ == "__main__":
+    main()

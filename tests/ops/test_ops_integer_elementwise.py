@@ -1,0 +1,141 @@
+"""Integer element-wise operators, pooling, padding, concatenation, reductions and the
+operators that only move values, against LiteRT, bit-exact (``tests/quantized.py``), over
+int8 / uint8 / int16 where LiteRT supports them, with random inputs over the full range."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tests.quantized import Q, check_quantized, full_range
+
+rng = np.random.default_rng(126)
+DTYPES = ["int8", "uint8", "int16"]
+
+
+def zp(dtype: str) -> int:
+    """A random zero point (0 for int16, symmetric as LiteRT requires)."""
+    return {"int8": int(rng.integers(-30, 30)), "uint8": int(rng.integers(100, 160)),
+            "int16": 0}[dtype]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["ADD", "SUB", "MUL"])
+@pytest.mark.parametrize("act, shapes", [("NONE", ((2, 3, 4), (2, 3, 4))),
+                                         ("RELU6", ((2, 3, 4), (1, 1, 4)))],
+                         ids=["same-shape", "broadcast-relu6"])
+def test_binary(op: str, dtype: str, act: str, shapes: tuple) -> None:
+    a, b = (full_range(rng, s, dtype) for s in shapes)
+    check_quantized(op, [Q(a, (0.03, zp(dtype))), Q(b, (0.07, zp(dtype)))],
+                    {"fused_activation_function": act},
+                    out_q=(0.5 if op == "MUL" else 0.11, zp(dtype)))
+
+
+def test_add_of_a_constant() -> None:
+    a = full_range(rng, (1, 4, 4, 3), "int8")
+    c = full_range(rng, (3,), "int8")
+    check_quantized("ADD", [Q(a, (0.02, 3)), Q(c, (0.01, -2), const=True)], None,
+                    out_q=(0.03, 1), eager=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op, options", [("RELU", None), ("RELU6", None),
+                                         ("RELU_N1_TO_1", None),
+                                         ("LEAKY_RELU", {"alpha": 0.2})])
+def test_relu_family(op: str, options: dict | None, dtype: str) -> None:
+    if op == "RELU_N1_TO_1" and dtype == "int16":
+        pytest.skip("LiteRT has no int16 RELU_N1_TO_1 (circle-jax refuses it too)")
+    x = full_range(rng, (2, 3, 5), dtype)
+    check_quantized(op, [Q(x, (0.05, zp(dtype)))], options, out_q=(0.04, zp(dtype)))
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("op", ["LOGISTIC", "TANH"])
+def test_table_activations(op: str, dtype: str) -> None:
+    x = np.arange(*{"int8": (-128, 128), "uint8": (0, 256)}[dtype]).astype(dtype)
+    lo = -128 if dtype == "int8" else 0
+    out_q = (1 / 256, lo) if op == "LOGISTIC" else (1 / 128, lo + 128)
+    check_quantized(op, [Q(x.reshape(4, 64), (0.06, zp(dtype)))], None, out_q=out_q)
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("beta", [1.0, 0.3])
+def test_softmax(dtype: str, beta: float) -> None:
+    x = full_range(rng, (3, 2, 10), dtype)
+    out_q = (1 / 256, -128 if dtype == "int8" else 0)
+    check_quantized("SOFTMAX", [Q(x, (0.07, zp(dtype)))], {"beta": beta}, out_q=out_q,
+                    eager=beta == 1.0)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["AVERAGE_POOL_2D", "MAX_POOL_2D"])
+@pytest.mark.parametrize("padding", ["SAME", "VALID"])
+def test_pooling(op: str, dtype: str, padding: str) -> None:
+    x = full_range(rng, (1, 7, 6, 3), dtype)
+    q = (0.05, zp(dtype))
+    check_quantized(op, [Q(x, q)], {"padding": padding, "stride_w": 2, "stride_h": 2,
+                                    "filter_width": 3, "filter_height": 3,
+                                    "fused_activation_function": "RELU6"}, out_q=q)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pad(dtype: str) -> None:
+    x = full_range(rng, (1, 3, 4, 2), dtype)
+    q = (0.05, zp(dtype))
+    pads = Q(np.array([[0, 0], [1, 2], [0, 1], [1, 0]], np.int32), None, const=True)
+    check_quantized("PAD", [Q(x, q), pads], None, out_q=q)
+
+
+def test_padv2_pads_with_its_constant() -> None:
+    x = full_range(rng, (2, 3), "int8")
+    pads = Q(np.array([[1, 0], [0, 2]], np.int32), None, const=True)
+    value = Q(np.array(17, np.int8), (0.05, -4), const=True)
+    out = check_quantized("PADV2", [Q(x, (0.05, -4)), pads, value], None, out_q=(0.05, -4))
+    assert out[0, 0] == 17
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_concatenation(dtype: str) -> None:
+    q = (0.05, zp(dtype))
+    a, b = full_range(rng, (1, 2, 3, 3), dtype), full_range(rng, (1, 2, 3, 2), dtype)
+    check_quantized("CONCATENATION", [Q(a, q), Q(b, q)], {"axis": 3}, out_q=q)
+
+
+def test_uint8_concatenation_requantizes() -> None:
+    a, b = full_range(rng, (2, 3), "uint8"), full_range(rng, (2, 5), "uint8")
+    check_quantized("CONCATENATION", [Q(a, (0.05, 120)), Q(b, (0.09, 131))], {"axis": 1},
+                    out_q=(0.07, 125), eager=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op", ["MEAN", "SUM"])
+@pytest.mark.parametrize("axes, keep", [([1, 2], True), ([1, 2], False), ([0, 3], True),
+                                        ([3], False)],
+                         ids=["spatial-keep", "spatial", "outer-keep", "last"])
+def test_reductions(op: str, dtype: str, axes: list[int], keep: bool) -> None:
+    x = full_range(rng, (2, 5, 6, 3), dtype)
+    out_q = ((0.03 if op == "MEAN" else 0.9), zp(dtype))
+    check_quantized(op, [Q(x, (0.05, zp(dtype))), Q(np.array(axes, np.int32), const=True)],
+                    {"keep_dims": keep}, out_q=out_q, eager=op == "SUM" and dtype == "uint8")
+
+
+def test_mean_with_equal_parameters() -> None:
+    x = full_range(rng, (1, 4, 4, 8), "int8")
+    check_quantized("MEAN", [Q(x, (0.05, 7)), Q(np.array([1, 2], np.int32), const=True)],
+                    {"keep_dims": True}, out_q=(0.05, 7))
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("op, extra, options", [
+    ("RESHAPE", [np.array([6, 4], np.int32)], None),
+    ("TRANSPOSE", [np.array([2, 0, 1], np.int32)], None),
+    ("STRIDED_SLICE", [np.array([0, 1, 0], np.int32), np.array([2, 3, 4], np.int32),
+                       np.array([1, 1, 2], np.int32)], None),
+    ("GATHER", [np.array([2, 0], np.int32)], {"axis": 1}),
+], ids=["reshape", "transpose", "strided_slice", "gather"])
+def test_value_moving_operators(op: str, extra: list, options: dict | None,
+                                dtype: str) -> None:
+    """Operators that only move stored values: their generic kernels, exact as they are."""
+    x = full_range(rng, (2, 3, 4), dtype)
+    q = (0.05, zp(dtype))
+    check_quantized(op, [Q(x, q), *(Q(e, const=True) for e in extra)], options, out_q=q)

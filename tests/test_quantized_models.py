@@ -1,0 +1,87 @@
+"""Converter-made quantized models (tests/data/quantized/, written by
+scripts/make_quantized_models.py with TensorFlow's TFLiteConverter) against LiteRT.
+
+The full-integer variants (int8 with int8 or float32 inputs and outputs, 16x8) run
+bit-exactly end to end, and so does every intermediate tensor (LiteRT run with
+``experimental_preserve_all_tensors``); the dynamic-range (hybrid) variant is refused in one
+line until a dequantize pass exists; the float16-weight variant runs in float32 (weights
+dequantized at load) within the float tolerance of tests/test_models.py.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import jax
+import numpy as np
+import pytest
+from ai_edge_litert import interpreter as litert
+
+import circle_jax as cj
+from circle_jax.formats.reader import read_model
+
+DATA = Path(__file__).parent / "data" / "quantized"
+INTEGER = ["full_int8", "full_int8_float_io", "int16x8"]
+
+
+def _inputs(name: str) -> list[np.ndarray]:
+    """The 8 recorded digits, quantized with the input's parameters for int8 inputs."""
+    x = np.load(DATA / "inputs.npz")["x"]
+    ir = read_model(str(DATA / f"{name}.tflite")).main
+    t = ir.tensors[ir.inputs[0]]
+    if t.dtype == "int8":
+        q = t.quantization
+        x = np.clip(np.round(x / q.scale[0]) + q.zero_point[0], -128, 127).astype(np.int8)
+    return [x[i:i + 1] for i in range(len(x))]
+
+
+def _litert_tensors(data: bytes, x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
+    interp = litert.Interpreter(
+        model_content=data, experimental_preserve_all_tensors=True,
+        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], x)
+    interp.invoke()
+    out = interp.get_tensor(interp.get_output_details()[0]["index"]).copy()
+    tensors = {}
+    for d in interp.get_tensor_details():
+        try:
+            tensors[d["name"]] = interp.get_tensor(d["index"]).copy()
+        except ValueError:  # tensors without data (none here but scratch)
+            pass
+    return out, tensors
+
+
+@pytest.mark.parametrize("name", INTEGER)
+def test_full_integer_models_are_bit_exact(name: str) -> None:
+    data = (DATA / f"{name}.tflite").read_bytes()
+    model = cj.load(data)
+    inter = jax.jit(model.intermediates)
+    compared = 0
+    for x in _inputs(name):
+        want, tensors = _litert_tensors(data, x)
+        got = np.asarray(jax.jit(model.apply)(model.params, x)[0])
+        assert got.dtype == want.dtype and np.array_equal(got, want), name
+        for tname, value in inter(model.params, x).items():
+            value = np.asarray(value)
+            if tname in tensors and value.dtype != np.float32:
+                assert np.array_equal(value, tensors[tname]), f"{name}: tensor {tname!r}"
+                compared += 1
+    assert compared >= 8 * 10  # every integer activation of every sample
+
+
+def test_dynamic_range_model_is_refused() -> None:
+    """int8 weights with float activations must not run as plain integer weights."""
+    with pytest.raises(cj.UnsupportedOperatorError) as e:
+        cj.load(DATA / "dynamic_range.tflite")
+    msg = str(e.value)
+    assert "\n" not in msg and "(hybrid: float activations; dequantize first)" in msg
+
+
+def test_float16_weight_model_runs_in_float32() -> None:
+    data = (DATA / "float16.tflite").read_bytes()
+    model = cj.load(data)
+    for x in _inputs("float16")[:3]:
+        want, _ = _litert_tensors(data, x)
+        got = np.asarray(jax.jit(model.apply)(model.params, x)[0])
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
