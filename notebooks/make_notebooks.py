@@ -296,6 +296,7 @@ import numpy as np
 from ai_edge_litert.interpreter import Interpreter
 import circle_jax as cj
 
+cj.inline_cpu_dispatch()  # before the first JAX computation: small steps run on this thread
 MODEL = os.path.join("..", "..", "shared", "models", "mobilenet_v1_0.25_128_float.tflite")
 rng = np.random.default_rng(0)
 tints = rng.uniform(-0.6, 0.6, (5, 1, 1, 3)).astype(np.float32)  # one colour cast per class
