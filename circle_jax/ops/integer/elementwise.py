@@ -45,7 +45,14 @@ from .fixed_point import (
     rounded_product,
     saturate,
 )
-from .params import QParams, activation_range, as_int32, qparams, quantize_value
+from .params import (
+    QParams,
+    activation_range,
+    as_int32,
+    qparams,
+    quantize_value,
+    same_type_params,
+)
 
 Array = Any
 
@@ -128,14 +135,8 @@ def mul(ctx: OpContext, x1: Array, x2: Array) -> Array:
 # ----------------------------------------------------------------------------- RELU family
 
 
-def _same_type(ctx: OpContext, dtypes: tuple[str, ...] = ("int8", "uint8", "int16")
-               ) -> tuple[QParams, QParams]:
-    x = qparams(ctx, "input", 0, dtypes=dtypes)
-    return x, qparams(ctx, "output", 0, dtypes=(x.dtype,))
-
-
 def check_relu(ctx: OpContext) -> None:
-    x, y = _same_type(ctx, ("int8", "uint8") if ctx.op.key == "RELU_N1_TO_1"
+    x, y = same_type_params(ctx, ("int8", "uint8") if ctx.op.key == "RELU_N1_TO_1"
                       else ("int8", "uint8", "int16"))
     if x.dtype == "int16" and (x.zp or y.zp):
         raise ValueError("int16 RELU needs zero points 0")
@@ -143,7 +144,7 @@ def check_relu(ctx: OpContext) -> None:
 
 def _relu_range(lo: float, hi: float | None) -> Callable[[OpContext, Array], Array]:
     def relu(ctx: OpContext, x: Array) -> Array:
-        xq, yq = _same_type(ctx)
+        xq, yq = same_type_params(ctx)
         m = quantize_multiplier(float(_f32(xq.s) / _f32(yq.s)))
         out = multiply_by_quantized_multiplier(as_int32(x) - xq.zp, *m) + yq.zp
         qlo = max(yq.qmin, quantize_value(lo, yq))
@@ -167,7 +168,7 @@ def check_leaky_relu(ctx: OpContext) -> None:
 @register("LEAKY_RELU", check=check_leaky_relu, integer=True)
 def leaky_relu(ctx: OpContext, x: Array) -> Array:
     """Integer LEAKY_RELU: one multiplier for x' >= 0, another (times alpha) below."""
-    xq, yq = _same_type(ctx)
+    xq, yq = same_type_params(ctx)
     alpha = _f32(ctx.options.alpha or 0.0)
     identity = quantize_multiplier(float(_f32(xq.s) / _f32(yq.s)))
     scaled = quantize_multiplier(float(_f32(xq.s) * alpha / _f32(yq.s)))
@@ -210,14 +211,14 @@ def _tanh32(v: np.ndarray) -> np.ndarray:
 
 
 def check_lut(ctx: OpContext) -> None:
-    x, y = _same_type(ctx, ("int8", "uint8"))
+    x, y = same_type_params(ctx, ("int8", "uint8"))
     if ctx.op.key == "LOGISTIC" and y.s != 1.0 / 256:
         raise ValueError(f"integer LOGISTIC needs output scale 1/256, got {y.s}")
 
 
 def _table_op(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[OpContext, Array], Array]:
     def op(ctx: OpContext, x: Array) -> Array:
-        xq, yq = _same_type(ctx)
+        xq, yq = same_type_params(ctx)
         table = lut(xq, yq, fn)
         return jnp.asarray(table)[as_int32(x) - xq.qmin]
 
@@ -232,7 +233,7 @@ register("TANH", check=check_lut, integer=True)(_table_op(_tanh32))
 
 
 def check_softmax(ctx: OpContext) -> None:
-    x, y = _same_type(ctx)
+    x, y = same_type_params(ctx)
     if x.dtype == "int8" and y.zp != -128:
         raise ValueError(f"int8 SOFTMAX needs output zero point -128, got {y.zp}")
     if x.dtype == "int16" and (x.zp or y.zp or abs(y.s * 32768 - 1) > 1e-3):
@@ -243,7 +244,7 @@ def check_softmax(ctx: OpContext) -> None:
 def softmax(ctx: OpContext, x: Array) -> Array:
     """Integer SOFTMAX over the last axis (LiteRT's float32 table kernel for 8-bit types,
     its fixed-point kernel for int16)."""
-    xq, yq = _same_type(ctx)
+    xq, yq = same_type_params(ctx)
     beta = _f32(ctx.options.beta if ctx.options.beta is not None else 1.0)
     if xq.dtype == "int16":
         return _softmax_int16(as_int32(x), xq, beta)

@@ -80,6 +80,13 @@ def qparams(ctx: OpContext, where: str, index: int = 0, *,
     return QParams(t.name, t.dtype, scale, zero, q.quantized_dimension)
 
 
+def same_type_params(ctx: OpContext, dtypes: tuple[str, ...] = tuple(RANGES)
+                     ) -> tuple[QParams, QParams]:
+    """The parameters of input 0 (of one of ``dtypes``) and of output 0, which must be of the
+    input's type."""
+    x = qparams(ctx, "input", 0, dtypes=dtypes)
+    return x, qparams(ctx, "output", 0, dtypes=(x.dtype,))
+
 def quantize_value(value: float, q: QParams) -> int:
     """``zero_point + round(value / scale)`` (float32 division, ties away from zero), as
     LiteRT quantizes a real bound."""

@@ -17,19 +17,14 @@ import jax.numpy as jnp
 from ..pooling import geometry, reduce_window, valid_counts, window_max
 from ..registry import OpContext, register
 from .fixed_point import saturate
-from .params import QParams, activation_range, as_int32, qparams
+from .params import activation_range, as_int32, same_type_params
 
 Array = Any
 
 
-def _params(ctx: OpContext) -> tuple[QParams, QParams]:
-    x = qparams(ctx, "input", 0)
-    return x, qparams(ctx, "output", 0, dtypes=(x.dtype,))
-
-
 def check_pool(ctx: OpContext) -> None:
     """Input and output of one type with equal scale and zero point (as LiteRT requires)."""
-    x, y = _params(ctx)
+    x, y = same_type_params(ctx)
     if x.s != y.s or x.zp != y.zp:
         raise ValueError(f"integer {ctx.op.key} needs equal input and output scale and zero "
                          f"point, got ({x.s}, {x.zp}) and ({y.s}, {y.zp})")
@@ -44,7 +39,7 @@ def _truncating_divide(a: Array, n: Array) -> Array:
 @register("AVERAGE_POOL_2D", check=check_pool, integer=True)
 def average_pool_2d(ctx: OpContext, x: Array) -> Array:
     """Integer mean of each window's valid values, rounded half away from zero."""
-    xq, yq = _params(ctx)
+    xq, yq = same_type_params(ctx)
     v = as_int32(x)
     window = geometry(ctx, v)
     acc = reduce_window(v, 0, jnp.add, window)
@@ -58,7 +53,7 @@ def average_pool_2d(ctx: OpContext, x: Array) -> Array:
 @register("MAX_POOL_2D", check=check_pool, integer=True)
 def max_pool_2d(ctx: OpContext, x: Array) -> Array:
     """Integer max of each window's valid values, clamped to the activation's range."""
-    xq, yq = _params(ctx)
+    xq, yq = same_type_params(ctx)
     v = as_int32(x)
     out = window_max(v, geometry(ctx, v))
     lo, hi = activation_range(ctx.options.fused_activation_function, yq)

@@ -28,18 +28,13 @@ from .fixed_point import (
     rounded_product,
     saturate,
 )
-from .params import QParams, as_int32, qparams
+from .params import as_int32, same_type_params
 
 Array = Any
 
 
-def _params(ctx: OpContext) -> tuple[QParams, QParams]:
-    x = qparams(ctx, "input", 0)
-    return x, qparams(ctx, "output", 0, dtypes=(x.dtype,))
-
-
 def check_reduce(ctx: OpContext) -> None:
-    x, y = _params(ctx)
+    x, y = same_type_params(ctx)
     if x.dtype == "int16" and (x.zp or y.zp):
         raise ValueError(f"int16 {ctx.op.key} needs zero points 0")
 
@@ -60,7 +55,7 @@ def _sum(ctx: OpContext, v: Array, axis: Any) -> tuple[Array, int]:
 @register("MEAN", check=check_reduce, integer=True)
 def mean(ctx: OpContext, x: Array, axis: Any) -> Array:
     """Integer MEAN (see the module docstring)."""
-    xq, yq = _params(ctx)
+    xq, yq = same_type_params(ctx)
     v = as_int32(x)
     if _spatial_mean(ctx, v, axis) and xq.dtype != "int16":
         total, n = _sum(ctx, v, axis)
@@ -85,7 +80,7 @@ def _spatial_mean(ctx: OpContext, v: Array, axis: Any) -> bool:
 @register("SUM", check=check_reduce, integer=True)
 def sum_(ctx: OpContext, x: Array, axis: Any) -> Array:
     """Integer SUM (see the module docstring)."""
-    xq, yq = _params(ctx)
+    xq, yq = same_type_params(ctx)
     total, n = _sum(ctx, as_int32(x), axis)
     scale = np.float32(xq.s) / np.float32(yq.s)
     bias = np.float32(-xq.zp) * scale * np.float32(n)
