@@ -14,6 +14,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from ai_edge_litert import interpreter as litert
 from jax.test_util import check_grads
 
@@ -165,3 +166,12 @@ def check_grads_x64(
     """The gradient check with the finer step and tolerance of the control-flow and
     recurrent tests."""
     check_model_grads(model, feeds, out, eps=1e-5, tol=1e-6, eager=eager)
+
+
+def refused_at_load(data: bytes, error: type[Exception] = cj.CircleFormatError) -> str:
+    """The message with which ``cj.load`` refuses ``data``: one line, of bounded length."""
+    with pytest.raises(error) as e:
+        cj.load(data)
+    msg = str(e.value)
+    assert "\n" not in msg and len(msg) < 1200, msg
+    return msg

@@ -14,6 +14,7 @@ import circle_jax as cj
 from circle_jax.formats.reader import unpack
 from circle_jax.formats.schema import schema
 from circle_jax.formats.writer import pack
+from tests.conformance import refused_at_load
 
 
 def _conv(w_q=((0.01, 0.02), (0, 0), 0), x_q=(0.05, 3), y_q=(0.1, -2), bias_dtype="int32",
@@ -37,14 +38,6 @@ def _edit_tensor(data: bytes, name: str, edit) -> bytes:
     return pack(m, "circle")
 
 
-def _refused(data: bytes, error=cj.CircleFormatError) -> str:
-    with pytest.raises(error) as e:
-        cj.load(data)
-    msg = str(e.value)
-    assert "\n" not in msg and len(msg) < 1200, msg
-    return msg
-
-
 def test_the_valid_model_loads_and_runs() -> None:
     m = cj.load(_conv())
     y = m.apply(m.params, np.full((1, 4, 4, 3), 5, np.int8))[0]
@@ -54,13 +47,13 @@ def test_the_valid_model_loads_and_runs() -> None:
 def test_missing_parameters_name_the_tensor() -> None:
     def drop(t):
         t.quantization = None
-    msg = _refused(_edit_tensor(_conv(), "conv_2d_0", drop))
+    msg = refused_at_load(_edit_tensor(_conv(), "conv_2d_0", drop))
     assert "output 0 'conv_2d_0' (int8) has no quantization parameters" in msg
 
 
 @pytest.mark.parametrize("scale", [0.0, -0.5, float("nan"), float("inf")])
 def test_scale_must_be_finite_and_positive(scale: float) -> None:
-    msg = _refused(_conv(x_q=(scale, 0)))
+    msg = refused_at_load(_conv(x_q=(scale, 0)))
     assert "tensor 0 'x' (int8): quantization scale" in msg
     assert "expected finite and > 0" in msg
 
@@ -68,37 +61,37 @@ def test_scale_must_be_finite_and_positive(scale: float) -> None:
 @pytest.mark.parametrize("dtype, zero_point", [("int8", 128), ("int8", -129),
                                                ("int16", 40000)])
 def test_zero_point_inside_the_type(dtype: str, zero_point: int) -> None:
-    msg = _refused(_conv(x_q=(0.05, zero_point), y_q=(0.1, 0), x_dtype=dtype,
+    msg = refused_at_load(_conv(x_q=(0.05, zero_point), y_q=(0.1, 0), x_dtype=dtype,
                          bias_dtype="int64" if dtype == "int16" else "int32"))
     assert f"zero point {zero_point} is outside {dtype}'s range" in msg
 
 
 def test_per_channel_counts_match_the_dimension() -> None:
-    msg = _refused(_conv(w_q=((0.01, 0.02, 0.03), (0, 0, 0), 0)))
+    msg = refused_at_load(_conv(w_q=((0.01, 0.02, 0.03), (0, 0, 0), 0)))
     assert "3 per-channel scales for dimension 0 of size 2" in msg
 
 
 def test_quantized_dimension_in_range() -> None:
-    msg = _refused(_conv(w_q=((0.01, 0.02), (0, 0), 7)))
+    msg = refused_at_load(_conv(w_q=((0.01, 0.02), (0, 0), 7)))
     assert "quantized_dimension 7 is outside the tensor's 4 dimensions" in msg
 
 
 def test_one_zero_point_per_scale() -> None:
     def edit(t):
         t.quantization.zeroPoint = [0]
-    msg = _refused(_edit_tensor(_conv(), "w", edit))
+    msg = refused_at_load(_edit_tensor(_conv(), "w", edit))
     assert "2 scales but 1 zero points" in msg
 
 
 def test_every_problem_in_one_line() -> None:
-    msg = _refused(_conv(x_q=(-1.0, 300), w_q=((0.01, 0.02, 0.03), (0, 0, 0), 0)))
+    msg = refused_at_load(_conv(x_q=(-1.0, 300), w_q=((0.01, 0.02, 0.03), (0, 0, 0), 0)))
     assert "scale -1.0" in msg and "zero point 300" in msg and "per-channel scales" in msg
 
 
 def test_int4_tensors_are_unsupported() -> None:
     def to_int4(t):
         t.type = schema.TensorType.TensorType.INT4
-    msg = _refused(_edit_tensor(_conv(), "w", to_int4), cj.UnsupportedOperatorError)
+    msg = refused_at_load(_edit_tensor(_conv(), "w", to_int4), cj.UnsupportedOperatorError)
     assert "quantized int4 tensors are not supported" in msg
 
 
@@ -107,17 +100,17 @@ def test_quantized_int64_activations_are_unsupported() -> None:
     x = b.input("x", (4,), "int64", quantization=(0.5, 0))
     y = b.op("RELU", [x], shapes=[(4,)], dtypes=["int64"])
     b.output(y)
-    msg = _refused(b.to_bytes("circle"), cj.UnsupportedOperatorError)
+    msg = refused_at_load(b.to_bytes("circle"), cj.UnsupportedOperatorError)
     assert "quantized int64 tensor 'x' is only supported as a bias" in msg
 
 
 def test_int16_convolution_needs_an_int64_bias() -> None:
-    msg = _refused(_conv(x_q=(0.05, 0), y_q=(0.1, 0), x_dtype="int16"),
+    msg = refused_at_load(_conv(x_q=(0.05, 0), y_q=(0.1, 0), x_dtype="int16"),
                    cj.UnsupportedOperatorError)
     assert "bias 'bias' is int32; int16 CONV_2D takes int64" in msg
 
 
-def test_hybrid_operators_are_refused() -> None:
+def test_hybrid_operators_arerefused_at_load() -> None:
     """int8 weights with float activations (dynamic-range quantization) must not run as if
     the weights were plain integers."""
     b = cj.Builder()
@@ -125,19 +118,19 @@ def test_hybrid_operators_are_refused() -> None:
     w = b.constant("w", np.ones((3, 4), np.int8), quantization=(0.02, 0))
     y = b.op("FULLY_CONNECTED", [x, w, -1], shapes=[(1, 3)])
     b.output(y)
-    msg = _refused(b.to_bytes("tflite"), cj.UnsupportedOperatorError)
+    msg = refused_at_load(b.to_bytes("tflite"), cj.UnsupportedOperatorError)
     assert msg.startswith("1 unsupported operator(s): operator 0 (FULLY_CONNECTED) on "
                           "quantized int8 tensor 'w' is not supported (hybrid: float "
                           "activations; dequantize first)"), msg
 
 
-def test_quantized_operators_without_an_integer_kernel_are_refused() -> None:
+def test_quantized_operators_without_an_integer_kernel_arerefused_at_load() -> None:
     b = cj.Builder()
     x = b.input("x", (1, 4, 4, 2), "int8", quantization=(0.05, 0))
     size = b.constant("size", np.array([8, 8], np.int32))
     y = b.op("RESIZE_BILINEAR", [x, size], shapes=[(1, 8, 8, 2)], dtypes=["int8"])
     b.output(y)
-    msg = _refused(b.to_bytes("circle"), cj.UnsupportedOperatorError)
+    msg = refused_at_load(b.to_bytes("circle"), cj.UnsupportedOperatorError)
     assert "RESIZE_BILINEAR) on quantized int8 tensor 'x' is not supported (no integer " \
            "kernel)" in msg
 

@@ -10,6 +10,7 @@ import pytest
 import circle_jax as cj
 from circle_jax.formats.reader import unpack
 from circle_jax.formats.writer import pack
+from tests.conformance import refused_at_load
 
 
 def _mlp() -> bytes:
@@ -28,14 +29,6 @@ def _edit(edit) -> bytes:
     return pack(m, "circle")
 
 
-def _refused(data: bytes, error=cj.CircleFormatError) -> str:
-    with pytest.raises(error) as e:
-        cj.load(data)
-    msg = str(e.value)
-    assert "\n" not in msg and len(msg) < 1200, msg
-    return msg
-
-
 def test_the_valid_model_loads():
     m = cj.load(_mlp())
     assert m(np.ones((1, 4), np.float32))[0].shape == (1, 3)
@@ -44,28 +37,28 @@ def test_the_valid_model_loads():
 def test_too_many_inputs_for_the_kernel():
     def edit(m):
         m.subgraphs[0].operators[1].inputs = [2, 2, 2]
-    assert "has 3 inputs; RELU takes 1" in _refused(_edit(edit))
+    assert "has 3 inputs; RELU takes 1" in refused_at_load(_edit(edit))
 
 
 def test_operators_out_of_execution_order():
     def edit(m):
         ops = m.subgraphs[0].operators
         ops[0], ops[1] = ops[1], ops[0]
-    assert "before any operator computes it" in _refused(_edit(edit))
+    assert "before any operator computes it" in refused_at_load(_edit(edit))
 
 
 def test_shape_budget_and_negative_dims():
     def huge(m):
         m.subgraphs[0].tensors[2].shape = [67108865, 0, 16, 32]
-    assert "over the budget" in _refused(_edit(huge))
+    assert "over the budget" in refused_at_load(_edit(huge))
 
     def negative(m):
         m.subgraphs[0].tensors[2].shape = [1, -7]
-    assert "negative dimension" in _refused(_edit(negative))
+    assert "negative dimension" in refused_at_load(_edit(negative))
 
     def deep(m):
         m.subgraphs[0].tensors[2].shape = [1] * 131
-    msg = _refused(_edit(deep))
+    msg = refused_at_load(_edit(deep))
     assert "rank 131" in msg and len(msg) < 250
 
 
@@ -84,7 +77,7 @@ def test_geometry_options_are_bounded():
     b.output(y)
     m = unpack(b.to_bytes("circle"))
     m.subgraphs[0].operators[0].builtinOptions.dilationHFactor = 16777216
-    assert "dilation_h_factor 16777216 is out of range" in _refused(pack(m, "circle"))
+    assert "dilation_h_factor 16777216 is out of range" in refused_at_load(pack(m, "circle"))
 
 
 def test_trace_errors_are_one_format_error_line():
@@ -106,5 +99,5 @@ def test_many_refusals_make_one_bounded_line():
     def edit(m):
         m.subgraphs[0].operators[1].inputs = [2, 2, 2]
         m.subgraphs[0].operators += [m.subgraphs[0].operators[1]] * 100
-    msg = _refused(_edit(edit))
+    msg = refused_at_load(_edit(edit))
     assert msg.startswith("10") and "; and " in msg and "more" in msg and len(msg) < 1200, msg
