@@ -19,11 +19,13 @@ from tests.paths import shared_model
 
 def _one_op(key: str, x_shape: tuple, consts: list, options: dict | None = None,
             first: bool = True) -> cj.Model:
-    """x -> KEY(x, *consts) (x first unless ``first`` is False) -> output."""
+    """x -> KEY(x, *consts) (x first unless ``first`` is False; CONCATENATION joins x with
+    itself) -> output."""
     b = Builder()
     x = b.input("x", x_shape)
     cs = [b.constant(f"c{i}", c) for i, c in enumerate(consts)]
-    b.output(b.op(key, [x, *cs] if first else [*cs, x], options or {}))
+    ins = [x, x] if key == "CONCATENATION" else [x, *cs] if first else [*cs, x]
+    b.output(b.op(key, ins, options or {}))
     return cj.load(b.to_bytes("circle"))
 
 
@@ -67,13 +69,7 @@ def _check_per_sample(model: cj.Model, n: int = 3) -> None:
 
 @pytest.mark.parametrize("key, shape, consts, options", FOLLOW)
 def test_operators_that_follow_the_batch_run_batched(key, shape, consts, options) -> None:
-    if key == "CONCATENATION":
-        b = Builder()
-        x = b.input("x", shape)
-        b.output(b.op(key, [x, x], options))
-        model = cj.load(b.to_bytes("circle"))
-    else:
-        model = _one_op(key, shape, consts, options)
+    model = _one_op(key, shape, consts, options)
     assert model.batch_blocker is None
     _check_per_sample(model)
 
@@ -81,13 +77,7 @@ def test_operators_that_follow_the_batch_run_batched(key, shape, consts, options
 @pytest.mark.parametrize("key, shape, consts, options, why", PIN)
 def test_operators_that_pin_dimension_0_map_the_batch_1_graph(key, shape, consts, options,
                                                               why) -> None:
-    if key == "CONCATENATION":
-        b = Builder()
-        x = b.input("x", shape)
-        b.output(b.op(key, [x, x], options))
-        model = cj.load(b.to_bytes("circle"))
-    else:
-        model = _one_op(key, shape, consts, options)
+    model = _one_op(key, shape, consts, options)
     assert model.batch_blocker is not None and why in model.batch_blocker
     assert f"operator 0 ({key})" in model.batch_blocker
     _check_per_sample(model)
