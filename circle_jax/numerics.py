@@ -19,6 +19,7 @@ adam_eps            tf         tf           onert_micro     optax
 optimizers          keras      keras        keras           torch
 reduction           sum_over_batch_size (all four)
 gradients           batch_mean batch_mean   per_sample_sum  batch_mean
+embedding_adam      dense      sparse       dense           dense
 =================== ========== ============ =============== ===========
 
 CCE reads the trained output in one of two ways: ``softmax_cce`` when the operator producing
@@ -36,7 +37,13 @@ the output taken as probabilities; ``logits``: the output taken as logits). An e
   converter dropped added back, CCE on a SOFTMAX output computed from the softmax's input
   logits (Keras keeps them on its softmax output), otherwise on probabilities clipped to
   [1e-7, 1 - 1e-7]; Keras's Adam (the same as onert's). A ``Dense(use_bias=False)`` converts
-  to the same file as a dropped zero bias: train such a model with ``add_missing_bias=False``.
+  to the same file as a dropped zero bias: train such a model with ``add_missing_bias`` naming
+  only the operators that had one (or "none"). ``embedding_adam = sparse``: on an embedding
+  table (a param read only as the table of GATHER / GATHER_ND / EMBEDDING_LOOKUP), Adam's
+  second moment takes, per row, the sum over the batch's occurrences of the squared row
+  gradients, where dense Adam takes the square of their sum (Keras's Adam on the table's
+  IndexedSlices gradient; `circle_jax.optim.adam_tf`). It applies to ``adam`` and ``adamw``
+  with eps placement ``tf`` and no loss scaling or gradient accumulation.
 - ``onert-micro``: derived from ONE's onert-micro sources (../shared/docs/formats.md names
   the files), never run against a peer: none runs here. One tensor per weight (shared
   constants tied: its .wof holds one buffer per tensor), Adam ``m_hat / sqrt(v_hat + eps)``,
@@ -69,6 +76,7 @@ SOFTMAX_CCE = ("clip", "logits")
 ADAM_EPS = ("tf", "optax", "onert_micro")
 OPTIMIZER_FAMILIES = ("keras", "torch")
 GRADIENTS = ("batch_mean", "per_sample_sum")
+EMBEDDING_ADAM = ("dense", "sparse")
 
 
 @dataclass(frozen=True)
@@ -86,6 +94,7 @@ class Numerics:
     optimizers: str = "keras"
     reduction: str = "sum_over_batch_size"
     gradients: str = "batch_mean"
+    embedding_adam: str = "dense"
 
     def __post_init__(self) -> None:
         check_policy(self.trainable_policy)
@@ -98,6 +107,9 @@ class Numerics:
                              f"{self.optimizers!r}")
         if self.gradients not in GRADIENTS:
             raise ValueError(f"gradients must be one of {GRADIENTS}, got {self.gradients!r}")
+        if self.embedding_adam not in EMBEDDING_ADAM:
+            raise ValueError(f"embedding_adam must be one of {EMBEDDING_ADAM}, got "
+                             f"{self.embedding_adam!r}")
         if self.adam_eps not in ADAM_EPS:
             raise ValueError(f"adam_eps must be one of {ADAM_EPS}, got {self.adam_eps!r}")
 
@@ -124,7 +136,7 @@ class Numerics:
 PROFILES: dict[str, Numerics] = {
     "onert": Numerics("onert"),
     "keras": Numerics("keras", add_missing_bias=True, cce_clip="keras", softmax_cce="logits",
-                      other_cce="clip"),
+                      other_cce="clip", embedding_adam="sparse"),
     "onert-micro": Numerics("onert-micro", tie_shared_weights=True, trainable_policy="fc_conv",
                             adam_eps="onert_micro", other_cce="clip",
                             gradients="per_sample_sum"),
