@@ -25,8 +25,8 @@ from jax import lax
 from ..distributed import DataParallel
 from ..errors import DataError
 from ..hoisting import split_step
-from ..lower import RowSquares
 from ..losses import Reduction, get_loss, get_reduction, loss_name
+from ..lower import RowSquares
 from ..model import Model
 from ..numerics_train import training_numerics
 from ..optim import (
