@@ -5,12 +5,14 @@ computed. Pass it to ``circle_jax.load(..., numerics=...)`` (the model keeps it 
 uses it) or to training (``TrainConfig(numerics=...)``, for the loss and optimizer fields).
 Explicit settings (``tie_shared_weights=``, ``add_missing_bias=``, ``clip=``,
 ``from_logits=``, ``optimizer_kwargs={"eps_placement": ...}``) override the profile's.
+``add_missing_bias`` is "all", "none" or the operators that get a zero bias
+(`circle_jax.passes.bias_selection`: ``"op3,op5"``).
 
 =================== ========== ============ =============== ===========
 field               ``onert``  ``keras``    ``onert-micro`` ``torch``
 =================== ========== ============ =============== ===========
 tie_shared_weights  False      False        True            False
-add_missing_bias    False      True         False           True
+add_missing_bias    none       all          none            all
 trainable_policy    weights    weights      fc_conv         weights
 cce_clip            onert      keras        onert           onert
 softmax_cce         clip       logits       clip            logits
@@ -57,7 +59,8 @@ the output taken as probabilities; ``logits``: the output taken as logits). An e
 - ``torch``: reproduces a PyTorch training loop on the source model of a litert-torch
   conversion: untied, zero biases the converter dropped added back (torch initialises
   ``nn.MultiheadAttention``'s projection biases to zero, and trains them; a bias-free
-  ``nn.Linear`` converts to the same file: load it with ``add_missing_bias=False``),
+  ``nn.Linear`` converts to the same file: name the operators that had a bias with
+  ``add_missing_bias``, or "none"),
   ``nn.CrossEntropyLoss`` (from logits, mean over the batch; on a SOFTMAX output
   the SOFTMAX's input logits), ``nn.MSELoss`` (mean over all elements) and torch.optim's
   optimizers (`circle_jax.optim.TORCH_OPTIMIZERS`: SGD with momentum, dampening, nesterov
@@ -85,7 +88,7 @@ class Numerics:
 
     name: str
     tie_shared_weights: bool = False
-    add_missing_bias: bool = False
+    add_missing_bias: str = "none"
     trainable_policy: str = "weights"
     cce_clip: str = "onert"
     softmax_cce: str = "clip"
@@ -135,12 +138,12 @@ class Numerics:
 
 PROFILES: dict[str, Numerics] = {
     "onert": Numerics("onert"),
-    "keras": Numerics("keras", add_missing_bias=True, cce_clip="keras", softmax_cce="logits",
+    "keras": Numerics("keras", add_missing_bias="all", cce_clip="keras", softmax_cce="logits",
                       other_cce="clip", embedding_adam="sparse"),
     "onert-micro": Numerics("onert-micro", tie_shared_weights=True, trainable_policy="fc_conv",
                             adam_eps="onert_micro", other_cce="clip",
                             gradients="per_sample_sum"),
-    "torch": Numerics("torch", add_missing_bias=True, softmax_cce="logits", adam_eps="optax",
+    "torch": Numerics("torch", add_missing_bias="all", softmax_cce="logits", adam_eps="optax",
                       optimizers="torch"),
 }
 DEFAULT = "onert"
