@@ -76,7 +76,7 @@ def test_dynamic_range_model_is_refused_without_dequantizing() -> None:
     with pytest.raises(cj.UnsupportedOperatorError) as e:
         cj.load(DATA / "dynamic_range.tflite", dequantize=False)
     msg = str(e.value)
-    assert "\n" not in msg and "(hybrid: float activations; dequantize first)" in msg
+    assert "\n" not in msg and "(hybrid: float activations; load with dequantize=True)" in msg
 
 
 def test_float16_weight_model_runs_in_float32() -> None:

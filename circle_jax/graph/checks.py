@@ -204,7 +204,7 @@ def check_quantization(
                     and outs[0].dtype == ins[0].dtype:
                 continue
             t = quantized[0]
-            kind = ("hybrid: float activations; dequantize first"
+            kind = ("hybrid: float activations; load with dequantize=True"
                     if any(o.is_float for o in outs) else "no integer kernel")
             unsupported.append(f"{where} on quantized {t.dtype} tensor {t.name[:40]!r} is not "
                                f"supported ({kind})")

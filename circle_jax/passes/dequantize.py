@@ -194,8 +194,10 @@ def requantize_weights(model: ir.Model, source: ir.Model,
                 ref = dq_out.get(was.index) if t.name == was.name else None
                 float16.append((t.index, ref))
         model = replace_subgraph(model, k, tensors=tuple(tensors))
-        for i, ref in float16:
-            model = _read_through_dequantize(model, k, i, ref)
+        # the DEQUANTIZE operators go first, in the source's order (their inputs are constants)
+        float16.sort(key=lambda e: (e[1] is None, e[1].index if e[1] else 0, e[0]))
+        for at, (i, ref) in enumerate(float16):
+            model = _read_through_dequantize(model, k, i, ref, at)
     return record(model, "requantize_weights", changes, "tensor: written as")
 
 
@@ -222,25 +224,23 @@ def _requantized(t: ir.Tensor, was: ir.Tensor, unchanged: bool) -> ir.Tensor:
     return replace(t, dtype="int8", data=data, quantization=quant)
 
 
-def _read_through_dequantize(model: ir.Model, k: int, i: int,
-                             ref: ir.Operator | None) -> ir.Model:
-    """``model`` with the readers of float16 constant ``i`` reading a DEQUANTIZE of it
-    (``ref``: the source's DEQUANTIZE, whose output tensor is reused)."""
+def _read_through_dequantize(model: ir.Model, k: int, i: int, ref: ir.Operator | None,
+                             at: int) -> ir.Model:
+    """``model`` with the readers of float16 constant ``i`` reading a DEQUANTIZE of it,
+    inserted as operator ``at`` (``ref``: the source's DEQUANTIZE, written as it was read,
+    whose output tensor is reused)."""
     sg = model.subgraphs[k]
-    readers = [op.index for op in sg.operators if i in op.inputs]
-    if not readers:
-        return model
     if ref is not None:
         out = ref.outputs[0]
     else:
         t = sg.tensors[i]
         model, out = add_tensor(model, k, f"{t.name}/dequantized", t.shape)
-    ops = [replace(op, inputs=tuple(out if j == i else j for j in op.inputs))
-           if op.index in readers else op for op in model.subgraphs[k].operators]
-    model = replace_subgraph(model, k, operators=tuple(ops))
-    model = add_operator(model, k, "DEQUANTIZE", (i,), (out,), at=readers[0])
-    if ref is not None:  # the source operator again: written as it was read
+    ops = tuple(replace(op, inputs=tuple(out if j == i else j for j in op.inputs))
+                for op in model.subgraphs[k].operators)
+    model = replace_subgraph(model, k, operators=ops)
+    model = add_operator(model, k, "DEQUANTIZE", (i,), (out,), at=at)
+    if ref is not None:
         ops = list(model.subgraphs[k].operators)
-        ops[readers[0]] = replace(ref, index=readers[0])
+        ops[at] = replace(ref, index=at)
         model = replace_subgraph(model, k, operators=tuple(ops))
     return model
