@@ -194,10 +194,9 @@ def requantize_weights(model: ir.Model, source: ir.Model,
                 ref = dq_out.get(was.index) if t.name == was.name else None
                 float16.append((t.index, ref))
         model = replace_subgraph(model, k, tensors=tuple(tensors))
-        # the DEQUANTIZE operators go first, in the source's order (their inputs are constants)
         float16.sort(key=lambda e: (e[1] is None, e[1].index if e[1] else 0, e[0]))
-        for at, (i, ref) in enumerate(float16):
-            model = _read_through_dequantize(model, k, i, ref, at)
+        for i, ref in float16:
+            model = _read_through_dequantize(model, k, i, ref)
     return record(model, "requantize_weights", changes, "tensor: written as")
 
 
@@ -224,20 +223,28 @@ def _requantized(t: ir.Tensor, was: ir.Tensor, unchanged: bool) -> ir.Tensor:
     return replace(t, dtype="int8", data=data, quantization=quant)
 
 
-def _read_through_dequantize(model: ir.Model, k: int, i: int, ref: ir.Operator | None,
-                             at: int) -> ir.Model:
-    """``model`` with the readers of float16 constant ``i`` reading a DEQUANTIZE of it,
-    inserted as operator ``at`` (``ref``: the source's DEQUANTIZE, written as it was read,
-    whose output tensor is reused)."""
+def _read_through_dequantize(model: ir.Model, k: int, i: int,
+                             ref: ir.Operator | None) -> ir.Model:
+    """``model`` with the readers of float16 constant ``i`` reading a DEQUANTIZE of it.
+    ``ref``, the source's DEQUANTIZE, is written as it was read, its output tensor reused,
+    at its source place (after the operators that preceded it there, before the first
+    reader); a new one goes just before the first reader."""
     sg = model.subgraphs[k]
     if ref is not None:
         out = ref.outputs[0]
     else:
         t = sg.tensors[i]
         model, out = add_tensor(model, k, f"{t.name}/dequantized", t.shape)
-    ops = tuple(replace(op, inputs=tuple(out if j == i else j for j in op.inputs))
-                for op in model.subgraphs[k].operators)
-    model = replace_subgraph(model, k, operators=ops)
+    ops = [replace(op, inputs=tuple(out if j == i else j for j in op.inputs))
+           for op in model.subgraphs[k].operators]
+    first = next((j for j, op in enumerate(ops) if out in op.inputs), None)
+    if first is None:
+        return model
+    at = first
+    if ref is not None and ref.origin is not None:
+        at = min(first, max((j + 1 for j, op in enumerate(ops)
+                             if op.origin is not None and op.origin < ref.origin), default=0))
+    model = replace_subgraph(model, k, operators=tuple(ops))
     model = add_operator(model, k, "DEQUANTIZE", (i,), (out,), at=at)
     if ref is not None:
         ops = list(model.subgraphs[k].operators)
