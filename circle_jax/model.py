@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import CircleFormatError, TrainingError
+from .errors import CircleFormatError, TrainingError, UnsupportedOperatorError
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import with_weights, write_model
 from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
-from .graph.checks import check_graph
+from .graph.checks import check_graph, check_tensor_quantization
 from .graph.params_policy import ParamRole, classify_params, describe_roles
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
@@ -343,6 +343,12 @@ def load(
                                 + "; ".join(refusals)[:1000])
     selected = run(parsed, pipeline(signature=signature))
     dq = weight_only(selected) if dequantize is None else dequantize
+    if dq:  # the pass reads the parameters: refuse bad ones as lowering would
+        malformed, unsupported = check_tensor_quantization(selected)
+        if malformed or unsupported:
+            error = CircleFormatError if malformed else UnsupportedOperatorError
+            raise error(f"{len(malformed + unsupported)} invalid tensor quantization(s): "
+                        + "; ".join(malformed + unsupported)[:1000])
     original = run(selected, pipeline(dequantize=dq))
     model = run(original, pipeline(untie=not prof.tie_shared_weights,
                                    add_bias=prof.add_missing_bias, policy=prof.trainable_policy))

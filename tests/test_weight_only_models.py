@@ -29,7 +29,7 @@ import circle_jax as cj
 from circle_jax.build import Builder
 from circle_jax.cli import main
 from circle_jax.formats.reader import read_model
-from tests.conformance import run_litert
+from tests.conformance import refused_at_load, run_litert
 
 DATA = Path(__file__).parent / "data" / "quantized"
 MODEL_TOLERANCE = {"dynamic_range": 2e-2, "float16": 1e-5}
@@ -172,3 +172,18 @@ def test_untied_copies_export_in_the_layout_of_their_source() -> None:
     want = run_litert(out, [v])[0]
     np.testing.assert_allclose(np.asarray(cj.load(out)(v)[0]), want, rtol=0,
                                atol=0.02 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("quantization, expected", [
+    ((0.0, 0), "quantization scale 0.0 (expected finite and > 0)"),
+    (((0.1, 0.2), (0, 0), 0), "2 per-channel scales for dimension 0 of size 3"),
+    ((0.1, 300), "zero point 300 is outside int8's range"),
+])
+def test_bad_weight_quantization_is_refused_before_dequantizing(quantization, expected) -> None:
+    b = Builder()
+    x = b.input("x", (1, 4))
+    w = b.constant("w", np.ones((3, 4), np.int8), quantization=quantization)
+    b.output(b.op("FULLY_CONNECTED", [x, w, -1], shapes=[(1, 3)]))
+    msg = refused_at_load(b.to_bytes("tflite"))
+    assert msg.startswith("1 invalid tensor quantization(s): subgraph 0 tensor 1 'w' (int8): ") \
+        and expected in msg, msg
