@@ -145,16 +145,15 @@ def test_cli_trains_and_exports_a_hybrid_model(tmp_path, capsys) -> None:
 
 
 def test_untied_copies_export_in_the_layout_of_their_source() -> None:
-    """An int8 weight and a float16 bias (one DEQUANTIZE) shared by two FULLY_CONNECTED are
-    untied at load; trained apart, each copy is written as its source was: int8 per channel,
-    float16 through a DEQUANTIZE of its own."""
+    """An int8 weight (per tensor) and a float16 bias (one DEQUANTIZE) shared by two
+    FULLY_CONNECTED are untied at load; trained apart, each copy is written as its source
+    was: int8 per tensor, float16 through a DEQUANTIZE of its own."""
     rng = np.random.default_rng(0)
     b = Builder()
     x = b.input("x", (2, 8))
     w = rng.normal(size=(4, 8))
-    s = np.abs(w).max(1) / 127
-    wq = b.constant("w", np.round(w / s[:, None]).astype(np.int8),
-                    quantization=(s, np.zeros(4, int), 0))
+    s = np.abs(w).max() / 127
+    wq = b.constant("w", np.round(w / s).astype(np.int8), quantization=(s, 0))
     d = b.op("DEQUANTIZE", [b.constant("c", rng.normal(size=4).astype(np.float16))],
              shapes=[(4,)])
     y = b.op("FULLY_CONNECTED", [x, wq, d], shapes=[(2, 4)])
@@ -168,6 +167,8 @@ def test_untied_copies_export_in_the_layout_of_their_source() -> None:
     assert (types["w"], types["w/op1"], types["c"], types["c/op1"]) == (
         "int8", "int8", "float16", "float16")
     assert [op.type for op in written.operators].count("DEQUANTIZE") == 2
+    copy = next(t for t in written.tensors if t.name == "w/op1")
+    assert len(copy.quantization.scale) == 1 and np.abs(copy.data.astype(int)).max() == 127
     v = rng.normal(size=(2, 8)).astype(np.float32)
     want = run_litert(out, [v])[0]
     np.testing.assert_allclose(np.asarray(cj.load(out)(v)[0]), want, rtol=0,

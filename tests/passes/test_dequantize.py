@@ -30,6 +30,7 @@ from circle_jax.formats.reader import read_model
 from circle_jax.passes import dequantize_model
 from circle_jax.passes.dequantize import is_quantized
 from tests.conformance import run_litert
+from tests.quantized import Q, full_range, quantized_model
 
 DATA = Path(__file__).parent.parent / "data" / "quantized"
 TOLERANCE = {"full_int8": 8 / 256, "full_int8_float_io": 8 / 256, "int16x8": 1e-3,
@@ -120,3 +121,30 @@ def test_cli_info_shows_quantization_and_export_dequantizes(tmp_path, capsys) ->
     x, real = _feeds(src.read_bytes())[0]
     want = np.asarray(cj.load(src, dequantize=True)(real)[0])
     np.testing.assert_allclose(run_litert(dst.read_bytes(), [real])[0], want, atol=1e-5)
+
+
+# dtype -> (weight dtype, bias dtype, input / output zero point, weight zero point, steps
+# per unit of the activations' scales)
+ONE_OP = {"uint8": ("uint8", "int32", 128, 120, 1), "int16": ("int8", "int64", 0, 0, 256)}
+
+
+@pytest.mark.parametrize("dtype", list(ONE_OP))
+def test_one_quantized_operator_within_an_output_lsb(dtype: str) -> None:
+    """A uint8 (ONE's quantizer) or 16x8 CONV_2D with per-tensor weights, dequantized: the
+    float result is the integer kernel's before its final rounding, so within one output
+    LSB of LiteRT's (outputs kept inside the type's range)."""
+    w_dtype, bias_dtype, zero, w_zero, steps = ONE_OP[dtype]
+    rng = np.random.default_rng(1)
+    x_s, w_s, y_s = 0.02 / steps, 0.01, 0.4 / steps
+    x = full_range(rng, (1, 5, 5, 3), dtype)
+    w = full_range(rng, (4, 3, 3, 3), w_dtype)
+    bias = rng.integers(-500, 500, 4).astype(bias_dtype)
+    b, feeds = quantized_model(
+        "CONV_2D", [Q(x, (x_s, zero)), Q(w, (w_s, w_zero), const=True),
+                    Q(bias, (x_s * w_s, 0), const=True)],
+        {"padding": "SAME", "stride_h": 1, "stride_w": 1}, (y_s, zero))
+    data = b.to_bytes("tflite")
+    want = (run_litert(data, feeds)[0].astype(np.float64) - zero) * y_s
+    real = ((x.astype(np.float32) - zero) * np.float32(x_s)).astype(np.float32)
+    got = np.asarray(cj.load(data, dequantize=True)(real)[0])
+    assert np.abs(got - want).max() <= y_s * 1.0001
