@@ -188,3 +188,20 @@ def test_bad_weight_quantization_is_refused_before_dequantizing(quantization, ex
     msg = refused_at_load(b.to_bytes("tflite"))
     assert msg.startswith("1 invalid tensor quantization(s): subgraph 0 tensor 1 'w' (int8): ") \
         and expected in msg, msg
+
+
+def test_a_dequantized_weight_that_is_an_output_keeps_its_operator() -> None:
+    """DEQUANTIZE of a float16 constant straight to a graph output is kept (an identity on
+    float32) and written back as it was read."""
+    b = Builder()
+    x = b.input("x", (3,))
+    d = b.op("DEQUANTIZE", [b.constant("c", np.array([1, 2, 3], np.float16))], shapes=[(3,)])
+    b.output(d, b.op("ADD", [x, d], shapes=[(3,)]))
+    data = b.to_bytes("tflite")
+    model = cj.load(data)
+    assert model.params["c"].dtype == np.float32 and model.export() == data
+    out = model.export({"c": model.params["c"] + 1}, "tflite")
+    assert [op.type for op in read_model(out).main.operators] == ["DEQUANTIZE", "ADD"]
+    got = run_litert(out, [np.ones(3, np.float32)])
+    np.testing.assert_array_equal(got[0], [2, 3, 4])
+    np.testing.assert_array_equal(got[1], [3, 4, 5])

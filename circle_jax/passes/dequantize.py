@@ -232,6 +232,11 @@ def _read_through_dequantize(model: ir.Model, k: int, i: int,
     sg = model.subgraphs[k]
     if ref is not None:
         out = ref.outputs[0]
+        kept = next((op for op in sg.operators if op.inputs[:1] == (i,)
+                     and op.outputs[:1] == (out,)), None)
+        if kept is not None:  # the identity dequantize_model kept: the source operator again
+            ops = [replace(ref, index=op.index) if op is kept else op for op in sg.operators]
+            return replace_subgraph(model, k, operators=tuple(ops))
     else:
         t = sg.tensors[i]
         model, out = add_tensor(model, k, f"{t.name}/dequantized", t.shape)
