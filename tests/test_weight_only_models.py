@@ -205,3 +205,10 @@ def test_a_dequantized_weight_that_is_an_output_keeps_its_operator() -> None:
     got = run_litert(out, [np.ones(3, np.float32)])
     np.testing.assert_array_equal(got[0], [2, 3, 4])
     np.testing.assert_array_equal(got[1], [3, 4, 5])
+
+
+def test_info_lists_the_dequantized_weights_as_params(capsys) -> None:
+    assert main(["info", str(DATA / "dynamic_range.tflite")]) == 0
+    out = capsys.readouterr().out
+    assert "  12  int8 per-channel 64@0" in out  # the file's quantized weight
+    assert "float32[64, 32]" in out and "10 trainable tensors (3074 weights)" in out
