@@ -12,12 +12,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import CircleFormatError, TrainingError
+from .errors import CircleFormatError, TrainingError, UnsupportedOperatorError
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import with_weights, write_model
 from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
-from .graph.checks import check_graph
+from .graph.checks import check_graph, check_tensor_quantization
 from .graph.params_policy import ParamRole, classify_params, describe_roles
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
@@ -29,8 +29,11 @@ from .passes import (
     personal_params,
     personalize,
     pipeline,
+    requantize_weights,
     run,
+    weight_only,
 )
+from .passes.dequantize import describe_quantization, is_quantized
 
 
 @dataclass(frozen=True)
@@ -70,14 +73,18 @@ class Model:
     trainable policy, and why; ``passes`` lists the graph passes `load` ran and what each
     changed, ``rewrites`` the untied copies and added biases among them (``original``: the
     model before those two, which export writes while they were not trained apart).
+    ``quantized``: the weight-only quantized model ``model`` was dequantized from, whose
+    layout export writes the weights back in (`circle_jax.passes.requantize_weights`).
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
                  numerics: Numerics | str | None = None,
-                 original: ir.Model | None = None) -> None:
+                 original: ir.Model | None = None, *,
+                 quantized: ir.Model | None = None) -> None:
         self.ir = model
         self.rewrites = Rewrites.of(model)
         self._original = original if self.rewrites else None
+        self._quantized = quantized
         self.numerics = get_numerics(numerics)
         self._lowered = Lowered(model, lowering)
         self._variants: dict[tuple, Lowered] = {}
@@ -187,6 +194,9 @@ class Model:
         written instead (nothing was trained apart). LoRA adapters (`circle_jax.passes.lora`)
         are merged into their base weights (``W + s * B A``, the original graph) unless
         ``merge_adapters`` is False, which writes the graph with the adapter operators.
+        A weight-only quantized model (dynamic-range int8 or float16 weights, dequantized at
+        load) is written in its own layout: changed int8 weights requantized per channel
+        with symmetric scales, float16 ones rounded (`circle_jax.passes.requantize_weights`).
         """
         params = self.params if params is None else params
         unknown = sorted(set(params) - set(self.param_keys))
@@ -210,6 +220,8 @@ class Model:
         model = with_weights(model, weights)
         if merge_adapters:
             model = merge_lora(model)
+        if self._quantized is not None:
+            model = requantize_weights(model, self._quantized, self.rewrites.untied)
         return write_model(model, file_format, metadata)
 
     def personalize(self, *, new_head: int | None = None, seed: int = 0,
@@ -222,7 +234,7 @@ class Model:
         index = _output_index(self, output)
         model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets))
-        out = Model(model, self.lowering, self.numerics)
+        out = Model(model, self.lowering, self.numerics, quantized=self._quantized)
         if self.digest is not None:
             extra = (new_head, seed, index, lora, lora_alpha, str(lora_targets))
             out.digest = hashlib.sha256((self.digest + repr(extra)).encode()).hexdigest()
@@ -283,6 +295,7 @@ def load(
     add_missing_bias: bool | str | Iterable[str] | None = None,
     trainable_policy: str | None = None,
     signature: str | None = None,
+    dequantize: bool | None = None,
     max_elements: int = MAX_TENSOR_ELEMENTS,
     new_head: int | None = None,
     seed: int = 0,
@@ -309,8 +322,13 @@ def load(
     several operators becomes one param per reader; ``add_missing_bias`` ("all" or True,
     "none" or False, or operator aliases such as ``"op3,op5"`` / ``["op3"]``; None: the
     profile's: keras and torch "all", the others "none") gives those of the weighted
-    operators without a bias a zero one that trains. ``trainable_policy`` is "weights" (default),
-    "all_float" or "fc_conv" (onert-micro's). The file is parsed once; nothing is serialized.
+    operators without a bias a zero one that trains. ``dequantize=True`` makes every
+    quantized tensor float32 (`circle_jax.passes.dequantize_model`; export then writes a
+    float model); the default (None) does so only for weight-only quantized models
+    (dynamic-range int8 weights with float activations, float16 weights), which train as
+    float32 and export in their own layout, and runs full-integer models with integer
+    kernels; ``False`` never does. ``trainable_policy`` is "weights" (default), "all_float"
+    or "fc_conv" (onert-micro's). The file is parsed once; nothing is serialized.
 
     Personalizing (`Model.personalize`, run last): ``new_head=K`` replaces the classifier
     head of output 0 by a fresh K-way one; ``lora=R`` adds rank-R adapters scaled by
@@ -327,12 +345,21 @@ def load(
     if refusals:  # before the passes, which walk the graph
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
-    original = run(parsed, pipeline(signature=signature))
+    selected = run(parsed, pipeline(signature=signature))
+    dq = weight_only(selected) if dequantize is None else dequantize
+    if dq:  # the pass reads the parameters: refuse bad ones as lowering would
+        malformed, unsupported = check_tensor_quantization(selected)
+        if malformed or unsupported:
+            error = CircleFormatError if malformed else UnsupportedOperatorError
+            raise error(f"{len(malformed + unsupported)} invalid tensor quantization(s): "
+                        + "; ".join(malformed + unsupported)[:1000])
+    original = run(selected, pipeline(dequantize=dq))
     model = run(original, pipeline(untie=not prof.tie_shared_weights,
                                    add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
-    loaded = Model(model, lowering, prof, original)
+    loaded = Model(model, lowering, prof, original,
+                   quantized=selected if dq and dequantize is None else None)
     digest = hashlib.sha256(data)
-    digest.update(repr((loaded.lowering, prof, signature, max_elements)).encode())
+    digest.update(repr((loaded.lowering, prof, signature, dq, max_elements)).encode())
     loaded.digest = digest.hexdigest()
     if new_head is not None or lora is not None:
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
@@ -376,6 +403,11 @@ def summarize(model: ir.Model, param_keys: Mapping[str, ParamKey] | None = None)
             ins = ", ".join(_short(sg, i) for i in op.inputs)
             outs = ", ".join(_short(sg, i) for i in op.outputs)
             lines.append(f"  {op.index:>4}  {op.key:28} {ins} -> {outs}")
+        quantized = [t for t in sg.tensors if is_quantized(t)]
+        if quantized:
+            lines.append(f"  quantized tensors ({len(quantized)}; per-channel: N scales@axis):")
+            lines += [f"  {t.index:>4}  {describe_quantization(t):40} {t.name}"
+                      for t in quantized]
         n = sum(
             int(np.prod(t.shape)) for t in sg.tensors if (sg.index, t.index) in counted
         )

@@ -202,6 +202,10 @@ def add_load_arguments(g: Any) -> None:
           "none, or those named (op3,op5: operators `circle-jax info` lists as missing one)")
     _flag(g, "--signature", metavar="KEY", default="subgraph 0",
           help="use this SignatureDef's subgraph (`circle-jax info` lists the keys)")
+    _flag(g, "--dequantize", action="store_true", default="off (only weight-only quantized "
+          "models are, and export in their own layout)",
+          help="make every quantized tensor float32: a float model runs, trains and is "
+          "exported (README: Quantized models)")
 
 
 def add_personalize_arguments(g: Any, seed: bool = False) -> None:
