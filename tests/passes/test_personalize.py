@@ -30,6 +30,7 @@ from circle_jax.train import Trainer, fit
 from tests.conformance import run_litert
 from tests.passes.test_passes import _assert_same, _feeds
 from tests.paths import shared_model
+from tests.toy_models import cnn
 
 MOBILENET = "mobilenet_v1_0.25_128_float.tflite"  # 1x1 CONV_2D head, RESHAPE, SOFTMAX
 MNIST = "onert_micro_simple_mnist_model.circle"  # FC head, SOFTMAX; fast to compile
@@ -233,22 +234,80 @@ def test_lora_checkpoint_holds_adapters_and_resume_is_exact(tmp_path: Path) -> N
         np.testing.assert_array_equal(np.asarray(second.params[name]), np.asarray(value))
 
 
-def test_lora_composes_with_accumulation_and_mixed_precision() -> None:
-    model = cj.load(shared_model(MNIST), lora=2)
-    x, y = _mnist_data(16)
-    sgd = dict(learning_rate=0.1, loss="cce", optimizer="sgd", epochs=1)
-    one = fit(model, x, y, batch_size=8, **sgd)
-    two = fit(model, x, y, batch_size=8, accumulate=2, accumulate_mode="in_step", **sgd)
-    for name in model.personal_params:  # a mean over 2 x 4 samples is one over 8
-        np.testing.assert_allclose(np.asarray(two.params[name]), np.asarray(one.params[name]),
-                                   rtol=1e-5, atol=1e-6)
-    mixed = fit(model, x, y, batch_size=8, precision="p=f32,c=bf16,o=f32", **sgd)
-    assert np.isfinite(mixed.history.loss).all()
-    for name, value in mixed.params.items():
-        assert value.dtype == model.params[name].dtype
+TOY = cnn().to_bytes("circle")  # CONV_2D, pool, RESHAPE, FC head, SOFTMAX: compiles fast
+ADAPTED = {"head/weights", "head/bias", "conv/w/lora_a", "conv/w/lora_b"}
+
+
+def _toy_data(n: int = 16, classes: int = 3) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(3)
+    x = rng.random((n, 8, 8, 1), dtype=np.float32)
+    return x, np.eye(classes, dtype=np.float32)[rng.integers(0, classes, n)]
+
+
+def _only_personal_moved(result: Any) -> None:
+    """Finite per-epoch losses that go down; the new head and adapters alone moved, every
+    param in its model dtype."""
+    loss = np.asarray(result.history.loss)
+    assert np.isfinite(loss).all() and loss[-1] < loss[0], loss
+    model = result.model
+    assert result.trainer.trainable == model.personal_params == ADAPTED
+    for name, value in result.params.items():
+        assert value.dtype == model.params[name].dtype, name
         moved = not np.array_equal(np.asarray(value), np.asarray(model.params[name]))
-        assert moved == (name in model.personal_params), name
-    assert mixed.trainer.policy.compute_dtype == jnp.bfloat16
+        assert moved == (name in ADAPTED), name
+
+
+def test_fit_personalizes_as_load_does() -> None:
+    x, y = _toy_data()
+    cfg = dict(CFG, seed=5)
+    by_fit = fit(cj.load(TOY), x, y, new_head=3, lora=1, lora_alpha=2, lora_targets="conv",
+                 **cfg)
+    by_load = fit(cj.load(TOY, new_head=3, lora=1, lora_alpha=2, lora_targets="conv", seed=5),
+                  x, y, **cfg)
+    assert by_fit.history.loss == by_load.history.loss
+    assert by_fit.model.personal_params == ADAPTED and by_fit.model.outputs[0].shape == (1, 3)
+    with pytest.raises(ValueError, match="new_head and lora personalize the model a trainer"):
+        fit(cj.load(TOY), x, y, trainer=by_fit.trainer, new_head=3)
+
+
+@pytest.mark.parametrize("numerics", ["onert", "keras", "torch", "onert-micro"])
+def test_new_head_and_lora_train_under_each_numerics_profile(numerics: str) -> None:
+    base = cj.load(TOY, numerics=numerics)
+    x, y = _toy_data()
+    result = fit(base, x, y, new_head=3, lora=2, lora_targets="conv", epochs=3,
+                 batch_size=4, learning_rate=0.01, loss="cce", optimizer="adam")
+    assert result.model.numerics == base.numerics
+    _only_personal_moved(result)
+
+
+@pytest.mark.parametrize("mode", ["stream", "in_step"])
+def test_new_head_and_lora_accumulate_as_one_big_batch(mode: str) -> None:
+    """sgd over 2 accumulated micro-batches of 4 = one step over the batch of 8 (the
+    gradient of a mean over 8 is the mean of two means over 4): equal within float32
+    rounding of the sums' order."""
+    x, y = _toy_data()
+    sgd = dict(new_head=3, lora=2, lora_targets="conv", learning_rate=0.1, loss="cce",
+               optimizer="sgd", epochs=1)
+    big = fit(cj.load(TOY), x, y, batch_size=8, **sgd)
+    micro = 4 if mode == "stream" else 8  # stream: each step one micro-batch
+    acc = fit(cj.load(TOY), x, y, batch_size=micro, accumulate=2, accumulate_mode=mode, **sgd)
+    for name in ADAPTED:
+        np.testing.assert_allclose(np.asarray(acc.params[name]), np.asarray(big.params[name]),
+                                   rtol=1e-5, atol=1e-6, err_msg=name)
+    assert not np.array_equal(np.asarray(big.params["conv/w/lora_b"]), 0)
+
+
+@pytest.mark.parametrize("precision, loss_scale, compute", [
+    ("p=f32,c=f16,o=f32", "dynamic", jnp.float16), ("p=f32,c=bf16,o=f32", "none", jnp.bfloat16)])
+def test_new_head_and_lora_train_in_mixed_precision(precision: str, loss_scale: str,
+                                                    compute: Any) -> None:
+    base = cj.load(TOY)
+    x, y = _toy_data()
+    result = fit(base, x, y, new_head=3, lora=2, lora_targets="conv", epochs=3,
+                 batch_size=4, learning_rate=0.01, loss="cce", optimizer="adam",
+                 precision=precision, loss_scale=loss_scale)
+    assert result.trainer.policy.compute_dtype == compute
+    _only_personal_moved(result)
 
 
 def test_new_head_trains_in_onert_as_in_circle_jax(tmp_path: Path) -> None:
