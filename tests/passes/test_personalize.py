@@ -97,35 +97,82 @@ def test_new_head_weights_are_glorot_uniform_and_seeded() -> None:
     assert [op.type for op in a.main.operators[-2:]] == ["FULLY_CONNECTED", "SOFTMAX"]
 
 
-@pytest.mark.parametrize("call, message", [
-    (lambda: cj.load(shared_model(MNIST), new_head=0), "class count must be an integer >= 1"),
-    (lambda: cj.load(shared_model("mediapipe_face_detection_short_range_fp16w.tflite"),
-                     new_head=3), "is not fed by a weighted operator"),
-    (lambda: cj.load(shared_model(MNIST), lora=5),
-     "LoRA rank 5 exceeds the rank 2 of FULLY_CONNECTED #4"),
-    (lambda: cj.load(shared_model(MNIST), lora=1, lora_targets="op9.weight"),
-     "LoRA target 'op9.weight' names no weights"),
-    (lambda: cj.load(shared_model(MNIST), lora=1, lora_targets="matmul"),
-     "LoRA target 'matmul' names nothing"),
-])
-def test_bad_input_is_one_line(call: Any, message: str) -> None:
-    with pytest.raises(ValueError, match=message) as e:
-        call()
-    assert "\n" not in str(e.value)
+QUANTIZED = Path(__file__).parents[1] / "data" / "quantized"
+FULL_INT8 = str(QUANTIZED / "full_int8.tflite")
+INT8_FLOAT_IO = str(QUANTIZED / "full_int8_float_io.tflite")  # DEQUANTIZE at the output
+FLOAT16 = str(QUANTIZED / "float16.tflite")  # float16 weights, DEQUANTIZE to float32
+DEQUANTIZE_FIRST = "train float32 weights: dequantize the model to float32 first"
 
 
-@pytest.mark.parametrize("flags, message", [
-    (["--new_head", "0"], "class count must be an integer >= 1"),
-    (["--lora", "9"], "exceeds the rank"),
-    (["--lora", "1", "--lora_targets", "nothing"], "LoRA target 'nothing'"),
-    (["--lora_alpha", "2"], "need --lora R"),
-])
-def test_cli_bad_input_is_one_line(flags: list[str], message: str, tmp_path: Path,
+def _not_weighted() -> bytes:
+    """[1, 4] -> FULLY_CONNECTED -> RELU: the output is not a weighted operator's."""
+    b = Builder()
+    y = b.op("FULLY_CONNECTED", [b.input("x", (1, 4)), b.constant("w", np.ones((3, 4),
+                                                                              np.float32)), -1])
+    b.output(b.op("RELU", [y]))
+    return b.to_bytes("tflite")
+
+
+BAD_INPUT = [  # (model, personalizing keywords, the one line's text)
+    (MNIST, dict(new_head=0), "class count must be an integer >= 1"),
+    ("face", dict(new_head=3), "'regressors' is not fed by a weighted operator"),
+    ("relu", dict(new_head=3), "is not fed by a weighted operator (FULLY_CONNECTED or 1x1 "
+     "CONV_2D, then RESHAPE/SQUEEZE, SOFTMAX/LOGISTIC) but by RELU #1"),
+    (MNIST, dict(lora=5), "LoRA rank 5 exceeds the rank 2 of FULLY_CONNECTED #4"),
+    (MNIST, dict(lora=1, lora_targets="op9.weight"), "LoRA target 'op9.weight' names no weights"),
+    (MNIST, dict(lora=1, lora_targets="matmul"), "LoRA target 'matmul' names nothing"),
+    (FULL_INT8, dict(new_head=3), "FULLY_CONNECTED #10's weights 'functional_1/dense_1_2/MatMul'"
+     f" are int8 (a quantized model, run by integer kernels); a new head and LoRA "
+     f"{DEQUANTIZE_FIRST}"),
+    (INT8_FLOAT_IO, dict(new_head=3), "FULLY_CONNECTED #11's weights 'functional_1/dense_1_2/"
+     "MatMul' are int8"),
+    (FULL_INT8, dict(lora=2), "LoRA: CONV_2D #0's weights 'functional_1/conv2d_1/convolution' "
+     f"are int8 (a quantized model, run by integer kernels); a new head and LoRA "
+     f"{DEQUANTIZE_FIRST}"),
+    (FLOAT16, dict(new_head=3), f"made float32 by DEQUANTIZE #6; a new head and LoRA "
+     f"{DEQUANTIZE_FIRST}"),
+    (FLOAT16, dict(lora=2), f"made float32 by DEQUANTIZE #8; a new head and LoRA "
+     f"{DEQUANTIZE_FIRST}"),
+]
+
+
+def _source(name: str) -> str | bytes:
+    if name == "relu":
+        return _not_weighted()
+    if name == "face":
+        return shared_model("mediapipe_face_detection_short_range_fp16w.tflite")
+    return name if name.startswith("/") else shared_model(name)
+
+
+def _id(case: tuple) -> str:
+    return f"{Path(case[0]).stem}-{'-'.join(f'{k}={v}' for k, v in case[1].items())}"
+
+
+@pytest.mark.parametrize("name, options, message", BAD_INPUT, ids=map(_id, BAD_INPUT))
+def test_bad_input_is_one_line(name: str, options: dict, message: str) -> None:
+    with pytest.raises(ValueError) as e:
+        cj.load(_source(name), **options)
+    assert message in str(e.value) and "\n" not in str(e.value)
+
+
+CLI_BAD_INPUT = [*BAD_INPUT, (MNIST, dict(lora_alpha=2), "--lora_alpha, --lora_targets and "
+                                "--export_unmerged need --lora R")]
+
+
+@pytest.mark.parametrize("name, options, message", CLI_BAD_INPUT, ids=map(_id, CLI_BAD_INPUT))
+def test_cli_bad_input_is_one_line(name: str, options: dict, message: str, tmp_path: Path,
                                    capsys: pytest.CaptureFixture) -> None:
-    x, y = _mnist_data(8)
-    np.save(tmp_path / "x.npy", x)
-    np.save(tmp_path / "y.npy", y)
-    rc = main(["train", shared_model(MNIST), "--load_input", str(tmp_path / "x.npy"),
+    """The same refusals from ``circle-jax train``: one ``E:`` line, exit 1, before any
+    training (data of the model's input and output shapes and dtypes)."""
+    source = _source(name)
+    if isinstance(source, bytes):
+        (tmp_path / "m.tflite").write_bytes(source)
+        source = str(tmp_path / "m.tflite")
+    model = cj.load(source)
+    for spec, file in ((model.inputs[0], "x.npy"), (model.outputs[0], "y.npy")):
+        np.save(tmp_path / file, np.zeros((8, *spec.shape[1:]), spec.dtype))
+    flags = [a for k, v in options.items() for a in (f"--{k}", str(v))]
+    rc = main(["train", source, "--load_input", str(tmp_path / "x.npy"),
                "--load_expected", str(tmp_path / "y.npy"), *flags])
     err = capsys.readouterr().err.strip()
     assert rc == 1 and err.startswith("E: ") and message in err and "\n" not in err
