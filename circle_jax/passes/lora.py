@@ -62,8 +62,9 @@ def lora_targets(model: ir.Model, targets: str | Iterable[str] = "all",
     items = [targets] if isinstance(targets, str) else list(targets)
     words = [w.strip() for item in items for w in item.split(",") if w.strip()]
     skip = set(exclude)
-    able = [op for op in sg.operators if _weight_pos(sg, op) is not None
-            and sg.tensors[op.inputs[1]].name not in skip]
+    weighted = [op for op in sg.operators if _weight_pos(sg, op) is not None]
+    able = [op for op in weighted if sg.tensors[op.inputs[1]].name not in skip]
+    but = " but the new head, which trains whole" if len(able) < len(weighted) else ""
     if not able:
         producer = {t: op for op in sg.operators for t in op.outputs}
         for op in sg.operators:
@@ -89,7 +90,7 @@ def lora_targets(model: ir.Model, targets: str | Iterable[str] = "all",
                                  "weight's name or alias from `circle-jax info`)")
         if not found:
             raise ValueError(f"LoRA target {w!r} names nothing: the model has no such operator "
-                             "with constant float weights")
+                             f"with constant float weights{but}")
         chosen |= found
     return sorted(chosen)
 

@@ -399,3 +399,38 @@ def test_cli_new_head_writes_circleplus_tflite_and_refuses_lora_circleplus(
                         "--export_wof", "l.wof"]) == 0
     unmerged = read_model("l.tflite")
     assert len(unmerged.main.operators) > len(plus.main.operators)
+
+
+TORCH = Path(__file__).parents[1] / "data" / "torch"
+SAME_GRAPH = {"lstm_b16", "three_consumers"}  # as lstm and three_consumers_b16, other batch
+CONVERTED = sorted(p for p in [*TORCH.glob("*.tflite"), *KERAS.glob("*.tflite")]
+                   if p.stem not in SAME_GRAPH)
+HEAD_ONLY = {"embedding", "lstm"}  # the head is their only FULLY_CONNECTED
+
+
+@pytest.mark.parametrize("path", CONVERTED, ids=lambda p: f"{p.parent.name}-{p.stem}")
+def test_converted_classifiers_personalize_train_and_export(path: Path) -> None:
+    """Every converted Keras and litert-torch classifier (MLP, CNN with NCHW input and folded
+    BatchNorm, residual, attention, Conv1D, LSTM, embedding) takes a 4-class head (and
+    rank-2 LoRA where it has weighted operators besides the head), trains one epoch with
+    finite losses, and its exports (merged and unmerged) run in LiteRT with 4 outputs equal
+    to circle-jax's (the module's tolerance)."""
+    lora = None if path.stem in HEAD_ONLY else 2
+    if lora is None:
+        with pytest.raises(ValueError, match="but the new head, which trains whole"):
+            cj.load(path, new_head=4, lora=2)
+    model = cj.load(path, new_head=4, lora=lora, seed=3)
+    with np.load(path.parent / "data.npz") as d:
+        x = d[f"{path.stem.removesuffix('_b16')}/x"][:16]
+    y = np.eye(4, dtype=np.float32)[np.arange(16) % 4]
+    batch = model.inputs[0].shape[0]
+    result = fit(model, x, y, epochs=1, batch_size=max(batch, 8), learning_rate=0.01,
+                 loss="cce", optimizer="adam")
+    assert np.isfinite(result.history.loss).all()
+    assert len(model.adapters) == (0 if lora is None else len(model.personal_params) - 2)
+    feeds = [x[:batch]]
+    ours = [np.asarray(o) for o in jax.jit(model.apply)(result.params, *feeds)]
+    assert ours[0].shape == (batch, 4)
+    for merge in (True, False) if lora else (True,):
+        data = model.export(result.params, "tflite", merge_adapters=merge)
+        _assert_same(run_litert(data, feeds), ours)
