@@ -306,18 +306,18 @@ def _only_personal_moved(result: Any) -> None:
 
 def test_fit_personalizes_as_load_does() -> None:
     x, y = _toy_data()
-    cfg = dict(CFG, seed=5)
-    by_fit = fit(cj.load(TOY), x, y, new_head=3, lora=1, lora_alpha=2, lora_targets="conv",
-                 **cfg)
-    by_load = fit(cj.load(TOY, new_head=3, lora=1, lora_alpha=2, lora_targets="conv", seed=5),
-                  x, y, **cfg)
-    assert by_fit.history.loss == by_load.history.loss
-    assert by_fit.model.personal_params == ADAPTED and by_fit.model.outputs[0].shape == (1, 3)
+    options = dict(new_head=3, lora=1, lora_alpha=2, lora_targets="conv")
+    by_fit = fit(cj.load(TOY), x, y, **options, **CFG, seed=5)
+    by_load = cj.load(TOY, **options, seed=5)
+    assert by_fit.model.ir.main.operators == by_load.ir.main.operators
+    for name, value in by_load.params.items():  # the same initial values (seed 5)
+        np.testing.assert_array_equal(np.asarray(by_fit.model.params[name]), value)
+    assert by_fit.trainer.trainable == by_load.personal_params == ADAPTED
     with pytest.raises(ValueError, match="new_head and lora personalize the model a trainer"):
         fit(cj.load(TOY), x, y, trainer=by_fit.trainer, new_head=3)
 
 
-@pytest.mark.parametrize("numerics", ["onert", "keras", "torch", "onert-micro"])
+@pytest.mark.parametrize("numerics", ["keras", "torch", "onert-micro"])  # onert: the others
 def test_new_head_and_lora_train_under_each_numerics_profile(numerics: str) -> None:
     base = cj.load(TOY, numerics=numerics)
     x, y = _toy_data()
@@ -402,7 +402,8 @@ def test_cli_new_head_writes_circleplus_tflite_and_refuses_lora_circleplus(
 
 
 TORCH = Path(__file__).parents[1] / "data" / "torch"
-SAME_GRAPH = {"lstm_b16", "three_consumers"}  # as lstm and three_consumers_b16, other batch
+SAME_GRAPH = {"lstm_b16", "three_consumers", "mlp_zero_bias"}  # as lstm, three_consumers_b16,
+# torch's mlp
 CONVERTED = sorted(p for p in [*TORCH.glob("*.tflite"), *KERAS.glob("*.tflite")]
                    if p.stem not in SAME_GRAPH)
 HEAD_ONLY = {"embedding", "lstm"}  # the head is their only FULLY_CONNECTED
