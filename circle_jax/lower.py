@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -60,6 +60,46 @@ def _check_common(op: ir.Operator) -> None:
 _GEOMETRY = ("stride", "dilation", "filter_", "depth_multiplier")
 MAX_GEOMETRY = 1 << 16
 """The largest stride, dilation, filter size or depth multiplier an option may hold."""
+
+
+class RowSquares(NamedTuple):
+    """A param given to `Lowered.apply` as ``RowSquares(table, squares)`` (``squares``:
+    zeros shaped like the table) is read as ``table``, and the cotangent of ``squares`` is
+    what the reading operator's backward gives for the SQUARED output cotangent. For a
+    gather (each output element reads one table element) that is, per table element, the
+    sum over its occurrences of the squared gradient: Keras's sparse-gradient Adam feeds that
+    to its second moment (`circle_jax.optim.adam_tf`)."""
+
+    table: Any
+    squares: Any
+
+
+def _read_rows(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any], pos: int) -> Any:
+    """``fn(ctx, *args)`` with ``args[pos]`` a `RowSquares`; the other inputs are indices
+    (no gradient flows to them)."""
+    dynamic = [i for i, a in enumerate(args) if i != pos and not _static(a)]
+
+    def call(table: Any, *values: Any) -> Any:
+        full = list(args)
+        full[pos] = table
+        for i, v in zip(dynamic, values):
+            full[i] = v
+        return fn(ctx, *full)
+
+    @jax.custom_vjp
+    def read(table: Any, squares: Any, *values: Any) -> Any:
+        return call(table, *values)
+
+    def forward(table: Any, squares: Any, *values: Any) -> tuple[Any, Any]:
+        return jax.vjp(lambda t: call(t, *values), table)
+
+    def backward(back: Callable[..., Any], g: Any) -> tuple[Any, ...]:
+        return (back(g)[0], back(g * g)[0].astype(rows.squares.dtype),
+                *(None for _ in dynamic))
+
+    read.defvjp(forward, backward)
+    rows = args[pos]
+    return read(rows.table, rows.squares, *(args[i] for i in dynamic))
 
 
 class Lowered:
@@ -221,7 +261,10 @@ class Lowered:
             args = [value(i, pos in d.static_inputs) for pos, i in enumerate(op.inputs)]
             ctx = replace(ctx, run_subgraph=run_subgraph)
             try:
-                if d.fold and args and all(_static(a) for a in args):
+                rows = next((p for p, a in enumerate(args) if isinstance(a, RowSquares)), None)
+                if rows is not None:
+                    out = _read_rows(fn, ctx, args, rows)
+                elif d.fold and args and all(_static(a) for a in args):
                     with jax.ensure_compile_time_eval():
                         out = fn(ctx, *args)
                     out = jax.tree.map(np.asarray, out)

@@ -22,7 +22,15 @@ from .graph.params_policy import ParamRole, classify_params, describe_roles
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
-from .passes import adapter_names, merge_lora, personal_params, personalize, pipeline, run
+from .passes import (
+    adapter_names,
+    bias_selection,
+    merge_lora,
+    personal_params,
+    personalize,
+    pipeline,
+    run,
+)
 
 
 @dataclass(frozen=True)
@@ -272,7 +280,7 @@ def load(
     *,
     numerics: Numerics | str | None = None,
     tie_shared_weights: bool | None = None,
-    add_missing_bias: bool | None = None,
+    add_missing_bias: bool | str | Iterable[str] | None = None,
     trainable_policy: str | None = None,
     signature: str | None = None,
     max_elements: int = MAX_TENSOR_ELEMENTS,
@@ -298,8 +306,10 @@ def load(
     passes run on the parsed model (`circle_jax.passes.pipeline`, recorded in
     ``Model.passes``): ``signature`` picks a SignatureDef by key, whose subgraph becomes the
     model's main one (default: subgraph 0); unless tied, a trainable constant read by
-    several operators becomes one param per reader; with ``add_missing_bias`` weighted
-    operators without a bias get a zero one. ``trainable_policy`` is "weights" (default),
+    several operators becomes one param per reader; ``add_missing_bias`` ("all" or True,
+    "none" or False, or operator aliases such as ``"op3,op5"`` / ``["op3"]``; None: the
+    profile's: keras and torch "all", the others "none") gives those of the weighted
+    operators without a bias a zero one that trains. ``trainable_policy`` is "weights" (default),
     "all_float" or "fc_conv" (onert-micro's). The file is parsed once; nothing is serialized.
 
     Personalizing (`Model.personalize`, run last): ``new_head=K`` replaces the classifier
@@ -308,7 +318,8 @@ def load(
     and aliases); ``seed`` seeds their initial values.
     """
     prof = get_numerics(numerics).with_overrides(
-        tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
+        tie_shared_weights=tie_shared_weights,
+        add_missing_bias=None if add_missing_bias is None else bias_selection(add_missing_bias),
         trainable_policy=trainable_policy)
     data, where = read_bytes(source)
     parsed = parse_model(data, where, max_elements=max_elements)

@@ -5,7 +5,7 @@ The full-integer variants (int8 with int8 or float32 inputs and outputs, 16x8) r
 bit-exactly end to end, and so does every intermediate tensor (LiteRT run with
 ``experimental_preserve_all_tensors``); the dynamic-range (hybrid) variant is refused in one
 line until a dequantize pass exists; the float16-weight variant runs in float32 (weights
-dequantized at load) within the float tolerance of tests/test_models.py.
+dequantized at load) within the float tolerance of tests/test_sweep.py.
 """
 
 from __future__ import annotations

@@ -108,7 +108,7 @@ def load_options(ns: argparse.Namespace) -> dict[str, Any]:
     --signature and the personalizing flags (--new_head, --lora, ... with --seed)."""
     options = {"numerics": ns.numerics or "onert",
                "tie_shared_weights": True if ns.tie_shared_weights else None,
-               "add_missing_bias": True if ns.add_missing_bias else None,
+               "add_missing_bias": ns.add_missing_bias,
                "signature": ns.signature}
     if getattr(ns, "lora", 0) is None and (ns.lora_alpha is not None
                                            or ns.lora_targets is not None

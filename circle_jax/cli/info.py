@@ -59,6 +59,19 @@ def default_passes(model: object) -> str:
     return "\n".join(lines + [line for r in done.passes for line in r.describe()])
 
 
+def missing_bias_line(model: object) -> str | None:
+    """The weighted operators without a bias, which --add_missing_bias may give one; None
+    when there are none."""
+    from circle_jax.graph.params_policy import missing_biases
+
+    ops = model.main.operators  # type: ignore[attr-defined]
+    found = [f"op{j} ({ops[j].key})" for j, _, _ in missing_biases(model)]  # type: ignore[arg-type]
+    if not found:
+        return None
+    return (f"without a bias: {', '.join(found)}; --add_missing_bias all|none|ALIASES gives "
+            "them a zero one that trains (keras and torch profiles: all)")
+
+
 def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.reader import read_model
     from circle_jax.lower import param_table, unsupported_operators
@@ -70,6 +83,9 @@ def run(args: argparse.Namespace) -> int:
     print(params_table(m, keys))
     print("\n" + trainability(m, keys))
     print("\n" + default_passes(m))
+    bias = missing_bias_line(m)
+    if bias:
+        print(bias)
     missing = unsupported_operators(m)
     if missing:
         print(f"\nunsupported operators ({len(missing)}): " + "; ".join(missing))

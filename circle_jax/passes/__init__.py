@@ -23,7 +23,7 @@ from collections.abc import Callable, Iterable
 from functools import partial
 
 from ..graph import ir
-from .bias import add_missing_biases
+from .bias import add_missing_biases, bias_operators, bias_selection
 from .edit import (
     add_constant,
     add_operator,
@@ -49,18 +49,20 @@ def run(model: ir.Model, passes: Iterable[Pass]) -> ir.Model:
     return model
 
 
-def pipeline(*, signature: str | None = None, untie: bool = False, add_bias: bool = False,
-             policy: str = "weights") -> list[Pass]:
+def pipeline(*, signature: str | None = None, untie: bool = False,
+             add_bias: bool | str = False, policy: str = "weights") -> list[Pass]:
     """The passes `circle_jax.load` runs for its options, in order: the signature's
     subgraph made the main one, then shared trainable constants untied (under the
-    trainable ``policy``), then missing biases added."""
+    trainable ``policy``), then missing biases added (``add_bias``: True or "all", False or
+    "none", or a selection of operators, `bias_selection`)."""
     passes: list[Pass] = []
     if signature is not None:
         passes.append(partial(select_signature, key=signature))
     if untie:
         passes.append(partial(untie_shared_constants, policy=policy))
-    if add_bias:
-        passes.append(add_missing_biases)
+    selection = bias_selection(add_bias)
+    if selection != "none":
+        passes.append(partial(add_missing_biases, selection=selection))
     return passes
 
 
@@ -89,8 +91,8 @@ def personal_params(model: ir.Model) -> frozenset[str]:
 
 __all__ = [
     "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
-    "add_tensor", "lora_frozen", "lora_targets", "merge_lora", "personal_params", "personalize",
-    "pipeline", "replace_head",
-    "record", "replace_inputs", "replace_subgraph", "run", "select_signature", "set_inputs",
+    "add_tensor", "bias_operators", "bias_selection", "lora_frozen", "lora_targets",
+    "merge_lora", "personal_params", "personalize", "pipeline", "replace_head", "record",
+    "replace_inputs", "replace_subgraph", "run", "select_signature", "set_inputs",
     "set_outputs", "signature_keys", "untie_shared_constants",
 ]
