@@ -94,7 +94,8 @@ def float_weights_refusal(sg: ir.Subgraph, op: ir.Operator,
     kernels, or float16 weights a DEQUANTIZE makes float32 at run time, are refused."""
     w = sg.tensors[op.inputs[1]]
     where = f"{op.key} #{op.index}'s weights {w.name!r} are"
-    fix = "a new head and LoRA train float32 weights: dequantize the model to float32 first"
+    fix = ("a new head and LoRA train float32 weights: dequantize the model to float32 first "
+           "(load(dequantize=True), --dequantize)")
     if w.is_constant and (not w.is_float or w.quantization is not None):
         return f"{where} {w.dtype} (a quantized model, run by integer kernels); {fix}"
     src = producer.get(w.index)
