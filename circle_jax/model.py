@@ -23,6 +23,8 @@ from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
 from .passes import adapter_names, merge_lora, personal_params, personalize, pipeline, run
+from .passes.fake_quant import fake_quant_plan, fake_quantize, quantized_activations
+from .qat import integer_model
 
 
 @dataclass(frozen=True)
@@ -62,16 +64,21 @@ class Model:
     trainable policy, and why; ``passes`` lists the graph passes `load` ran and what each
     changed, ``rewrites`` the untied copies and added biases among them (``original``: the
     model before those two, which export writes while they were not trained apart).
+    ``quantized``: the fully quantized model this one simulates by fake quantization
+    (quantization-aware training, see :meth:`simulated`), which export writes.
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
                  numerics: Numerics | str | None = None,
-                 original: ir.Model | None = None) -> None:
+                 original: ir.Model | None = None, quantized: ir.Model | None = None) -> None:
         self.ir = model
         self.rewrites = Rewrites.of(model)
         self._original = original if self.rewrites else None
         self.numerics = get_numerics(numerics)
-        self._lowered = Lowered(model, lowering)
+        #: the integer model this one simulates (None: not a QAT model)
+        self.quantized = quantized
+        self.fake_quant = None if quantized is None else fake_quant_plan(quantized)
+        self._lowered = Lowered(model, lowering, self.fake_quant)
         self._variants: dict[tuple, Lowered] = {}
         #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
         #: the model's traced programs depend on besides their arguments
@@ -184,6 +191,12 @@ class Model:
         unknown = sorted(set(params) - set(self.param_keys))
         if unknown:
             raise ValueError(f"unknown param name(s) {unknown}")
+        if self.quantized is not None:
+            names = {key: name for name, key in self.param_keys.items()}
+            floats = {name: _finite(name, np.asarray(v)) for name, v in params.items()}
+            integer = integer_model(self.quantized, self.fake_quant, {**self.params, **floats},
+                                    names)
+            return write_model(integer, file_format, metadata)
         model, keys = self.ir, self.param_keys
         if self._original is not None and not self._rewrites_matter(params):
             model = self._original
@@ -193,10 +206,7 @@ class Model:
             if name not in params:
                 continue
             old = model.subgraphs[k].tensors[i].data
-            new = np.asarray(params[name]).astype(old.dtype)
-            if np.issubdtype(new.dtype, np.inexact) and not np.isfinite(new).all():
-                raise TrainingError(f"param {name!r} holds NaN or infinity; a model is "
-                                    "exported only with finite weights")
+            new = _finite(name, np.asarray(params[name]).astype(old.dtype))
             if old.tobytes() != new.tobytes():  # unchanged weights keep shared buffers shared
                 weights[(k, i)] = new
         model = with_weights(model, weights)
@@ -262,6 +272,14 @@ class Model:
         )
 
 
+def _finite(name: str, value: np.ndarray) -> np.ndarray:
+    """``value``, refused when a float param holds NaN or infinity."""
+    if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
+        raise TrainingError(f"param {name!r} holds NaN or infinity; a model is exported only "
+                            "with finite weights")
+    return value
+
+
 def _spec(t: ir.Tensor) -> TensorSpec:
     return TensorSpec(t.name, t.shape, t.dtype)
 
@@ -281,6 +299,7 @@ def load(
     lora: int | None = None,
     lora_alpha: float | None = None,
     lora_targets: str | Iterable[str] = "all",
+    qat: bool | None = None,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -306,6 +325,13 @@ def load(
     head of output 0 by a fresh K-way one; ``lora=R`` adds rank-R adapters scaled by
     ``lora_alpha / R`` on ``lora_targets`` ("all", "fc", "conv", "matmul" or weight names
     and aliases); ``seed`` seeds their initial values.
+
+    ``qat=True``: a fully quantized model (quantized activations) loads as its
+    quantization-aware training model: the float model that simulates it by fake
+    quantization (`circle_jax.passes.fake_quantize`), with float32 masters of its weights
+    and biases, whose export writes the integer model (`circle_jax.qat`); shared weights stay
+    tied and no bias is added (every param maps to a tensor of the file). Other models load
+    as they are. Default: a quantized model runs its integer kernels.
     """
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
@@ -317,11 +343,15 @@ def load(
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
     original = run(parsed, pipeline(signature=signature))
-    model = run(original, pipeline(untie=not prof.tie_shared_weights,
-                                   add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
-    loaded = Model(model, lowering, prof, original)
+    if qat and quantized_activations(original):
+        loaded = Model(run(original, [fake_quantize]), lowering, prof, quantized=original)
+    else:
+        model = run(original, pipeline(untie=not prof.tie_shared_weights,
+                                       add_bias=prof.add_missing_bias,
+                                       policy=prof.trainable_policy))
+        loaded = Model(model, lowering, prof, original)
     digest = hashlib.sha256(data)
-    digest.update(repr((loaded.lowering, prof, signature, max_elements)).encode())
+    digest.update(repr((loaded.lowering, prof, signature, max_elements, qat)).encode())
     loaded.digest = digest.hexdigest()
     if new_head is not None or lora is not None:
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
