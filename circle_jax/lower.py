@@ -280,7 +280,7 @@ class Lowered:
         w = params[self._param_name[(k, bias.weight)]]
         weight = self.fake_quant.weights[(k, bias.weight)]
         s_in = self.fake_quant.activations[(k, bias.input)].scale[0]
-        scale = fq.bias_scale(np.float32(s_in), fq.weight_params(w, weight)[0])
+        scale = fq.bias_scale(s_in, fq.weight_params(w, weight)[0])
         return fq.fake_quant_bias(b, scale, bias.grid)
 
 

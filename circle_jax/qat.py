@@ -60,7 +60,7 @@ def integer_model(source: ir.Model, plan: FakeQuantPlan, params: Mapping[str, An
         for (k, i), b in plan.biases.items():
             if k != sg.index or (k, i) not in names or (k, b.weight) not in weights:
                 continue
-            s_in = np.float32(plan.activations[(k, b.input)].scale[0])
+            s_in = plan.activations[(k, b.input)].scale[0]
             scale = fq.bias_scale(s_in, weights[(k, b.weight)][0])
             q = fq.quantize_bias(np.asarray(params[names[(k, i)]], np.float32), scale, b.grid)
             tensors[i] = replace(tensors[i], data=_integers(tensors[i], q, b.grid),

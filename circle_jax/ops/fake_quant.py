@@ -40,18 +40,30 @@ class Grid(Protocol):
     def symmetric(self) -> bool: ...
 
 
+def _xp(x: Array) -> Any:
+    """numpy for numpy arrays (the export), jax.numpy otherwise: the same float32
+    operations either way, so both give the same integers."""
+    return np if isinstance(x, (np.ndarray, np.generic)) else jnp
+
+
+def _constant(x: Array) -> Array:
+    """``x`` without gradient (numpy stays numpy)."""
+    return x if _xp(x) is np else jax.lax.stop_gradient(x)
+
+
 def _round(v: Array) -> Array:
     """Round to nearest, ties away from zero."""
-    return jnp.sign(v) * jnp.floor(jnp.abs(v) + 0.5)
+    xp = _xp(v)
+    return xp.sign(v) * xp.floor(xp.abs(v) + np.float32(0.5))
 
 
 def _channels(values: Array, ndim: int, axis: int | None) -> Array:
     """Per-channel values laid along ``axis`` of a rank-``ndim`` tensor (None: a scalar)."""
     if axis is None:
-        return jnp.reshape(values, ())
+        return values.reshape(())
     shape = [1] * ndim
     shape[axis] = -1
-    return jnp.reshape(values, shape)
+    return values.reshape(shape)
 
 
 def fake_quant(x: Array, scale: Array, zero_point: Array, qmin: float, qmax: float) -> Array:
@@ -70,30 +82,32 @@ def weight_params(w: Array, g: Grid) -> tuple[Array, Array]:
     """(scales, zero points) of float weight ``w`` re-quantized with ``g``'s scheme: one per
     index of ``g.axis`` when the file has per-channel parameters, else one; a channel that is
     all zero keeps the file's scale."""
-    w = jax.lax.stop_gradient(w)
+    xp, w = _xp(w), _constant(w)
     axes = tuple(d for d in range(w.ndim) if d != g.axis) if g.per_channel else None
-    file_scale = jnp.asarray(np.asarray(g.scale, np.float32), w.dtype)
+    file_scale = np.asarray(g.scale, np.float32).reshape(-1 if g.per_channel else ())
     if g.symmetric:
-        scale = jnp.max(jnp.abs(w), axis=axes) / g.qmax
-        zero = jnp.zeros_like(scale)
+        scale = xp.max(xp.abs(w), axis=axes) / np.float32(g.qmax)
+        zero = xp.zeros_like(scale)
     else:
-        lo = jnp.minimum(jnp.min(w, axis=axes), 0.0)
-        hi = jnp.maximum(jnp.max(w, axis=axes), 0.0)
-        scale = (hi - lo) / (g.qmax - g.qmin)
-        zero = jnp.clip(_round(g.qmin - lo / jnp.where(scale > 0, scale, 1.0)), g.qmin, g.qmax)
-    scale = jnp.where(scale > 0, scale, file_scale.reshape(scale.shape if g.per_channel
-                                                           else ()))
-    return scale, zero
+        lo = xp.minimum(xp.min(w, axis=axes), np.float32(0))
+        hi = xp.maximum(xp.max(w, axis=axes), np.float32(0))
+        scale = (hi - lo) / np.float32(g.qmax - g.qmin)
+        zero = xp.clip(_round(np.float32(g.qmin) - lo / xp.where(scale > 0, scale,
+                                                                 np.float32(1))),
+                       g.qmin, g.qmax)
+    return xp.where(scale > 0, scale, file_scale), zero
 
 
 def quantize_weight(w: Array, g: Grid) -> tuple[Array, Array, Array]:
     """(integers as floats, scales, zero points) of float weight ``w`` in ``g``'s scheme
-    (symmetric weights use the narrow range ``[-qmax, qmax]``, as LiteRT's int8 weights)."""
+    (symmetric weights use the narrow range ``[-qmax, qmax]``, as LiteRT's int8 weights).
+    float32 operations on numpy or JAX arrays alike."""
+    xp = _xp(w)
     scale, zero = weight_params(w, g)
     axis = g.axis if g.per_channel else None
     s, z = _channels(scale, w.ndim, axis), _channels(zero, w.ndim, axis)
     lo = -g.qmax if g.symmetric else g.qmin
-    q = jnp.clip(_round(jax.lax.stop_gradient(w) / s) + z, lo, g.qmax)
+    q = xp.clip(_round(_constant(w) / s) + z, lo, g.qmax)
     return q, scale, zero
 
 
@@ -106,18 +120,18 @@ def fake_quant_weight(w: Array, g: Grid) -> tuple[Array, Array]:
 
 
 def bias_scale(input_scale: Array, weight_scale: Array) -> Array:
-    """The bias scale ``s_input * s_weight`` (per output channel)."""
-    return jax.lax.stop_gradient(jnp.asarray(input_scale) * weight_scale)
+    """The bias scale ``s_input * s_weight`` (per output channel), float32."""
+    return _constant(np.float32(input_scale) * weight_scale)
 
 
 def quantize_bias(b: Array, scale: Array, g: Grid) -> Array:
     """Bias integers (as floats) at ``scale`` (zero point 0), clamped to int32 for an int32
     bias."""
-    q = _round(jax.lax.stop_gradient(b) / jnp.reshape(scale, (-1,) if scale.ndim else ()))
-    return jnp.clip(q, g.qmin, g.qmax) if g.dtype == "int32" else q
+    q = _round(_constant(b) / scale.reshape((-1,) if scale.ndim else ()))
+    return _xp(q).clip(q, g.qmin, g.qmax) if g.dtype == "int32" else q
 
 
 def fake_quant_bias(b: Array, scale: Array, g: Grid) -> Array:
     """``b`` re-quantized at ``scale`` and dequantized, with a straight-through gradient."""
-    real = quantize_bias(b, scale, g) * jnp.reshape(scale, (-1,) if scale.ndim else ())
+    real = quantize_bias(b, scale, g) * scale.reshape((-1,) if scale.ndim else ())
     return b + jax.lax.stop_gradient(real - b)
