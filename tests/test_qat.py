@@ -49,7 +49,7 @@ def _litert(data: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
 
 def _as_input(model: cj.Model, x: np.ndarray) -> np.ndarray:
     """Real-valued ``x`` quantized with the integer file's input parameters (int inputs)."""
-    sg = model.quantized.main
+    sg = model.simulated.main
     t = sg.tensors[sg.inputs[0]]
     if t.dtype == "float32":
         return x
@@ -117,7 +117,7 @@ def test_exported_model_matches_the_simulation(name: str) -> None:
     params = _train(model)
     exported = model.export(params)
     assert exported != model.export()  # the weights moved
-    sg = model.quantized.main
+    sg = model.simulated.main
     out = sg.tensors[sg.outputs[0]]
     last = out.index if out.dtype != "float32" else next(
         op.inputs[0] for op in sg.operators if out.index in op.outputs)
@@ -149,13 +149,13 @@ def test_exported_model_matches_the_simulation(name: str) -> None:
 def test_qat_model_is_float_with_the_files_weights() -> None:
     data = (DATA / "full_int8.tflite").read_bytes()
     model = cj.load(data, qat=True)
-    assert model.inputs[0].dtype == "float32" and model.quantized is not None
+    assert model.inputs[0].dtype == "float32" and model.simulated is not None
     assert model.trainable_params and all(
         v.dtype == jnp.float32 for v in model.params.values())
     # untrained, the export holds the file's integers: LiteRT gives the file's outputs
     x = np.load(DATA / "inputs.npz")["x"][:2]
     exported = model.export()
-    computed = [t.name for t in model.quantized.main.tensors if t.data is None]
+    computed = [t.name for t in model.simulated.main.tensors if t.data is None]
     for xi in _as_input(model, x):
         a, b = _litert(data, xi[None]), _litert(exported, xi[None])
         assert all(np.array_equal(a[k], b[k]) for k in computed if k in a)

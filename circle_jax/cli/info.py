@@ -50,10 +50,11 @@ def trainability(model: object, param_keys: dict) -> str:
 def default_passes(model: object) -> str:
     """What the passes of a default `load` (the onert profile) change in ``model``."""
     from circle_jax.numerics import get_numerics
-    from circle_jax.passes import pipeline, run
+    from circle_jax.passes import pipeline, run, weight_only
 
     prof = get_numerics(None)
-    done = run(model, pipeline(untie=not prof.tie_shared_weights,  # type: ignore[arg-type]
+    done = run(model, pipeline(dequantize=weight_only(model),  # type: ignore[arg-type]
+                               untie=not prof.tie_shared_weights,
                                add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
     lines = [f"graph passes of a default load ({prof.name} profile):"]
     return "\n".join(lines + [line for r in done.passes for line in r.describe()])

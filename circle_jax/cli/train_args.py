@@ -200,6 +200,10 @@ def add_load_arguments(g: Any) -> None:
           help="give weighted operators without a bias a zero one that trains")
     _flag(g, "--signature", metavar="KEY", default="subgraph 0",
           help="use this SignatureDef's subgraph (`circle-jax info` lists the keys)")
+    _flag(g, "--dequantize", action="store_true", default="off (only weight-only quantized "
+          "models are, and export in their own layout)",
+          help="make every quantized tensor float32: a float model runs, trains and is "
+          "exported (README: Quantized models)")
 
 
 def add_personalize_arguments(g: Any, seed: bool = False) -> None:

@@ -3,7 +3,7 @@
 The rule (:func:`fake_quantize`), in every subgraph: every affine-quantized tensor (int8,
 uint8, int16 activations and weights; int32/int64 biases) becomes a float32 tensor without
 quantization parameters (the float kernels run on it). A constant's data becomes its real value
-``scale * (q - zero_point)`` (float64, rounded once to float32), so it is a float param (a
+(`circle_jax.passes.dequantize.dequantized_values`), so it is a float param (a
 float32 master); a computed tensor or graph input holds the real value its integers stand
 for. QUANTIZE and DEQUANTIZE operators become float32 DEQUANTIZE operators (identities),
 whose outputs are then rounded as the source's outputs were quantized. Tensor and operator
@@ -28,21 +28,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..formats.schema import OPERATOR_CODES
 from ..graph import ir
 from ..graph.params_policy import BIAS_POSITION
+from .dequantize import dequantized_values, is_quantized
 from .edit import record, replace_subgraph
 
 #: Integer types with affine quantization, and their ranges.
 RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
           "int32": (-(2 ** 31), 2 ** 31 - 1), "int64": (-(2 ** 63), 2 ** 63 - 1)}
-
-
-def is_quantized(t: ir.Tensor) -> bool:
-    """Whether ``t`` is an affine-quantized integer tensor."""
-    return t.dtype in RANGES and t.quantization is not None and len(t.quantization.scale) > 0
 
 
 @dataclass(frozen=True)
@@ -121,20 +115,6 @@ def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
     return FakeQuantPlan(acts, weights, biases)
 
 
-def dequantized(t: ir.Tensor) -> np.ndarray:
-    """A quantized constant's real values ``scale * (q - zero_point)`` as float32."""
-    g = grid(t)
-    scale = np.asarray(g.scale, np.float64)
-    zero = np.asarray(g.zero_point, np.float64)
-    if g.per_channel:
-        shape = [1] * t.data.ndim
-        shape[g.axis] = scale.size
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    out = ((t.data.astype(np.float64) - zero) * scale).astype(np.float32)
-    out.flags.writeable = False
-    return out
-
-
 def fake_quantize(model: ir.Model) -> ir.Model:
     """``model`` with every quantized tensor float32, without parameters, and its
     QUANTIZE / DEQUANTIZE operators float32 DEQUANTIZE identities (see the module
@@ -147,7 +127,7 @@ def fake_quantize(model: ir.Model) -> ir.Model:
             if is_quantized(t):
                 where = f"subgraph {sg.index} {t.name}" if len(model.subgraphs) > 1 else t.name
                 changes[where] = t.dtype
-                data = None if t.data is None else dequantized(t)
+                data = None if t.data is None else dequantized_values(t)
                 t = replace(t, dtype="float32", data=data, quantization=None)
             tensors.append(t)
         ops = tuple(replace(op, type="DEQUANTIZE", code=dequantize)
