@@ -23,6 +23,7 @@ import pytest
 from ai_edge_litert import interpreter as litert
 
 import circle_jax as cj
+from circle_jax.formats.reader import read_model
 from circle_jax.ops import fake_quant as fq
 from circle_jax.passes.fake_quant import Grid
 
@@ -185,8 +186,9 @@ def test_weights_requantized_with_the_files_scheme() -> None:
     assert int(zero) == 170 and int(q.min()) == 0 and int(q.max()) == 255
 
 
-def test_qat_gradient_of_one_layer_is_the_straight_through_estimator() -> None:
-    """FULLY_CONNECTED (int8, per-channel weights) with a clamped output: numpy's STE."""
+def _fc_model() -> bytes:
+    """FULLY_CONNECTED on int8 (per-channel weights, int32 bias), its output clamped by
+    the output's range."""
     b = cj.Builder()
     x = b.input("x", (1, 4), "int8", quantization=(0.05, 3))
     rng = np.random.default_rng(0)
@@ -196,19 +198,62 @@ def test_qat_gradient_of_one_layer_is_the_straight_through_estimator() -> None:
                       quantization=((0.0005, 0.001, 0.00025), (0, 0, 0), 0))
     y = b.op("FULLY_CONNECTED", [x, w, bias], quantization=[(0.02, -2)])
     b.output(y)
-    model = cj.load(b.to_bytes("tflite"), qat=True)
-    xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)  # 4.0 is past the input's range
-    cot = np.array([[1.0, -2.0, 0.5]], np.float32)
+    return b.to_bytes("tflite")
 
-    grads = jax.grad(lambda p: jnp.sum(model.apply(p, xv)[0] * cot))(model.params)
-    # numpy: x and w on their grids, the output's clamp mask, the weight's STE
+
+def _numpy_ste(model: cj.Model, xv: np.ndarray, cot_of: Any) -> tuple[np.ndarray, ...]:
+    """numpy's forward and straight-through gradients of :func:`_fc_model`'s QAT model:
+    x and w on their grids, the output rounded and clamped (no gradient outside)."""
     xq = (np.clip(np.round(xv / 0.05) + 3, -128, 127) - 3) * 0.05
     wf = np.asarray(model.params["w"], np.float64)
     s = np.abs(wf).max(axis=1, keepdims=True) / 127
     wq = np.round(wf / s) * s
     bq = np.asarray(model.params["b"], np.float64)
     acc = xq @ wq.T + bq
-    inside = (acc / 0.02 - 2 >= -128) & (acc / 0.02 - 2 <= 127)
-    g_out = cot * inside
-    np.testing.assert_allclose(np.asarray(grads["w"]), g_out.T @ xq, rtol=1e-6, atol=1e-7)
-    np.testing.assert_allclose(np.asarray(grads["b"]), g_out[0], rtol=1e-6)
+    v = acc / 0.02 - 2
+    out = (np.clip(np.round(v), -128, 127) + 2) * 0.02
+    g_out = cot_of(out) * ((v >= -128) & (v <= 127))
+    return out, g_out.T @ xq, g_out[0]
+
+
+def test_qat_gradient_of_one_layer_is_the_straight_through_estimator() -> None:
+    model = cj.load(_fc_model(), qat=True)
+    xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)  # 4.0 is past the input's range
+    cot = np.array([[1.0, -2.0, 0.5]], np.float32)
+    grads = jax.grad(lambda p: jnp.sum(model.apply(p, xv)[0] * cot))(model.params)
+    out, gw, gb = _numpy_ste(model, xv, lambda out: cot)
+    np.testing.assert_allclose(np.asarray(model.apply(model.params, xv)[0]), out, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grads["w"]), gw, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grads["b"]), gb, rtol=1e-6)
+
+
+def test_golden_of_a_quantized_model(tmp_path: Path) -> None:
+    """Integer tensors with their parameters as h5 attributes (LiteRT's values), and the
+    QAT step's float gradients (numpy's straight-through ones)."""
+    from circle_jax.oracle import golden, write_golden
+    from circle_jax.oracle.h5 import read_h5
+
+    data = _fc_model()
+    model = cj.load(data, qat=True)
+    xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)
+    target = np.array([[0.1, 0.2, -0.3]], np.float32)
+    write_golden(golden(model, [xv], target), tmp_path)
+    tensors = {e.name: e for e in read_h5(tmp_path / "tensors.h5")[0]}
+    xq = _as_input(model, xv)
+    exported = model.export()  # the weights re-quantized from the masters, as the step's
+    lite = _litert(exported, xq)
+    sg = read_model(exported).main
+    for t in sg.tensors:
+        e = tensors[t.name]
+        assert e.value.dtype == np.dtype(t.dtype) and np.array_equal(e.value, lite[t.name])
+        np.testing.assert_array_equal(e.attrs["scale"], np.float32(t.quantization.scale))
+        np.testing.assert_array_equal(e.attrs["zero_point"], t.quantization.zero_point)
+    (x_in,), _ = read_h5(tmp_path / "input.h5")
+    assert np.array_equal(x_in.value, xq) and x_in.attrs["scale"].tolist() == [np.float32(0.05)]
+    # MSE over the batch's 3 outputs: dLoss/dout = 2 (out - target) / 3
+    _, gw, gb = _numpy_ste(model, xv, lambda out: 2 * (out - target) / 3)
+    grads, attrs = read_h5(tmp_path / "gradients.h5")
+    by_name = {e.name: e.value for e in grads}
+    np.testing.assert_allclose(by_name["w"], gw, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(by_name["b"], gb, rtol=1e-5, atol=1e-7)
+    assert attrs["loss"] > 0
