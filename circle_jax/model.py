@@ -241,6 +241,9 @@ class Model:
         """This model with a new ``new_head``-way classifier head on output ``output`` and/or
         rank-``lora`` adapters (`circle_jax.passes.personalize`), same lowering and numerics;
         its :attr:`personal_params` train by default. Refusals are one ValueError line."""
+        if self.simulated is not None:
+            raise ValueError("a new head or LoRA adapters on a quantization-aware training "
+                             "model are not supported; load it with qat=False (float)")
         index = _output_index(self, output)
         model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets))
