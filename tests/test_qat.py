@@ -163,7 +163,7 @@ def test_qat_model_is_float_with_the_files_weights() -> None:
         assert all(np.array_equal(a[k], b[k]) for k in computed if k in a)
     # a model without quantized activations loads as it is
     plain = cj.load(DATA / "float16.tflite", qat=True)
-    assert plain.quantized is None
+    assert plain.simulated is None
 
 
 def test_fake_quant_rounds_and_passes_gradient_inside_only() -> None:
@@ -228,17 +228,34 @@ def test_qat_gradient_of_one_layer_is_the_straight_through_estimator() -> None:
     np.testing.assert_allclose(np.asarray(grads["b"]), gb, rtol=1e-6)
 
 
+def test_qat_flag() -> None:
+    from circle_jax.cli import build_parser
+    from circle_jax.cli.config import load_options
+
+    for argv, want in (([], True), (["--qat", "on"], True), (["--qat", "off"], False)):
+        ns = build_parser().parse_args(["train", "m.circle", *argv])
+        assert load_options(ns)["qat"] is want
+    with pytest.raises(ValueError, match="quantization-aware") as e:
+        cj.load(_fc_model(), qat=True).personalize(new_head=2)
+    assert "\n" not in str(e.value)
+
+
 def test_golden_of_a_quantized_model(tmp_path: Path) -> None:
-    """Integer tensors with their parameters as h5 attributes (LiteRT's values), and the
-    QAT step's float gradients (numpy's straight-through ones)."""
-    from circle_jax.oracle import golden, write_golden
+    """`circle-jax golden`: integer tensors with their parameters as h5 attributes
+    (LiteRT's values), and the QAT step's float gradients (numpy's straight-through ones)."""
+    from circle_jax.cli import main
     from circle_jax.oracle.h5 import read_h5
 
     data = _fc_model()
     model = cj.load(data, qat=True)
     xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)
     target = np.array([[0.1, 0.2, -0.3]], np.float32)
-    write_golden(golden(model, [xv], target), tmp_path)
+    (tmp_path / "m.tflite").write_bytes(data)
+    np.save(tmp_path / "x.npy", xv)
+    np.save(tmp_path / "y.npy", target)
+    argv = ["golden", str(tmp_path / "m.tflite"), "--input", str(tmp_path / "x.npy"),
+            "--expected", str(tmp_path / "y.npy"), "-o", str(tmp_path)]  # --qat on: default
+    assert main(argv) == 0
     tensors = {e.name: e for e in read_h5(tmp_path / "tensors.h5")[0]}
     xq = _as_input(model, xv)
     exported = model.export()  # the weights re-quantized from the masters, as the step's
