@@ -138,8 +138,9 @@ def test_cli_trains_and_exports_a_hybrid_model(tmp_path, capsys) -> None:
     hybrid = [t for t in written.tensors if t.dtype == "int8"]
     assert hybrid and all(t.is_constant for t in hybrid)
     trained = cj.load(out)
+    forward = jax.jit(trained.apply)
     for v in x[:4]:
-        np.testing.assert_allclose(np.asarray(trained(v[None])[0]),
+        np.testing.assert_allclose(np.asarray(forward(trained.params, v[None])[0]),
                                    run_litert(out.read_bytes(), [v[None]])[0], rtol=0,
                                    atol=MODEL_TOLERANCE["dynamic_range"])
 
@@ -205,3 +206,26 @@ def test_a_dequantized_weight_that_is_an_output_keeps_its_operator() -> None:
     got = run_litert(out, [np.ones(3, np.float32)])
     np.testing.assert_array_equal(got[0], [2, 3, 4])
     np.testing.assert_array_equal(got[1], [3, 4, 5])
+
+
+def test_info_lists_the_dequantized_weights_as_params(capsys) -> None:
+    assert main(["info", str(DATA / "dynamic_range.tflite")]) == 0
+    out = capsys.readouterr().out
+    assert "  12  int8 per-channel 64@0" in out  # the file's quantized weight
+    assert "float32[64, 32]" in out and "10 trainable tensors (3074 weights)" in out
+
+
+def test_lora_on_a_hybrid_model_merges_then_requantizes() -> None:
+    """Adapters on the dequantized int8 weight train in float; export merges them into the
+    weight, then writes it int8 again."""
+    model = cj.load(DATA / "dynamic_range.tflite", lora=2, lora_targets="fc")
+    params = {k: np.asarray(v) + 0.01 for k, v in model.params.items()}  # B != 0: W changes
+    out = model.export(params, "tflite")
+    (weight,) = [t for t in read_model(out).main.tensors
+                 if t.name == "functional_1/dense_1/MatMul"]
+    assert weight.dtype == "int8" and len(weight.quantization.scale) == 64
+    v = _digits(1)[0]
+    back = cj.load(out)
+    np.testing.assert_allclose(np.asarray(jax.jit(back.apply)(back.params, v)[0]),
+                               run_litert(out, [v])[0], rtol=0,
+                               atol=MODEL_TOLERANCE["dynamic_range"])

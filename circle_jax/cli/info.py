@@ -64,12 +64,17 @@ def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.reader import read_model
     from circle_jax.lower import param_table, unsupported_operators
     from circle_jax.model import summarize
+    from circle_jax.passes import pipeline, weight_only
+    from circle_jax.passes import run as run_passes
 
     m = read_model(args.model)
-    keys = param_table(m)
+    # params as a default load has them: a weight-only quantized model's dequantized (the
+    # pass keeps tensor indices, so the summary of the file counts them too)
+    floats = run_passes(m, pipeline(dequantize=weight_only(m)))
+    keys = param_table(floats)
     print(summarize(m, keys))
-    print(params_table(m, keys))
-    print("\n" + trainability(m, keys))
+    print(params_table(floats, keys))
+    print("\n" + trainability(floats, keys))
     print("\n" + default_passes(m))
     missing = unsupported_operators(m)
     if missing:
