@@ -21,7 +21,8 @@ describes, from the :class:`FakeQuantPlan` of the source model (:func:`fake_quan
   integer; per channel along the file's quantized dimension, or per tensor, as the file has it;
 - a *bias* (input 2 of CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED; input 3 of
   TRANSPOSE_CONV) is re-quantized at scale ``s_input * s_weight`` (per output channel) with
-  the weight's scales of that call, zero point 0, as int32 (int64 biases are not clamped).
+  the weight's scales of that call, zero point 0, as int32 (int64 biases are not clamped),
+  when its weight is a constant (a bias of a computed weight rounds as a weight does).
 """
 
 from __future__ import annotations
@@ -105,7 +106,7 @@ def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
             pos = BIAS_POSITION.get(op.type)
             if pos is not None and len(op.inputs) > pos and op.inputs[pos] >= 0:
                 b, x, w = (sg.tensors[op.inputs[j]] for j in (pos, 0, 1))
-                if is_quantized(b) and is_quantized(x) and is_quantized(w) and b.is_constant:
+                if all(map(is_quantized, (b, x, w))) and b.is_constant and w.is_constant:
                     biases[(sg.index, b.index)] = Bias(x.index, w.index, grid(b))
         for t in sg.tensors:
             key = (sg.index, t.index)
