@@ -34,6 +34,8 @@ from .passes import (
     weight_only,
 )
 from .passes.dequantize import describe_quantization, is_quantized
+from .passes.fake_quant import fake_quant_plan, fake_quantize, quantized_activations
+from .qat import integer_model
 
 
 @dataclass(frozen=True)
@@ -75,18 +77,24 @@ class Model:
     model before those two, which export writes while they were not trained apart).
     ``quantized``: the weight-only quantized model ``model`` was dequantized from, whose
     layout export writes the weights back in (`circle_jax.passes.requantize_weights`).
+    ``simulated``: the fully quantized model this one simulates by fake quantization
+    (quantization-aware training: ``load(qat=True)``), which export writes.
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
                  numerics: Numerics | str | None = None,
                  original: ir.Model | None = None, *,
-                 quantized: ir.Model | None = None) -> None:
+                 quantized: ir.Model | None = None,
+                 simulated: ir.Model | None = None) -> None:
         self.ir = model
         self.rewrites = Rewrites.of(model)
         self._original = original if self.rewrites else None
         self._quantized = quantized
         self.numerics = get_numerics(numerics)
-        self._lowered = Lowered(model, lowering)
+        #: the integer model this one simulates (None: not a QAT model)
+        self.simulated = simulated
+        self.fake_quant = None if simulated is None else fake_quant_plan(simulated)
+        self._lowered = Lowered(model, lowering, self.fake_quant)
         self._variants: dict[tuple, Lowered] = {}
         #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
         #: the model's traced programs depend on besides their arguments
@@ -202,6 +210,12 @@ class Model:
         unknown = sorted(set(params) - set(self.param_keys))
         if unknown:
             raise ValueError(f"unknown param name(s) {unknown}")
+        if self.simulated is not None:
+            names = {key: name for name, key in self.param_keys.items()}
+            floats = {name: _finite(name, np.asarray(v)) for name, v in params.items()}
+            integer = integer_model(self.simulated, self.fake_quant, {**self.params, **floats},
+                                    names)
+            return write_model(integer, file_format, metadata)
         model, keys = self.ir, self.param_keys
         if self._original is not None and not self._rewrites_matter(params):
             model = self._original
@@ -211,10 +225,7 @@ class Model:
             if name not in params:
                 continue
             old = model.subgraphs[k].tensors[i].data
-            new = np.asarray(params[name]).astype(old.dtype)
-            if np.issubdtype(new.dtype, np.inexact) and not np.isfinite(new).all():
-                raise TrainingError(f"param {name!r} holds NaN or infinity; a model is "
-                                    "exported only with finite weights")
+            new = _finite(name, np.asarray(params[name]).astype(old.dtype))
             if old.tobytes() != new.tobytes():  # unchanged weights keep shared buffers shared
                 weights[(k, i)] = new
         model = with_weights(model, weights)
@@ -231,6 +242,9 @@ class Model:
         """This model with a new ``new_head``-way classifier head on output ``output`` and/or
         rank-``lora`` adapters (`circle_jax.passes.personalize`), same lowering and numerics;
         its :attr:`personal_params` train by default. Refusals are one ValueError line."""
+        if self.simulated is not None:
+            raise ValueError("a new head or LoRA adapters on a quantization-aware training "
+                             "model are not supported; load it with qat=False (float)")
         index = _output_index(self, output)
         model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets))
@@ -282,6 +296,14 @@ class Model:
         )
 
 
+def _finite(name: str, value: np.ndarray) -> np.ndarray:
+    """``value``, refused when a float param holds NaN or infinity."""
+    if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
+        raise TrainingError(f"param {name!r} holds NaN or infinity; a model is exported only "
+                            "with finite weights")
+    return value
+
+
 def _spec(t: ir.Tensor) -> TensorSpec:
     return TensorSpec(t.name, t.shape, t.dtype)
 
@@ -302,6 +324,7 @@ def load(
     lora: int | None = None,
     lora_alpha: float | None = None,
     lora_targets: str | Iterable[str] = "all",
+    qat: bool | None = None,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -334,6 +357,15 @@ def load(
     head of output 0 by a fresh K-way one; ``lora=R`` adds rank-R adapters scaled by
     ``lora_alpha / R`` on ``lora_targets`` ("all", "fc", "conv", "matmul" or weight names
     and aliases); ``seed`` seeds their initial values.
+
+    ``qat=True``: a fully quantized model (quantized activations) loads as its
+    quantization-aware training model: the float model that simulates it by fake
+    quantization (`circle_jax.passes.fake_quantize`), with float32 masters of its weights
+    and biases, whose export writes the integer model (`circle_jax.qat`); shared weights stay
+    tied and no bias is added (every param maps to a tensor of the file). ``qat=False``: a
+    fully quantized model loads dequantized (``dequantize=True``: float training). Other
+    models load as they would without ``qat``. Default: a fully quantized model runs its
+    integer kernels.
     """
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights,
@@ -346,6 +378,8 @@ def load(
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
     selected = run(parsed, pipeline(signature=signature))
+    if qat is False and dequantize is None:
+        dequantize = quantized_activations(selected)
     dq = weight_only(selected) if dequantize is None else dequantize
     if dq:  # the pass reads the parameters: refuse bad ones as lowering would
         malformed, unsupported = check_tensor_quantization(selected)
@@ -354,12 +388,16 @@ def load(
             raise error(f"{len(malformed + unsupported)} invalid tensor quantization(s): "
                         + "; ".join(malformed + unsupported)[:1000])
     original = run(selected, pipeline(dequantize=dq))
-    model = run(original, pipeline(untie=not prof.tie_shared_weights,
-                                   add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
-    loaded = Model(model, lowering, prof, original,
-                   quantized=selected if dq and dequantize is None else None)
+    if qat and quantized_activations(original):
+        loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original)
+    else:
+        model = run(original, pipeline(untie=not prof.tie_shared_weights,
+                                       add_bias=prof.add_missing_bias,
+                                       policy=prof.trainable_policy))
+        loaded = Model(model, lowering, prof, original,
+                       quantized=selected if dq and dequantize is None else None)
     digest = hashlib.sha256(data)
-    digest.update(repr((loaded.lowering, prof, signature, dq, max_elements)).encode())
+    digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat)).encode())
     loaded.digest = digest.hexdigest()
     if new_head is not None or lora is not None:
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,

@@ -12,6 +12,8 @@ pass is also usable alone:
 
 Passes: :func:`select_signature` (`.signature`), :func:`dequantize_model` and its inverse
 for weight-only quantized models :func:`requantize_weights` (`.dequantize`),
+:func:`fake_quantize` (`.fake_quant`: a fully quantized model as the float model that
+simulates it, for quantization-aware training),
 :func:`untie_shared_constants` (`.untie`), :func:`add_missing_biases` (`.bias`);
 personalizing ones (:func:`personalize`): :func:`replace_head` (`.head`), :func:`add_lora`
 and its inverse :func:`merge_lora` (`.lora`). New passes build on the helpers of
@@ -36,6 +38,7 @@ from .edit import (
     set_inputs,
     set_outputs,
 )
+from .fake_quant import FakeQuantPlan, fake_quant_plan, fake_quantize
 from .head import replace_head
 from .lora import adapter_names, add_lora, lora_frozen, lora_targets, merge_lora
 from .signature import select_signature, signature_keys
@@ -96,9 +99,9 @@ def personal_params(model: ir.Model) -> frozenset[str]:
 
 __all__ = [
     "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
-    "add_tensor", "bias_operators", "bias_selection", "dequantize_model", "lora_frozen",
-    "lora_targets", "merge_lora", "personal_params", "personalize", "pipeline", "record",
-    "replace_head", "replace_inputs", "replace_subgraph", "requantize_weights", "run",
-    "select_signature", "set_inputs", "set_outputs", "signature_keys",
-    "untie_shared_constants", "weight_only",
+    "FakeQuantPlan", "add_tensor", "bias_operators", "bias_selection", "dequantize_model",
+    "fake_quant_plan", "fake_quantize", "lora_frozen", "lora_targets", "merge_lora",
+    "personal_params", "personalize", "pipeline", "record", "replace_head", "replace_inputs",
+    "replace_subgraph", "requantize_weights", "run", "select_signature", "set_inputs",
+    "set_outputs", "signature_keys", "untie_shared_constants", "weight_only",
 ]
