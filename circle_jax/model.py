@@ -244,7 +244,8 @@ class Model:
         its :attr:`personal_params` train by default. Refusals are one ValueError line."""
         if self.simulated is not None:
             raise ValueError("a new head or LoRA adapters on a quantization-aware training "
-                             "model are not supported; load it with qat=False (float)")
+                             "model are not supported; load it with qat=False (--qat off: the "
+                             "dequantized float model)")
         index = _output_index(self, output)
         model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets))
