@@ -8,7 +8,9 @@ compilation cache and circle-jax's traced programs), then ``--runs`` runs of ``c
 train MODEL --epoch 1 --batch_size B --learning_rate 1e-5`` with the setting's flags in new
 processes on 4 x B random samples (B: the model's declared batch; integer inputs are zeros;
 one-hot targets for cce), each run's PREPARE (reading the data, tracing and compiling the
-epoch) read from its timing summary. A setting is its loss (``mse``: ``--loss 1``, ``cce``:
+epoch) read from its timing summary, and the run's whole-process CPU time (user + system:
+loading, PREPARE and the epoch; on a loaded machine a steadier figure than wall time).
+A setting is its loss (``mse``: ``--loss 1``, ``cce``:
 ``--loss 2``), optimizer (``sgd``: ``--optimizer 1``, ``adam``: ``--optimizer 2``), and
 optionally ``val`` (``--validation_split 0.25``) and ``metric`` (``--metric 0``);
 ``all`` is the 16 combinations. Default: ``mse-sgd``.
@@ -23,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -52,7 +55,7 @@ def _data(path: str, name: str, tmp: str, onehot: bool) -> tuple[str, str, int]:
     if scalar:
         raise ValueError(f"scalar input {scalar[0]!r}: no batch axis to fill")
     batch = max(1, shapes[0][0])
-    n = 4 * batch
+    n = 4 * batch  # with validation: 3 x B train, B validate
     rng = np.random.default_rng(0)
     xs = {s.name: (rng.standard_normal((n, *shape[1:])) if "float" in s.dtype
                    else np.zeros((n, *shape[1:]))).astype(s.dtype)
@@ -69,7 +72,9 @@ def _data(path: str, name: str, tmp: str, onehot: bool) -> tuple[str, str, int]:
     return xf, yf, batch
 
 
-def measure(name: str, setting: str, runs: int, tmp: str) -> list[float] | str:
+def measure(name: str, setting: str, runs: int, tmp: str
+            ) -> tuple[list[float], list[float]] | str:
+    """(each run's PREPARE in ms, each run's whole-process CPU time in s), or why not."""
     path = os.path.join(SHARED_MODELS, name)
     words = setting.split("-")
     try:
@@ -77,8 +82,9 @@ def measure(name: str, setting: str, runs: int, tmp: str) -> list[float] | str:
     except Exception as e:  # noqa: BLE001 - reported in the table
         return f"{type(e).__name__}: {e}"[:120]
     cache = tempfile.mkdtemp(dir=tmp)
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run([sys.executable, "-m", "circle_jax.cli", "train", path,
                             "--load_input", xf, "--load_expected", yf, "--epoch", "1",
                             "--batch_size", str(batch), "--learning_rate", "1e-5",
@@ -87,8 +93,10 @@ def measure(name: str, setting: str, runs: int, tmp: str) -> list[float] | str:
         found = re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)
         if p.returncode or not found:
             return (p.stderr.strip().splitlines() or ["?"])[-1][:120]
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         times.append(float(found[1]))
-    return times
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return times, cpu
 
 
 def main() -> int:
@@ -104,8 +112,9 @@ def main() -> int:
         ap.error(f"unknown setting word(s) {unknown}; choose from {list(FLAGS)}")
     names = [n for n in args.models.split(",") if n] or sorted(
         f for f in os.listdir(SHARED_MODELS) if f.endswith((".tflite", ".circle")))
-    print("| model | setting | PREPARE first run (ms) | repeated runs (ms) |")
-    print("|---|---|---|---|")
+    print("| model | setting | PREPARE first run (ms) | repeated runs (ms) | process CPU s, "
+          "first / repeated |")
+    print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             for setting in settings:
@@ -113,8 +122,10 @@ def main() -> int:
                 if isinstance(r, str):
                     print(f"| {name} | {setting} | not trained: {r} | |", flush=True)
                     continue
-                print(f"| {name} | {setting} | {r[0]:.0f} | "
-                      f"{', '.join(f'{t:.0f}' for t in r[1:])} |", flush=True)
+                (first, *later), (cpu, *cpu_later) = r
+                print(f"| {name} | {setting} | {first:.0f} | "
+                      f"{', '.join(f'{t:.0f}' for t in later)} | {cpu:.1f} / "
+                      f"{', '.join(f'{t:.1f}' for t in cpu_later)} |", flush=True)
     return 0
 
 

@@ -16,6 +16,12 @@ process already does: on leaving it sets glibc's default limits again and hands 
 free memory back (``malloc_trim``), so a notebook holds no more memory after ``fit`` than
 before it. Rule: the library never leaves a process-wide setting changed that the caller
 did not ask for.
+
+Only the calling thread's allocations are kept this way: glibc serves other threads from
+their own arenas, which map a block that large whatever ``M_MMAP_MAX`` says. JAX's default
+asynchronous dispatch runs compiled CPU programs on a worker thread, so the pages are kept
+only where programs run inline (`circle_jax.inline_cpu_dispatch`, as the command line
+runs them; measured in benchmarks/README.md).
 """
 
 from __future__ import annotations
