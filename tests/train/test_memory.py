@@ -69,3 +69,26 @@ def test_a_process_that_keeps_memory_keeps_it_after_fit():
                      "from circle_jax.train.memory import host_memory_kept\n"
                      "with host_memory_kept() as kept:\n    assert kept\n" + FAULTS)
     assert max(ast.literal_eval(after)[1:]) < 164, after
+
+
+def test_fit_trains_inside_host_memory_kept(monkeypatch):
+    """``fit`` on CPU trains (data, compile, epochs, callbacks) inside `host_memory_kept`
+    and leaves it before returning."""
+    import contextlib
+
+    import circle_jax.train.loop as loop
+    from tests.toy_models import reshape_mlp, toy_data
+
+    events = []
+
+    @contextlib.contextmanager
+    def recorded():
+        events.append("enter")
+        yield True
+        events.append("exit")
+
+    monkeypatch.setattr(loop, "host_memory_kept", recorded)
+    x, y = toy_data(32)
+    loop.fit(reshape_mlp(), x, y, epochs=2, batch_size=8, loss="cce",
+             on_epoch=lambda i, h: events.append(i))
+    assert events == ["enter", 0, 1, "exit"]
