@@ -1,12 +1,19 @@
 """PREPARE of a first and a repeated ``circle-jax train`` run of every shared model.
 
     python benchmarks/bench_prepare.py [--models NAME,...] [--runs 3]
+                                       [--settings mse-sgd,cce-adam-val-metric,...|all]
 
-Per model: one fresh cache directory (``--compile_cache DIR``: JAX's persistent compilation
-cache and circle-jax's traced programs), then ``--runs`` runs of ``circle-jax train MODEL
---epoch 1 --batch_size B --loss 1 --optimizer 1 --learning_rate 1e-5`` in new processes on
-2 x B random samples (B: the model's declared batch; integer inputs are zeros), each run's
-PREPARE (reading the data, tracing and compiling the epoch) read from its timing summary.
+Per model and setting: one fresh cache directory (``--compile_cache DIR``: JAX's persistent
+compilation cache and circle-jax's traced programs), then ``--runs`` runs of ``circle-jax
+train MODEL --epoch 1 --batch_size B --learning_rate 1e-5`` with the setting's flags in new
+processes on 4 x B random samples (B: the model's declared batch; integer inputs are zeros;
+one-hot targets for cce), each run's PREPARE (reading the data, tracing and compiling the
+epoch) read from its timing summary, and the run's whole-process CPU time (user + system:
+loading, PREPARE and the epoch; on a loaded machine a steadier figure than wall time).
+A setting is its loss (``mse``: ``--loss 1``, ``cce``:
+``--loss 2``), optimizer (``sgd``: ``--optimizer 1``, ``adam``: ``--optimizer 2``), and
+optionally ``val`` (``--validation_split 0.25``) and ``metric`` (``--metric 0``);
+``all`` is the 16 combinations. Default: ``mse-sgd``.
 Models this random data does not fit (inputs or outputs without a batch axis, dynamic
 shapes) are listed with the command line's or the script's reason.
 
@@ -18,6 +25,7 @@ from __future__ import annotations
 import argparse
 import os
 import re
+import resource
 import subprocess
 import sys
 import tempfile
@@ -29,7 +37,15 @@ SHARED_MODELS = os.path.normpath(os.path.join(HERE, "..", "..", "shared", "model
 INPUT_SHAPES = {"oww_melspectrogram.tflite": [(1, 1760)]}  # dynamic input: a concrete size
 
 
-def _data(path: str, name: str, tmp: str) -> tuple[str, str, int]:
+#: a setting's word -> its command-line flags
+FLAGS = {"mse": ["--loss", "1"], "cce": ["--loss", "2"], "sgd": ["--optimizer", "1"],
+         "adam": ["--optimizer", "2"], "val": ["--validation_split", "0.25"],
+         "metric": ["--metric", "0"]}
+ALL = [f"{loss}-{opt}{val}{metric}" for loss in ("mse", "cce") for opt in ("sgd", "adam")
+       for val in ("", "-val") for metric in ("", "-metric")]
+
+
+def _data(path: str, name: str, tmp: str, onehot: bool) -> tuple[str, str, int]:
     """(inputs .npz, expected .npy, batch) of random data for the model at ``path``."""
     import circle_jax as cj
 
@@ -39,56 +55,77 @@ def _data(path: str, name: str, tmp: str) -> tuple[str, str, int]:
     if scalar:
         raise ValueError(f"scalar input {scalar[0]!r}: no batch axis to fill")
     batch = max(1, shapes[0][0])
+    n = 4 * batch  # with validation: 3 x B train, B validate
     rng = np.random.default_rng(0)
-    xs = {s.name: (rng.standard_normal((2 * batch, *shape[1:])) if "float" in s.dtype
-                   else np.zeros((2 * batch, *shape[1:]))).astype(s.dtype)
+    xs = {s.name: (rng.standard_normal((n, *shape[1:])) if "float" in s.dtype
+                   else np.zeros((n, *shape[1:]))).astype(s.dtype)
           for s, shape in zip(model.inputs, shapes, strict=True)}
     out = model.outputs[0]
-    y = rng.standard_normal((2 * batch, *out.shape[1:])).astype(out.dtype)
-    xf, yf = os.path.join(tmp, f"{name}.x.npz"), os.path.join(tmp, f"{name}.y.npy")
+    if onehot:  # a distribution over the last axis, as categorical crossentropy expects
+        y = np.eye(out.shape[-1])[rng.integers(0, out.shape[-1], (n, *out.shape[1:-1]))]
+    else:
+        y = rng.standard_normal((n, *out.shape[1:]))
+    y = y.astype(out.dtype)
+    xf, yf = os.path.join(tmp, f"{name}.x.npz"), os.path.join(tmp, f"{name}.{onehot}.y.npy")
     np.savez(xf, **xs)
     np.save(yf, y)
     return xf, yf, batch
 
 
-def measure(name: str, runs: int, tmp: str) -> list[float] | str:
+def measure(name: str, setting: str, runs: int, tmp: str
+            ) -> tuple[list[float], list[float]] | str:
+    """(each run's PREPARE in ms, each run's whole-process CPU time in s), or why not."""
     path = os.path.join(SHARED_MODELS, name)
+    words = setting.split("-")
     try:
-        xf, yf, batch = _data(path, name, tmp)
+        xf, yf, batch = _data(path, name, tmp, "cce" in words)
     except Exception as e:  # noqa: BLE001 - reported in the table
         return f"{type(e).__name__}: {e}"[:120]
     cache = tempfile.mkdtemp(dir=tmp)
-    times = []
+    times, cpu = [], []
     for _ in range(runs):
+        before = resource.getrusage(resource.RUSAGE_CHILDREN)
         p = subprocess.run([sys.executable, "-m", "circle_jax.cli", "train", path,
                             "--load_input", xf, "--load_expected", yf, "--epoch", "1",
-                            "--batch_size", str(batch), "--loss", "1", "--optimizer", "1",
-                            "--learning_rate", "1e-5",
+                            "--batch_size", str(batch), "--learning_rate", "1e-5",
+                            *(f for w in words for f in FLAGS[w]),
                             "--compile_cache", cache], capture_output=True, text=True)
         found = re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)
         if p.returncode or not found:
             return (p.stderr.strip().splitlines() or ["?"])[-1][:120]
+        after = resource.getrusage(resource.RUSAGE_CHILDREN)
         times.append(float(found[1]))
-    return times
+        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return times, cpu
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="", help="comma-separated (default: all shared)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--settings", default="mse-sgd",
+                    help="comma-separated (e.g. cce-adam-val-metric), or all")
     args = ap.parse_args()
+    settings = ALL if args.settings == "all" else args.settings.split(",")
+    unknown = [w for s in settings for w in s.split("-") if w not in FLAGS]
+    if unknown:
+        ap.error(f"unknown setting word(s) {unknown}; choose from {list(FLAGS)}")
     names = [n for n in args.models.split(",") if n] or sorted(
         f for f in os.listdir(SHARED_MODELS) if f.endswith((".tflite", ".circle")))
-    print("| model | PREPARE first run (ms) | repeated runs (ms) |")
-    print("|---|---|---|")
+    print("| model | setting | PREPARE first run (ms) | repeated runs (ms) | process CPU s, "
+          "first / repeated |")
+    print("|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
-            r = measure(name, args.runs, tmp)
-            if isinstance(r, str):
-                print(f"| {name} | not trained: {r} | |", flush=True)
-            else:
-                print(f"| {name} | {r[0]:.0f} | {', '.join(f'{t:.0f}' for t in r[1:])} |",
-                      flush=True)
+            for setting in settings:
+                r = measure(name, setting, args.runs, tmp)
+                if isinstance(r, str):
+                    print(f"| {name} | {setting} | not trained: {r} | |", flush=True)
+                    continue
+                (first, *later), (cpu, *cpu_later) = r
+                print(f"| {name} | {setting} | {first:.0f} | "
+                      f"{', '.join(f'{t:.0f}' for t in later)} | {cpu:.1f} / "
+                      f"{', '.join(f'{t:.1f}' for t in cpu_later)} |", flush=True)
     return 0
 
 

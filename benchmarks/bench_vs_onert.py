@@ -1,6 +1,6 @@
 """Per-step training time and peak memory of circle-jax vs onert on the same model and data.
 
-    python benchmarks/bench_vs_onert.py [--models example,mnist,resnet8,mobilenet,keras_mlp,
+    python benchmarks/bench_vs_onert.py [--models example,mnist,resnet8,mobilenet,mlp,keras_mlp,
                                                   keras_cnn,keras_conv1d,depthwise]
                                         [--batches 1,16] [--epochs 5] [--rounds 1]
                                         [--json FILE]
@@ -25,6 +25,11 @@ trainable, sequential batches, trailing partial batch dropped.
   ``train_set_expected`` / ``train`` / ``train_get_loss`` per batch (tests/onert_peer.py);
   onert_train's own ms/step covers the same loop in C++; the time inside ``train()``
   alone is shown in parentheses, a lower bound for onert's per-step cost.
+- library: circle-jax as a notebook runs it (runtime ``library``): a fresh process that
+  calls neither `circle_jax.inline_cpu_dispatch` nor `circle_jax.retain_host_memory`
+  (JAX's defaults), timed between ``fit``'s ``on_epoch`` callbacks (the median epoch after
+  the first of a second ``fit`` on the first one's ``Trainer``); its speed-up is onert's
+  ms/step over this.
 - memory: the peak resident set (RSS high-water mark) of the worker process, ``VmHWM`` of
   ``/proc/self/status``. It covers the whole process, the runtime's own libraries included;
   "delta" subtracts the same figure read right after importing the runtime and numpy,
@@ -69,6 +74,8 @@ MODELS = {
                 "MLPerf Tiny ResNet-8 (3 residual blocks, 16-64 ch), 32x32x3"),
     "mobilenet": ("mobilenet_v1_0.25_128_float.tflite", 64,
                   "MobileNet v1 0.25/128 (depthwise), 128x128x3, 1001 classes"),
+    "mlp": ("mlp", 1792, "MLP 64-64-10 (builder): FC 64 + ReLU, FC 10, softmax, on the "
+                         "8x8 digits as 64 features"),
     # Converted by TF's own converter (tests/data/keras, scripts/make_keras_models.py): the
     # small models on-device training is about (issue 16's table).
     "keras_mlp": ("tests/data/keras/mlp_zero_bias.tflite", 320,
@@ -104,13 +111,15 @@ def prepare(name: str, tmp: str) -> tuple[str, str, str]:
     import circle_jax as cj
 
     source, n, _ = MODELS[name]
-    if source == "example":
+    if source in ("example", "mlp"):
         from circle_jax.examples import branching_cnn, digits
 
-        path = os.path.join(tmp, "example.circle")
-        branching_cnn().save(path)
+        path = os.path.join(tmp, f"{source}.circle")
+        (branching_cnn() if source == "example" else _mlp()).save(path)
         x, y = digits()
         x, y = x[:n], y[:n]
+        if source == "mlp":
+            x = x.reshape(n, 64)
     else:
         if source == "depthwise":
             path = os.path.join(tmp, "depthwise.circle")
@@ -132,6 +141,25 @@ def prepare(name: str, tmp: str) -> tuple[str, str, str]:
     np.save(xf, x)
     np.save(yf, y)
     return path, xf, yf
+
+
+def _mlp():
+    """The MLP 64-64-10 of the small-model table: FULLY_CONNECTED 64 -> 64 + ReLU,
+    FULLY_CONNECTED 64 -> 10, SOFTMAX (He-initialized weights, zero biases)."""
+    import numpy as np
+
+    from circle_jax.build import Builder
+
+    rng = np.random.default_rng(0)
+    b = Builder("MLP 64-64-10")
+    h = b.input("x", (1, 64))
+    for i, (o, k) in enumerate([(64, 64), (10, 64)]):
+        w = b.constant(f"fc{i}/w", (rng.standard_normal((o, k)) * np.sqrt(2 / k))
+                       .astype(np.float32))
+        h = b.op("FULLY_CONNECTED", [h, w, b.constant(f"fc{i}/b", np.zeros(o, np.float32))],
+                 {"fused_activation_function": 1 if i == 0 else 0})
+    b.output(b.op("SOFTMAX", [h], {"beta": 1.0}))
+    return b
 
 
 def _depthwise_cnn():
@@ -168,14 +196,16 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     """Runs in a fresh process: train one model with one runtime; returns the figures."""
     import numpy as np
 
-    if runtime == "circle-jax":
+    notebook = runtime == "library"  # no process settings: JAX's and glibc's defaults
+    if runtime != "onert":
         import jax
 
         import circle_jax as cj
         from circle_jax.train import fit
-        if dispatch == "inline":  # as the command line runs (circle_jax.train.dispatch)
+        # as the command line runs (circle_jax.train.dispatch, circle_jax.train.memory)
+        if not notebook and dispatch == "inline":
             assert cj.inline_cpu_dispatch()
-        if host_memory == "retain":  # as the command line runs (circle_jax.train.memory)
+        if not notebook and host_memory == "retain":
             assert cj.retain_host_memory()
         jax.numpy.zeros(1).block_until_ready()  # backend up: part of the baseline
     else:
@@ -187,7 +217,16 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     extra: dict = {}
     path, xf, yf = files
     x, y = np.load(xf), np.load(yf)
-    if runtime == "circle-jax":
+    if notebook:  # one fit, timed between its on_epoch callbacks (epochs after the first)
+        t = time.perf_counter()
+        r = fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,
+                learning_rate=LEARNING_RATE, loss=2, optimizer=1, on_epoch=lambda i, h: None)
+        total = time.perf_counter() - t
+        h = r.history
+        ms, prepare, losses, steps = h.ms_per_step[1:], h.compile_ms, h.loss, h.steps[0]
+        extra["first_step_loss"] = float("nan")
+        peak = _rss_mib()
+    elif runtime == "circle-jax":
         from circle_jax.lowering import LoweringOptions
 
         model = cj.load(path, lowering=None if lowering == "auto" else
@@ -304,12 +343,13 @@ def _table(results: list[dict], peak_gflops: float | None = None) -> str:
     """The Markdown table; ``peak_gflops`` (the measured matmul rate) adds the step's FLOP
     count and the fraction of that rate circle-jax's step reaches."""
     rows = ["| model | batch | steps/epoch | onert ms/step | (onert `train()` only) | "
-            "circle-jax ms/step | (epoch by epoch) | speed-up | step MFLOP | "
+            "circle-jax ms/step | (epoch by epoch) | speed-up | library ms/step | "
+            "library speed-up | step MFLOP | "
             "circle-jax % of matmul peak | "
             "onert peak RSS MiB (delta) | circle-jax peak RSS "
             "MiB (delta) | circle-jax compile s | step-1 loss onert / circle-jax | epoch-1 "
             "loss onert / circle-jax |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     grouped: dict[tuple, list[dict]] = {}
     for r in results:
         grouped.setdefault((r["model"], r["batch"], r["runtime"]), []).append(r)
@@ -324,7 +364,8 @@ def _table(results: list[dict], peak_gflops: float | None = None) -> str:
     for name in dict.fromkeys(r["model"] for r in results):
         for batch in sorted({r["batch"] for r in results if r["model"] == name}):
             o, c = by.get((name, batch, "onert")), by.get((name, batch, "circle-jax"))
-            errs = "; ".join(f"{r['runtime']}: {r['error']}" for r in (o, c)
+            lib = by.get((name, batch, "library"))
+            errs = "; ".join(f"{r['runtime']}: {r['error']}" for r in (o, c, lib)
                              if r and "error" in r)
             both = bool(o and c and not errs)
             steps = cell(c, lambda r: str(r["steps"])) or cell(o, lambda r: str(r["steps"]))
@@ -335,6 +376,9 @@ def _table(results: list[dict], peak_gflops: float | None = None) -> str:
                 cell(c, lambda r: f"{r['ms_per_step']:.3f}"),
                 cell(c, lambda r: f"({r['per_epoch_loop_ms']:.3f})"),
                 _speedup(o, c) if both else "",
+                cell(lib, lambda r: f"{r['ms_per_step']:.3f}"),
+                _speedup(o, lib) if o and lib and "error" not in o and "error" not in lib
+                else "",
                 cell(c, lambda r: f"{r['step_flops'] / 1e6:.2f}" if r.get("step_flops") else ""),
                 cell(c, lambda r: _of_peak(r, peak_gflops)),
                 cell(o, rss), cell(c, rss),
@@ -372,7 +416,9 @@ def main(argv: list[str] | None = None) -> int:
                     help="circle-jax's process keeps freed host memory for the next call, as "
                          "the command line does (circle_jax.retain_host_memory), or leaves "
                          "glibc's malloc as it is")
-    ap.add_argument("--runtimes", default="onert,circle-jax")
+    ap.add_argument("--runtimes", default="onert,circle-jax,library",
+                    help="onert; circle-jax (with the command line's process settings); "
+                         "library (fit with on_epoch in a process without them)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every (model, batch) this many times, the runtimes "
                          "alternating; the table shows medians and the per-round ratios' range")
@@ -400,7 +446,7 @@ def main(argv: list[str] | None = None) -> int:
             json.dump(results, f, indent=1)
     for name in names:
         print(f"- {name}: {MODELS[name][2]}, {MODELS[name][1]} samples")
-    peak = matmul_peak_gflops() if "circle-jax" in args.runtimes else None
+    peak = matmul_peak_gflops() if "circle-jax" in args.runtimes.split(",") else None
     if peak:
         print(f"- float32 matmul peak through XLA on this machine: {peak:.1f} GFLOP/s "
               "(1024x1024 products, best of 20)")

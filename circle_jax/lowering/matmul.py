@@ -58,8 +58,9 @@ def _matmul_jvp(primals: tuple, tangents: tuple) -> tuple:
 
 #: A FULLY_CONNECTED of at most this many multiply-adds (rows x inputs x outputs) runs as
 #: :func:`small_matmul`: XLA CPU calls a GEMM routine per dot, a fixed cost larger than such
-#: a product's arithmetic, while a multiply and sum fuse with their neighbours.
-SMALL_MATMUL_MACS = 4096
+#: a product's arithmetic, while a multiply and sum fuse with their neighbours. From 4096 on,
+#: XLA hands the sum to a YNNPACK reduction, which costs more than the GEMM.
+SMALL_MATMUL_MACS = 3072
 
 
 def small_matmul(x: jax.Array, w: jax.Array) -> jax.Array:

@@ -4,6 +4,7 @@ logging point after each, callbacks, and resumption at any step; checkpointing
 
 from __future__ import annotations
 
+import contextlib
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -22,6 +23,7 @@ from ..optim import NoLossScale
 from .config import TrainConfig
 from .data import as_inputs, split_validation
 from .diagnose import first_non_finite
+from .memory import host_memory_kept
 from .state import History, StepMetrics, TrainState
 from .trainer import Trainer
 
@@ -129,50 +131,53 @@ def fit(
     trainer.progress = progress
     cfg = trainer.config
     epochs = cfg.epochs if epochs is None else epochs
-    x_tr, y_tr, val = prepare_data(trainer, x, y)
-    fresh, frozen = trainer.init(params)
-    state, frozen = trainer.placed((fresh if state is None else state, frozen))
-    hist = History()
-    n_train = int(y_tr.shape[0])
-    # Whole epochs (not in chunks, at least one full batch) run as `Trainer.run_epochs`;
-    # when nothing needs the host between epochs, all of them in one compiled call.
-    whole = every_steps is None and n_train >= cfg.batch_size
-    fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None
-             and not initial_step)
-    t0 = time.perf_counter()
-    if whole:
-        trainer.compile_epochs(state, frozen, x_tr, y_tr, epochs if fused else 1, val)
-    else:
-        trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
-    hist.compile_ms = (time.perf_counter() - t0) * 1000
-    hist.prepare_ms = (time.perf_counter() - started) * 1000
-    if on_start is not None:
-        on_start(hist)
-    if fused:
-        state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
-                              epochs)
-        warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
-    for i in range(0 if fused else epochs):
-        epoch = initial_epoch + i
-        if whole and not (i == 0 and initial_step):
-            state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, epoch, 1)
+    # freed host memory kept for the next compiled call while training, as the command
+    # line keeps it for good (see memory); the process-wide setting is undone on leaving
+    with host_memory_kept() if trainer.platform == "cpu" else contextlib.nullcontext():
+        x_tr, y_tr, val = prepare_data(trainer, x, y)
+        fresh, frozen = trainer.init(params)
+        state, frozen = trainer.placed((fresh if state is None else state, frozen))
+        hist = History()
+        n_train = int(y_tr.shape[0])
+        # Whole epochs (not in chunks, at least one full batch) run as `Trainer.run_epochs`;
+        # when nothing needs the host between epochs, all of them in one compiled call.
+        whole = every_steps is None and n_train >= cfg.batch_size
+        fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None
+                 and not initial_step)
+        t0 = time.perf_counter()
+        if whole:
+            trainer.compile_epochs(state, frozen, x_tr, y_tr, epochs if fused else 1, val)
         else:
-            t = time.perf_counter()
+            trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
+        hist.compile_ms = (time.perf_counter() - t0) * 1000
+        hist.prepare_ms = (time.perf_counter() - started) * 1000
+        if on_start is not None:
+            on_start(hist)
+        if fused:
+            state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
+                                  epochs)
+            warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
+        for i in range(0 if fused else epochs):
+            epoch = initial_epoch + i
+            if whole and not (i == 0 and initial_step):
+                state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, epoch, 1)
+            else:
+                t = time.perf_counter()
 
-            def chunk_done(s: TrainState, e: int = epoch) -> None:
-                for cb in callbacks:
-                    cb.on_chunk_end(e, s, frozen)
+                def chunk_done(s: TrainState, e: int = epoch) -> None:
+                    for cb in callbacks:
+                        cb.on_chunk_end(e, s, frozen)
 
-            state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch,
-                                         every_steps=every_steps,
-                                         skip_steps=initial_step if i == 0 else 0,
-                                         after_chunk=chunk_done)
-            record_epoch(trainer, hist, i, state, frozen, m, t, n_train, val)
-        warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
-        for cb in callbacks:
-            cb.on_epoch_end(epoch, hist, state, frozen)
-        if on_epoch is not None:
-            on_epoch(i, hist)
+                state, m = trainer.run_epoch(state, frozen, x_tr, y_tr, epoch,
+                                             every_steps=every_steps,
+                                             skip_steps=initial_step if i == 0 else 0,
+                                             after_chunk=chunk_done)
+                record_epoch(trainer, hist, i, state, frozen, m, t, n_train, val)
+            warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
+            for cb in callbacks:
+                cb.on_epoch_end(epoch, hist, state, frozen)
+            if on_epoch is not None:
+                on_epoch(i, hist)
     state, frozen = local((state, frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 

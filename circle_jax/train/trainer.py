@@ -66,6 +66,8 @@ class Trainer:
         #: traced every run). Used when no progress callback is set and on one device.
         self.program_cache: ProgramCache | None = None
         self.placement = placement
+        #: the platform the epochs run on ("cpu", "gpu", ...)
+        self.platform: str = jax.default_backend() if placement is None else placement.platform
         self.policy: Policy = get_policy(config.precision)
         lowering: dict[str, Any] = {} if placement is None or \
             model.lowering.backend is not None else {"backend": placement.platform}
@@ -484,9 +486,9 @@ class Trainer:
                 config = describe_config(replace(self.config, epochs=0))
                 self._compiled[key] = cache.compiled(
                     (self.model.digest, name, config, str(self.hoist)),
-                    fn, args, jax.tree.structure(out), lambda low: _compile(low, None))
+                    fn, args, jax.tree.structure(out), lambda low: _compile(low, self.platform))
             else:
-                self._compiled[key] = _compile(jax.jit(fn).lower(*args), self.placement)
+                self._compiled[key] = _compile(jax.jit(fn).lower(*args), self.platform)
         return self._compiled[key]
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
@@ -524,10 +526,10 @@ class Trainer:
 CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
 
 
-def _compile(lowered: jax.stages.Lowered, placement: DataParallel | None) -> Callable[..., Any]:
+def _compile(lowered: jax.stages.Lowered, platform: str) -> Callable[..., Any]:
     """Compile with ``CPU_COMPILER_OPTIONS`` for CPU devices; without them where this XLA
     lacks one."""
-    if (jax.default_backend() if placement is None else placement.platform) == "cpu":
+    if platform == "cpu":
         try:
             return lowered.compile(compiler_options=CPU_COMPILER_OPTIONS)
         except Exception as e:  # XLA's runtime error type moved between jaxlib versions
