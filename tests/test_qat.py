@@ -317,3 +317,31 @@ def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
     for i, got in own.items():
         steps = np.abs(got - want[i]) / sg.tensors[i].quantization.scale[0]
         assert steps.max() <= 1.01, (sg.tensors[i].name, steps.max())
+
+
+def test_eval_scores_the_integer_model_unless_told_qat(tmp_path: Path, capsys,
+                                                       monkeypatch) -> None:
+    """``circle-jax eval`` on a full-integer file runs its integer kernels (exact to LiteRT),
+    not the QAT simulation training uses; ``--qat on`` asks for the simulation."""
+    from circle_jax.cli import common, main
+    from circle_jax.train import Trainer
+
+    loaded = []
+    load_model = common.load_model
+    monkeypatch.setattr(common, "load_model", lambda *a, **k: loaded.append(load_model(*a, **k))
+                        or loaded[-1])
+    path = str(DATA / "full_int8_float_io.tflite")
+    x = np.load(DATA / "inputs.npz")["x"].astype(np.float32)
+    y = np.eye(10, dtype=np.float32)[np.arange(len(x)) % 10]
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", y)
+    printed = {}
+    for qat, model in ((None, cj.load(path)), ("on", cj.load(path, qat=True))):
+        flags = ["--qat", qat] if qat else []
+        assert main(["eval", path, "--load_input", str(tmp_path / "x.npy"), "--load_expected",
+                     str(tmp_path / "y.npy"), "--loss", "cce", *flags]) == 0
+        printed[qat] = capsys.readouterr().out.strip()
+        loss, accuracy = Trainer(model, loss="cce").evaluate(model.params, x, y)
+        assert printed[qat].startswith(f"loss: {loss:.4f} - categorical_accuracy: "
+                                       f"{accuracy:.4f}"), printed[qat]
+    assert loaded[0].simulated is None and loaded[1].simulated is not None

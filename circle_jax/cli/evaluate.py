@@ -38,7 +38,7 @@ def run(ns: argparse.Namespace) -> int:
 
     if ns.batch_size is not None and ns.batch_size < 1:
         raise CliError(f"--batch_size must be >= 1, got {ns.batch_size}")
-    model = load_model(ns.model, **load_options(ns))
+    model = load_model(ns.model, **load_options(ns, qat=None))  # the file as it is
     trainer = Trainer(model, batch_size=ns.batch_size, loss=ns.loss,
                       reduction=ns.loss_reduction_type,
                       from_logits=True if ns.from_logits else None,

@@ -206,7 +206,8 @@ def add_load_arguments(g: Any) -> None:
           "models are, and export in their own layout)",
           help="make every quantized tensor float32: a float model runs, trains and is "
           "exported (README: Quantized models)")
-    _flag(g, "--qat", choices=["on", "off"], default="on",
+    _flag(g, "--qat", choices=["on", "off"], default="on; eval: neither, the file's integer "
+          "kernels",
           help="a fully quantized (integer) model trains by quantization-aware training and "
           "exports as an integer model (on), or trains dequantized in float (off)")
 
