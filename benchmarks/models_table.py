@@ -18,8 +18,8 @@ sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import circle_jax as cj  # noqa: E402
 from tests.conformance import run_litert  # noqa: E402
+from tests.model_zoo import LITERT_CANNOT_RUN, inputs  # noqa: E402
 from tests.paths import SHARED_MODELS  # noqa: E402
-from tests.test_models import LITERT_CANNOT_RUN, random_inputs  # noqa: E402
 
 
 def main() -> None:
@@ -39,7 +39,7 @@ def main() -> None:
         if name in LITERT_CANNOT_RUN:
             diff, scale = "numpy loop (LiteRT lacks BatchMatMulV2)", ""
         else:
-            feeds = random_inputs(model, name)
+            feeds = inputs(model, name, None)  # the declared shapes
             data = model.export(file_format="tflite")
             want = run_litert(data, feeds)
             got = jax.jit(model.apply)(model.params, *feeds)
