@@ -9,16 +9,18 @@ Columns (each measured as `tests/test_sweep.py` checks it):
   runs (seeded random inputs of `model_zoo.inputs`), over the scale max(|output|, 1);
 - last sample vs LiteRT: the same for the third sample against LiteRT on that sample
   ("-" where LiteRT cannot run the file or the declared batch is not 1);
-- batch 8: the loss of one epoch of 16 samples at batch 8 (2 steps; MSE against uniform
-  targets, Adam, lr 1e-4), or its one-line refusal;
-- float32 / float16: the mean loss of one epoch of 32 samples at batch 8 (4 steps, same
-  loss and optimizer) in float32 and with ``p=f32,c=f16,o=f32`` and a dynamic loss scale
-  (skip), their relative difference and the float16 run's skipped steps.
+- batch 8, float32: the mean loss of one epoch of 32 samples at batch 8 (4 steps; MSE
+  against uniform targets, Adam, lr 1e-4), or its one-line refusal;
+- float16: the same with ``p=f32,c=f16,o=f32`` and the default dynamic loss scale
+  (skip), its relative difference from float32 and its skipped steps.
 
-Run: ``nice python benchmarks/bench_sweep_table.py`` (a few minutes; needs the test extras)."""
+Run: ``nice python benchmarks/bench_sweep_table.py [--part 0/2]`` (tens of minutes on the
+2-core machine under load; ``--part i/k`` runs every k-th model from the i-th; needs the
+test extras)."""
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 import warnings
@@ -37,7 +39,7 @@ TRAIN = dict(epochs=1, batch_size=8, loss="mse", optimizer="adam", learning_rate
 
 
 def _one_line(e: BaseException) -> str:
-    return f"refused: {str(e).splitlines()[0][:90]}"
+    return f"refused: {str(e).splitlines()[0][:200]}"
 
 
 def _deviation(got: list[np.ndarray], want: list[np.ndarray]) -> float:
@@ -86,28 +88,31 @@ def trained(model: cj.Model, name: str, n: int, **kw: Any) -> Any:
 
 
 def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--part", default="0/1", help="I/K: every K-th model from the I-th")
+    i, k = map(int, ap.parse_args().part.split("/"))
     cj.inline_cpu_dispatch()
     warnings.simplefilter("ignore", cj.LossScaleWarning)
     print("| model | path at batch 3 | batch 3 vs singles | last sample vs LiteRT "
-          "| batch 8 (1 epoch) | float32 (4 steps) | float16 | float16 vs float32 "
-          "| float16 skipped |")
-    print("|---|---|---|---|---|---|---|---|---|")
-    for name in model_zoo.all_models():
+          "| batch 8, float32 | float16 | float16 / float32 - 1 | float16 skipped |")
+    print("|---|---|---|---|---|---|---|---|")
+    for name in model_zoo.all_models()[i::k]:
         model = model_zoo.load(name)
         if isinstance(model, cj.CircleJaxError):
-            print(f"| {name} | {_one_line(model)} | | | | | | | |", flush=True)
+            print(f"| {name} | {_one_line(model)} | | | | | | |", flush=True)
             continue
         path, dev, vs = batch_of_3(model, name)
-        b8 = trained(model, name, 16)
-        b8 = b8 if isinstance(b8, str) else f"{b8.loss[0]:.4g}"
         f32 = trained(model, name, 32)
-        f16 = trained(model, name, 32, precision="p=f32,c=f16,o=f32", loss_scale="dynamic")
-        if isinstance(f32, str) or isinstance(f16, str):
-            row = f"{f32 if isinstance(f32, str) else f16} | | | "
+        if isinstance(f32, str):
+            row = f"{f32} | | |"
         else:
-            a, b = f32.loss[0], f16.loss[0]
-            row = f"{a:.4g} | {b:.4g} | {(b / a - 1) * 100:+.2f}% | {f16.skipped[0]} / 4"
-        print(f"| {name} | {path} | {dev} | {vs} | {b8} | {row} |", flush=True)
+            f16 = trained(model, name, 32, precision="p=f32,c=f16,o=f32",
+                          loss_scale="dynamic")
+            a = f32.loss[0]
+            row = (f"{a:.4g} | {f16} | | |" if isinstance(f16, str) else
+                   f"{a:.4g} | {f16.loss[0]:.4g} | {f16.loss[0] / a - 1:+.1e} | "
+                   f"{f16.skipped[0]} / {f16.steps[0]}")
+        print(f"| {name} | {path} | {dev} | {vs} | {row} |", flush=True)
 
 
 if __name__ == "__main__":
