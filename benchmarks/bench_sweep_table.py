@@ -14,9 +14,9 @@ Columns (each measured as `tests/test_sweep.py` checks it):
 - float16: the same with ``p=f32,c=f16,o=f32`` and the default dynamic loss scale
   (skip), its relative difference from float32 and its skipped steps.
 
-Run: ``nice python benchmarks/bench_sweep_table.py [--part 0/2]`` (tens of minutes on the
-2-core machine under load; ``--part i/k`` runs every k-th model from the i-th; needs the
-test extras)."""
+Run: ``nice python benchmarks/bench_sweep_table.py [--part 0/2] [--names ...]`` (tens of
+minutes on the 2-core machine under load; ``--part i/k`` runs every k-th model from the
+i-th, ``--names`` only those; needs the test extras)."""
 
 from __future__ import annotations
 
@@ -90,13 +90,15 @@ def trained(model: cj.Model, name: str, n: int, **kw: Any) -> Any:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--part", default="0/1", help="I/K: every K-th model from the I-th")
-    i, k = map(int, ap.parse_args().part.split("/"))
+    ap.add_argument("--names", nargs="+", help="these models (`tests.model_zoo` names)")
+    args = ap.parse_args()
+    i, k = map(int, args.part.split("/"))
     cj.inline_cpu_dispatch()
     warnings.simplefilter("ignore", cj.LossScaleWarning)
     print("| model | path at batch 3 | batch 3 vs singles | last sample vs LiteRT "
           "| batch 8, float32 | float16 | float16 / float32 - 1 | float16 skipped |")
     print("|---|---|---|---|---|---|---|---|")
-    for name in model_zoo.all_models()[i::k]:
+    for name in (args.names or model_zoo.all_models())[i::k]:
         model = model_zoo.load(name)
         if isinstance(model, cj.CircleJaxError):
             print(f"| {name} | {_one_line(model)} | | | | | | |", flush=True)
