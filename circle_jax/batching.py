@@ -20,9 +20,10 @@ constant operands leave dimension 0 alone:
 - BATCH_MATMUL: batched operands have the output's rank (rank 2: only the unadjointed lhs);
 - axis and axes operands or options (CONCATENATION, PACK, UNPACK, SPLIT, SPLIT_V, EXPAND_DIMS,
   SQUEEZE, reductions, ARG_MAX, CUMSUM, REVERSE_V2, ONE_HOT, GATHER) never name axis 0;
-  TRANSPOSE keeps axis 0 first; TILE multiplies it by 1; PAD pads it by 0; SLICE and
-  STRIDED_SLICE take it whole (begin 0 or masked, size -1 or end masked, stride 1, no
-  ellipsis, new axis or shrink there); RESHAPE's requested shape, computed at the declared
+  EMBEDDING_LOOKUP's rows follow its ids (only they are batched); TRANSPOSE keeps axis 0
+  first; TILE multiplies it by 1; PAD pads it by 0; SLICE and STRIDED_SLICE take it whole
+  (begin 0 or masked, size -1 or end masked, stride 1, no ellipsis, new axis or shrink
+  there); RESHAPE's requested shape, computed at the declared
   input, keeps dimension 0 at D and each sample's size;
 - every output of the subgraph is batched.
 
@@ -302,6 +303,7 @@ RULES: dict[str, Rule] = {
     "RESHAPE": _reshape,
     "GATHER": _gather,
     "GATHER_ND": _gather_nd,
+    "EMBEDDING_LOOKUP": lambda o: o.only(0),  # ids [N] -> rows [N, ...]
     "ONE_HOT": _one_hot,
     "UNIDIRECTIONAL_SEQUENCE_LSTM": _lstm,
 }

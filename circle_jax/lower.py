@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import replace
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -28,8 +28,10 @@ from .graph import ir
 from .graph.checks import check_arity, check_graph, check_quantization
 from .graph.params_policy import param_table
 from .lowering import LoweringOptions, as_options, implementation
+from .ops import fake_quant as fq
 from .ops.common import check_padding
 from .ops.registry import OpContext, OpDef, definition, lookup, runs_integer
+from .passes.fake_quant import FakeQuantPlan
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 
@@ -62,15 +64,60 @@ MAX_GEOMETRY = 1 << 16
 """The largest stride, dilation, filter size or depth multiplier an option may hold."""
 
 
+class RowSquares(NamedTuple):
+    """A param given to `Lowered.apply` as ``RowSquares(table, squares)`` (``squares``:
+    zeros shaped like the table) is read as ``table``, and the cotangent of ``squares`` is
+    what the reading operator's backward gives for the SQUARED output cotangent. For a
+    gather (each output element reads one table element) that is, per table element, the
+    sum over its occurrences of the squared gradient: Keras's sparse-gradient Adam feeds that
+    to its second moment (`circle_jax.optim.adam_tf`)."""
+
+    table: Any
+    squares: Any
+
+
+def _read_rows(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any], pos: int) -> Any:
+    """``fn(ctx, *args)`` with ``args[pos]`` a `RowSquares`; the other inputs are indices
+    (no gradient flows to them)."""
+    dynamic = [i for i, a in enumerate(args) if i != pos and not _static(a)]
+
+    def call(table: Any, *values: Any) -> Any:
+        full = list(args)
+        full[pos] = table
+        for i, v in zip(dynamic, values):
+            full[i] = v
+        return fn(ctx, *full)
+
+    @jax.custom_vjp
+    def read(table: Any, squares: Any, *values: Any) -> Any:
+        return call(table, *values)
+
+    def forward(table: Any, squares: Any, *values: Any) -> tuple[Any, Any]:
+        return jax.vjp(lambda t: call(t, *values), table)
+
+    def backward(back: Callable[..., Any], g: Any) -> tuple[Any, ...]:
+        return (back(g)[0], back(g * g)[0].astype(rows.squares.dtype),
+                *(None for _ in dynamic))
+
+    read.defvjp(forward, backward)
+    rows = args[pos]
+    return read(rows.table, rows.squares, *(args[i] for i in dynamic))
+
+
 class Lowered:
     """The lowered model: pure functions over (params, inputs), built once per IR.
 
     ``lowering``: "fast", "reference", a :class:`~circle_jax.lowering.LoweringOptions` or
-    None (the default: fast on CPU, reference on other backends).
+    None (the default: fast on CPU, reference on other backends). ``fake_quant``: for a
+    model `circle_jax.passes.fake_quantize` made, where it rounds (the plan of its source):
+    activations after they are computed or fed, weights and biases as operators read them
+    (`circle_jax.ops.fake_quant`).
     """
 
-    def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None) -> None:
+    def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
+                 fake_quant: FakeQuantPlan | None = None) -> None:
         self.model = model
+        self.fake_quant = fake_quant
         self.options = as_options(lowering)
         self.params = param_table(model)
         self._param_name = {key: name for name, key in self.params.items()}
@@ -120,6 +167,7 @@ class Lowered:
         """The same model lowered with ``changes`` to its options (e.g. ``in_loop=True``)."""
         new = object.__new__(Lowered)
         new.model, new.params, new._param_name = self.model, self.params, self._param_name
+        new.fake_quant = self.fake_quant
         new.options, new.batch_blocker = replace(self.options, **changes), self.batch_blocker
         new._ops = {key: (d, _implementation(d, ctx.op.key, new.options),
                           replace(ctx, lowering=new.options))
@@ -195,8 +243,16 @@ class Lowered:
         if len(inputs) != len(sg.inputs):
             raise TypeError(f"subgraph {k} takes {len(sg.inputs)} inputs, got {len(inputs)}")
         taps = taps or {}
-        env: dict[int, Any] = {i: x + taps[i] if i in taps else x
-                               for i, x in zip(sg.inputs, inputs)}
+        plan = self.fake_quant
+        acts = {} if plan is None else {i: g for (j, i), g in plan.activations.items() if j == k}
+
+        def computed(i: int, x: Any) -> Any:
+            if i in acts:
+                g = acts[i]
+                x = fq.fake_quant(x, g.scale[0], g.zero_point[0], g.qmin, g.qmax)
+            return x + taps[i] if i in taps else x
+
+        env: dict[int, Any] = {i: computed(i, x) for i, x in zip(sg.inputs, inputs)}
 
         def value(i: int, static: bool = False) -> Any:
             if i < 0:
@@ -206,6 +262,8 @@ class Lowered:
             t = sg.tensors[i]
             name = self._param_name.get((k, i))
             if name is not None and not (static and t.data is not None):
+                if plan is not None and (k, i) in plan.weights:
+                    return fq.fake_quant_weight(params[name], plan.weights[(k, i)])[0]
                 return params[name]
             if t.data is not None:
                 return t.data
@@ -219,9 +277,14 @@ class Lowered:
         for op in sg.operators:
             d, fn, ctx = self._ops[(k, op.index)]
             args = [value(i, pos in d.static_inputs) for pos, i in enumerate(op.inputs)]
+            if plan is not None:
+                args = [self._fake_quant_bias(k, i, a, params) for i, a in zip(op.inputs, args)]
             ctx = replace(ctx, run_subgraph=run_subgraph)
             try:
-                if d.fold and args and all(_static(a) for a in args):
+                rows = next((p for p, a in enumerate(args) if isinstance(a, RowSquares)), None)
+                if rows is not None:
+                    out = _read_rows(fn, ctx, args, rows)
+                elif d.fold and args and all(_static(a) for a in args):
                     with jax.ensure_compile_time_eval():
                         out = fn(ctx, *args)
                     out = jax.tree.map(np.asarray, out)
@@ -248,9 +311,22 @@ class Lowered:
                         f"operator {op.index} ({op.key}) of subgraph {k} computes shape "
                         f"{list(np.shape(o))[:8]}, over {ir.MAX_TENSOR_ELEMENTS} elements")
                 if i >= 0:
-                    env[i] = o + taps[i] if i in taps else o
+                    env[i] = computed(i, o)
         outputs = tuple(value(i) for i in sg.outputs)
         return outputs, (env if keep else {})
+
+
+    def _fake_quant_bias(self, k: int, i: int, b: Any, params: Mapping[str, Any]) -> Any:
+        """Bias ``b`` (tensor ``i`` of subgraph ``k``) re-quantized at ``s_input * s_weight``
+        with the weight's scales of this call; any other argument as it is."""
+        bias = self.fake_quant.biases.get((k, i)) if self.fake_quant is not None else None
+        if bias is None:
+            return b
+        w = params[self._param_name[(k, bias.weight)]]
+        weight = self.fake_quant.weights[(k, bias.weight)]
+        s_in = self.fake_quant.activations[(k, bias.input)].scale[0]
+        scale = fq.bias_scale(s_in, fq.weight_params(w, weight)[0])
+        return fq.fake_quant_bias(b, scale, bias.grid)
 
 
 MAX_MESSAGE = 1000

@@ -12,17 +12,30 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import CircleFormatError, TrainingError
+from .errors import CircleFormatError, TrainingError, UnsupportedOperatorError
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import with_weights, write_model
 from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
-from .graph.checks import check_graph
+from .graph.checks import check_graph, check_tensor_quantization
 from .graph.params_policy import ParamRole, classify_params, describe_roles
 from .lower import Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
-from .passes import adapter_names, merge_lora, personal_params, personalize, pipeline, run
+from .passes import (
+    adapter_names,
+    bias_selection,
+    merge_lora,
+    personal_params,
+    personalize,
+    pipeline,
+    requantize_weights,
+    run,
+    weight_only,
+)
+from .passes.dequantize import describe_quantization, is_quantized
+from .passes.fake_quant import fake_quant_plan, fake_quantize, quantized_activations
+from .qat import integer_model
 
 
 @dataclass(frozen=True)
@@ -62,16 +75,26 @@ class Model:
     trainable policy, and why; ``passes`` lists the graph passes `load` ran and what each
     changed, ``rewrites`` the untied copies and added biases among them (``original``: the
     model before those two, which export writes while they were not trained apart).
+    ``quantized``: the weight-only quantized model ``model`` was dequantized from, whose
+    layout export writes the weights back in (`circle_jax.passes.requantize_weights`).
+    ``simulated``: the fully quantized model this one simulates by fake quantization
+    (quantization-aware training: ``load(qat=True)``), which export writes.
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
                  numerics: Numerics | str | None = None,
-                 original: ir.Model | None = None) -> None:
+                 original: ir.Model | None = None, *,
+                 quantized: ir.Model | None = None,
+                 simulated: ir.Model | None = None) -> None:
         self.ir = model
         self.rewrites = Rewrites.of(model)
         self._original = original if self.rewrites else None
+        self._quantized = quantized
         self.numerics = get_numerics(numerics)
-        self._lowered = Lowered(model, lowering)
+        #: the integer model this one simulates (None: not a QAT model)
+        self.simulated = simulated
+        self.fake_quant = None if simulated is None else fake_quant_plan(simulated)
+        self._lowered = Lowered(model, lowering, self.fake_quant)
         self._variants: dict[tuple, Lowered] = {}
         #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
         #: the model's traced programs depend on besides their arguments
@@ -179,11 +202,20 @@ class Model:
         written instead (nothing was trained apart). LoRA adapters (`circle_jax.passes.lora`)
         are merged into their base weights (``W + s * B A``, the original graph) unless
         ``merge_adapters`` is False, which writes the graph with the adapter operators.
+        A weight-only quantized model (dynamic-range int8 or float16 weights, dequantized at
+        load) is written in its own layout: changed int8 weights requantized per channel
+        with symmetric scales, float16 ones rounded (`circle_jax.passes.requantize_weights`).
         """
         params = self.params if params is None else params
         unknown = sorted(set(params) - set(self.param_keys))
         if unknown:
             raise ValueError(f"unknown param name(s) {unknown}")
+        if self.simulated is not None:
+            names = {key: name for name, key in self.param_keys.items()}
+            floats = {name: _finite(name, np.asarray(v)) for name, v in params.items()}
+            integer = integer_model(self.simulated, self.fake_quant, {**self.params, **floats},
+                                    names)
+            return write_model(integer, file_format, metadata)
         model, keys = self.ir, self.param_keys
         if self._original is not None and not self._rewrites_matter(params):
             model = self._original
@@ -193,15 +225,14 @@ class Model:
             if name not in params:
                 continue
             old = model.subgraphs[k].tensors[i].data
-            new = np.asarray(params[name]).astype(old.dtype)
-            if np.issubdtype(new.dtype, np.inexact) and not np.isfinite(new).all():
-                raise TrainingError(f"param {name!r} holds NaN or infinity; a model is "
-                                    "exported only with finite weights")
+            new = _finite(name, np.asarray(params[name]).astype(old.dtype))
             if old.tobytes() != new.tobytes():  # unchanged weights keep shared buffers shared
                 weights[(k, i)] = new
         model = with_weights(model, weights)
         if merge_adapters:
             model = merge_lora(model)
+        if self._quantized is not None:
+            model = requantize_weights(model, self._quantized, self.rewrites.untied)
         return write_model(model, file_format, metadata)
 
     def personalize(self, *, new_head: int | None = None, seed: int = 0,
@@ -211,10 +242,13 @@ class Model:
         """This model with a new ``new_head``-way classifier head on output ``output`` and/or
         rank-``lora`` adapters (`circle_jax.passes.personalize`), same lowering and numerics;
         its :attr:`personal_params` train by default. Refusals are one ValueError line."""
+        if self.simulated is not None:
+            raise ValueError("a new head or LoRA adapters on a quantization-aware training "
+                             "model are not supported; load it with qat=False (float)")
         index = _output_index(self, output)
         model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets))
-        out = Model(model, self.lowering, self.numerics)
+        out = Model(model, self.lowering, self.numerics, quantized=self._quantized)
         if self.digest is not None:
             extra = (new_head, seed, index, lora, lora_alpha, str(lora_targets))
             out.digest = hashlib.sha256((self.digest + repr(extra)).encode()).hexdigest()
@@ -262,6 +296,14 @@ class Model:
         )
 
 
+def _finite(name: str, value: np.ndarray) -> np.ndarray:
+    """``value``, refused when a float param holds NaN or infinity."""
+    if np.issubdtype(value.dtype, np.inexact) and not np.isfinite(value).all():
+        raise TrainingError(f"param {name!r} holds NaN or infinity; a model is exported only "
+                            "with finite weights")
+    return value
+
+
 def _spec(t: ir.Tensor) -> TensorSpec:
     return TensorSpec(t.name, t.shape, t.dtype)
 
@@ -272,15 +314,17 @@ def load(
     *,
     numerics: Numerics | str | None = None,
     tie_shared_weights: bool | None = None,
-    add_missing_bias: bool | None = None,
+    add_missing_bias: bool | str | Iterable[str] | None = None,
     trainable_policy: str | None = None,
     signature: str | None = None,
+    dequantize: bool | None = None,
     max_elements: int = MAX_TENSOR_ELEMENTS,
     new_head: int | None = None,
     seed: int = 0,
     lora: int | None = None,
     lora_alpha: float | None = None,
     lora_targets: str | Iterable[str] = "all",
+    qat: bool | None = None,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -298,17 +342,34 @@ def load(
     passes run on the parsed model (`circle_jax.passes.pipeline`, recorded in
     ``Model.passes``): ``signature`` picks a SignatureDef by key, whose subgraph becomes the
     model's main one (default: subgraph 0); unless tied, a trainable constant read by
-    several operators becomes one param per reader; with ``add_missing_bias`` weighted
-    operators without a bias get a zero one. ``trainable_policy`` is "weights" (default),
-    "all_float" or "fc_conv" (onert-micro's). The file is parsed once; nothing is serialized.
+    several operators becomes one param per reader; ``add_missing_bias`` ("all" or True,
+    "none" or False, or operator aliases such as ``"op3,op5"`` / ``["op3"]``; None: the
+    profile's: keras and torch "all", the others "none") gives those of the weighted
+    operators without a bias a zero one that trains. ``dequantize=True`` makes every
+    quantized tensor float32 (`circle_jax.passes.dequantize_model`; export then writes a
+    float model); the default (None) does so only for weight-only quantized models
+    (dynamic-range int8 weights with float activations, float16 weights), which train as
+    float32 and export in their own layout, and runs full-integer models with integer
+    kernels; ``False`` never does. ``trainable_policy`` is "weights" (default), "all_float"
+    or "fc_conv" (onert-micro's). The file is parsed once; nothing is serialized.
 
     Personalizing (`Model.personalize`, run last): ``new_head=K`` replaces the classifier
     head of output 0 by a fresh K-way one; ``lora=R`` adds rank-R adapters scaled by
     ``lora_alpha / R`` on ``lora_targets`` ("all", "fc", "conv", "matmul" or weight names
     and aliases); ``seed`` seeds their initial values.
+
+    ``qat=True``: a fully quantized model (quantized activations) loads as its
+    quantization-aware training model: the float model that simulates it by fake
+    quantization (`circle_jax.passes.fake_quantize`), with float32 masters of its weights
+    and biases, whose export writes the integer model (`circle_jax.qat`); shared weights stay
+    tied and no bias is added (every param maps to a tensor of the file). ``qat=False``: a
+    fully quantized model loads dequantized (``dequantize=True``: float training). Other
+    models load as they would without ``qat``. Default: a fully quantized model runs its
+    integer kernels.
     """
     prof = get_numerics(numerics).with_overrides(
-        tie_shared_weights=tie_shared_weights, add_missing_bias=add_missing_bias,
+        tie_shared_weights=tie_shared_weights,
+        add_missing_bias=None if add_missing_bias is None else bias_selection(add_missing_bias),
         trainable_policy=trainable_policy)
     data, where = read_bytes(source)
     parsed = parse_model(data, where, max_elements=max_elements)
@@ -316,12 +377,27 @@ def load(
     if refusals:  # before the passes, which walk the graph
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
-    original = run(parsed, pipeline(signature=signature))
-    model = run(original, pipeline(untie=not prof.tie_shared_weights,
-                                   add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
-    loaded = Model(model, lowering, prof, original)
+    selected = run(parsed, pipeline(signature=signature))
+    if qat is False and dequantize is None:
+        dequantize = quantized_activations(selected)
+    dq = weight_only(selected) if dequantize is None else dequantize
+    if dq:  # the pass reads the parameters: refuse bad ones as lowering would
+        malformed, unsupported = check_tensor_quantization(selected)
+        if malformed or unsupported:
+            error = CircleFormatError if malformed else UnsupportedOperatorError
+            raise error(f"{len(malformed + unsupported)} invalid tensor quantization(s): "
+                        + "; ".join(malformed + unsupported)[:1000])
+    original = run(selected, pipeline(dequantize=dq))
+    if qat and quantized_activations(original):
+        loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original)
+    else:
+        model = run(original, pipeline(untie=not prof.tie_shared_weights,
+                                       add_bias=prof.add_missing_bias,
+                                       policy=prof.trainable_policy))
+        loaded = Model(model, lowering, prof, original,
+                       quantized=selected if dq and dequantize is None else None)
     digest = hashlib.sha256(data)
-    digest.update(repr((loaded.lowering, prof, signature, max_elements)).encode())
+    digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat)).encode())
     loaded.digest = digest.hexdigest()
     if new_head is not None or lora is not None:
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
@@ -365,6 +441,11 @@ def summarize(model: ir.Model, param_keys: Mapping[str, ParamKey] | None = None)
             ins = ", ".join(_short(sg, i) for i in op.inputs)
             outs = ", ".join(_short(sg, i) for i in op.outputs)
             lines.append(f"  {op.index:>4}  {op.key:28} {ins} -> {outs}")
+        quantized = [t for t in sg.tensors if is_quantized(t)]
+        if quantized:
+            lines.append(f"  quantized tensors ({len(quantized)}; per-channel: N scales@axis):")
+            lines += [f"  {t.index:>4}  {describe_quantization(t):40} {t.name}"
+                      for t in quantized]
         n = sum(
             int(np.prod(t.shape)) for t in sg.tensors if (sg.index, t.index) in counted
         )

@@ -5,12 +5,14 @@ computed. Pass it to ``circle_jax.load(..., numerics=...)`` (the model keeps it 
 uses it) or to training (``TrainConfig(numerics=...)``, for the loss and optimizer fields).
 Explicit settings (``tie_shared_weights=``, ``add_missing_bias=``, ``clip=``,
 ``from_logits=``, ``optimizer_kwargs={"eps_placement": ...}``) override the profile's.
+``add_missing_bias`` is "all", "none" or the operators that get a zero bias
+(`circle_jax.passes.bias_selection`: ``"op3,op5"``).
 
 =================== ========== ============ =============== ===========
 field               ``onert``  ``keras``    ``onert-micro`` ``torch``
 =================== ========== ============ =============== ===========
 tie_shared_weights  False      False        True            False
-add_missing_bias    False      True         False           True
+add_missing_bias    none       all          none            all
 trainable_policy    weights    weights      fc_conv         weights
 cce_clip            onert      keras        onert           onert
 softmax_cce         clip       logits       clip            logits
@@ -19,6 +21,7 @@ adam_eps            tf         tf           onert_micro     optax
 optimizers          keras      keras        keras           torch
 reduction           sum_over_batch_size (all four)
 gradients           batch_mean batch_mean   per_sample_sum  batch_mean
+embedding_adam      dense      sparse       dense           dense
 =================== ========== ============ =============== ===========
 
 CCE reads the trained output in one of two ways: ``softmax_cce`` when the operator producing
@@ -36,7 +39,13 @@ the output taken as probabilities; ``logits``: the output taken as logits). An e
   converter dropped added back, CCE on a SOFTMAX output computed from the softmax's input
   logits (Keras keeps them on its softmax output), otherwise on probabilities clipped to
   [1e-7, 1 - 1e-7]; Keras's Adam (the same as onert's). A ``Dense(use_bias=False)`` converts
-  to the same file as a dropped zero bias: train such a model with ``add_missing_bias=False``.
+  to the same file as a dropped zero bias: train such a model with ``add_missing_bias`` naming
+  only the operators that had one (or "none"). ``embedding_adam = sparse``: on an embedding
+  table (a param read only as the table of GATHER / GATHER_ND / EMBEDDING_LOOKUP), Adam's
+  second moment takes, per row, the sum over the batch's occurrences of the squared row
+  gradients, where dense Adam takes the square of their sum (Keras's Adam on the table's
+  IndexedSlices gradient; `circle_jax.optim.adam_tf`). It applies to ``adam`` and ``adamw``
+  with eps placement ``tf`` and no loss scaling or gradient accumulation.
 - ``onert-micro``: derived from ONE's onert-micro sources (../shared/docs/formats.md names
   the files), never run against a peer: none runs here. One tensor per weight (shared
   constants tied: its .wof holds one buffer per tensor), Adam ``m_hat / sqrt(v_hat + eps)``,
@@ -50,7 +59,8 @@ the output taken as probabilities; ``logits``: the output taken as logits). An e
 - ``torch``: reproduces a PyTorch training loop on the source model of a litert-torch
   conversion: untied, zero biases the converter dropped added back (torch initialises
   ``nn.MultiheadAttention``'s projection biases to zero, and trains them; a bias-free
-  ``nn.Linear`` converts to the same file: load it with ``add_missing_bias=False``),
+  ``nn.Linear`` converts to the same file: name the operators that had a bias with
+  ``add_missing_bias``, or "none"),
   ``nn.CrossEntropyLoss`` (from logits, mean over the batch; on a SOFTMAX output
   the SOFTMAX's input logits), ``nn.MSELoss`` (mean over all elements) and torch.optim's
   optimizers (`circle_jax.optim.TORCH_OPTIMIZERS`: SGD with momentum, dampening, nesterov
@@ -69,6 +79,7 @@ SOFTMAX_CCE = ("clip", "logits")
 ADAM_EPS = ("tf", "optax", "onert_micro")
 OPTIMIZER_FAMILIES = ("keras", "torch")
 GRADIENTS = ("batch_mean", "per_sample_sum")
+EMBEDDING_ADAM = ("dense", "sparse")
 
 
 @dataclass(frozen=True)
@@ -77,7 +88,7 @@ class Numerics:
 
     name: str
     tie_shared_weights: bool = False
-    add_missing_bias: bool = False
+    add_missing_bias: str = "none"
     trainable_policy: str = "weights"
     cce_clip: str = "onert"
     softmax_cce: str = "clip"
@@ -86,6 +97,7 @@ class Numerics:
     optimizers: str = "keras"
     reduction: str = "sum_over_batch_size"
     gradients: str = "batch_mean"
+    embedding_adam: str = "dense"
 
     def __post_init__(self) -> None:
         check_policy(self.trainable_policy)
@@ -98,6 +110,9 @@ class Numerics:
                              f"{self.optimizers!r}")
         if self.gradients not in GRADIENTS:
             raise ValueError(f"gradients must be one of {GRADIENTS}, got {self.gradients!r}")
+        if self.embedding_adam not in EMBEDDING_ADAM:
+            raise ValueError(f"embedding_adam must be one of {EMBEDDING_ADAM}, got "
+                             f"{self.embedding_adam!r}")
         if self.adam_eps not in ADAM_EPS:
             raise ValueError(f"adam_eps must be one of {ADAM_EPS}, got {self.adam_eps!r}")
 
@@ -123,12 +138,12 @@ class Numerics:
 
 PROFILES: dict[str, Numerics] = {
     "onert": Numerics("onert"),
-    "keras": Numerics("keras", add_missing_bias=True, cce_clip="keras", softmax_cce="logits",
-                      other_cce="clip"),
+    "keras": Numerics("keras", add_missing_bias="all", cce_clip="keras", softmax_cce="logits",
+                      other_cce="clip", embedding_adam="sparse"),
     "onert-micro": Numerics("onert-micro", tie_shared_weights=True, trainable_policy="fc_conv",
                             adam_eps="onert_micro", other_cce="clip",
                             gradients="per_sample_sum"),
-    "torch": Numerics("torch", add_missing_bias=True, softmax_cce="logits", adam_eps="optax",
+    "torch": Numerics("torch", add_missing_bias="all", softmax_cce="logits", adam_eps="optax",
                       optimizers="torch"),
 }
 DEFAULT = "onert"

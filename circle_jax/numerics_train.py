@@ -12,6 +12,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
+from .graph.params_policy import embedding_tables
 from .lower import Lowered
 from .model import Model
 from .numerics import Numerics, get_numerics
@@ -40,6 +41,9 @@ class TrainingNumerics:
       sum_gradients: Adam's moments take the batch's SUM of per-sample gradients (the
         profile's ``gradients = per_sample_sum``: onert-micro's Adam); the trainer scales the
         mean loss's gradient by the batch size.
+      row_squares: the embedding tables whose Adam second moment takes the per-occurrence
+        sum of squared row gradients (``embedding_adam = sparse`` with ``adam`` / ``adamw``
+        at the ``tf`` eps placement; `circle_jax.lower.RowSquares`).
     """
 
     numerics: Numerics
@@ -51,6 +55,7 @@ class TrainingNumerics:
     logits_of: tuple[int, float] | None = None
     optimizers: str = "keras"
     sum_gradients: bool = False
+    row_squares: frozenset[str] = frozenset()
 
 
 def softmax_input(model: Model, output: int = 0) -> tuple[int, float] | None:
@@ -113,7 +118,11 @@ def training_numerics(model: Model, loss: str, optimizer: str, spec: Any, from_l
             apply = softmax_logits_apply(model, output, **changes)
             in_loop = softmax_logits_apply(model, output, in_loop=True, **changes)
             from_logits, logits_of = True, softmax_input(model, output)
+    sparse = prof.embedding_adam == "sparse" and optimizer in _ADAMS and \
+        prof.optimizers == "keras" and kwargs.get("eps_placement") == "tf"
     return TrainingNumerics(prof, apply, in_loop, bool(from_logits),
                             prof.cce_clip if clip is None else clip, kwargs, logits_of,
                             prof.optimizers,
-                            prof.gradients == "per_sample_sum" and optimizer in _ALL_ADAMS)
+                            prof.gradients == "per_sample_sum" and optimizer in _ALL_ADAMS,
+                            embedding_tables(model.ir, model.param_keys) if sparse
+                            else frozenset())

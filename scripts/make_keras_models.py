@@ -117,6 +117,15 @@ def embedding() -> keras.Model:
     return keras.Model(x, L.Dense(N_CLASSES, activation="softmax")(h))
 
 
+def residual_bias_free() -> keras.Model:
+    """A residual block whose inner Dense has no bias (use_bias=False), between Denses whose
+    biases start at zero: in the file none of the three has one."""
+    x = keras.Input((6,))
+    h = L.Dense(8, activation="relu")(x)
+    s = L.Add()([h, L.Dense(8, use_bias=False)(h)])
+    return keras.Model(x, L.Dense(N_CLASSES, activation="softmax")(s))
+
+
 #: What the converter does to each case, and what a faithful trainer must do about it.
 NOTES = {
     "branching_cnn": "the three zero [4] conv biases become ONE constant read by three CONV_2D "
@@ -143,6 +152,10 @@ NOTES = {
                  "LESS/ADD/SELECT for negative values; Keras trains the table with a sparse "
                  "gradient (IndexedSlices, one row per occurrence); the Dense's zero bias is "
                  "dropped",
+    "residual_bias_free": "all three FULLY_CONNECTEDs lose their bias input: the two zero "
+                          "biases Keras trains and the residual Dense that has none; train it "
+                          "with add_missing_bias naming the first and last (op0,op2 when the "
+                          "converter keeps Keras's order)",
 }
 
 CASES = {
@@ -154,6 +167,7 @@ CASES = {
     "lstm": lstm,
     "three_consumers": three_consumers,
     "embedding": embedding,
+    "residual_bias_free": residual_bias_free,
 }
 
 

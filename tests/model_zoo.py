@@ -69,10 +69,11 @@ def file_bytes(name: str) -> bytes:
 
 
 @functools.cache
-def load(name: str) -> cj.Model | cj.CircleJaxError:
-    """The loaded model (cached per process), or the one-line error refusing it."""
+def load(name: str, lowering: str | None = None) -> cj.Model | cj.CircleJaxError:
+    """The loaded model (cached per process and lowering), or the one-line error refusing
+    it."""
     try:
-        return cj.load(source(name))
+        return cj.load(source(name), lowering=lowering)
     except cj.CircleJaxError as e:
         return e
 
@@ -82,12 +83,14 @@ def sample_shapes(model: cj.Model, name: str) -> list[tuple[int, ...]]:
     return SAMPLE_SHAPES.get(name, [tuple(s.shape[1:]) for s in model.inputs])
 
 
-def inputs(model: cj.Model, name: str, n: int, seed: int = 0) -> list[np.ndarray]:
-    """Seeded random inputs of ``n`` samples: floats in [-1, 1), integers in [0, 5)."""
+def inputs(model: cj.Model, name: str, n: int | None, seed: int = 0) -> list[np.ndarray]:
+    """Seeded random inputs of ``n`` samples, or (``n=None``) of the declared shapes:
+    floats in [-1, 1), integers in [0, 5)."""
     rng = np.random.default_rng(seed)
     feeds = []
     for spec, shape in zip(model.inputs, sample_shapes(model, name)):
-        full = (n, *shape)
+        full = ((1, *shape) if name in SAMPLE_SHAPES else spec.shape) if n is None \
+            else (n, *shape)
         if np.issubdtype(np.dtype(spec.dtype), np.integer):
             feeds.append(rng.integers(0, 5, full).astype(spec.dtype))
         else:

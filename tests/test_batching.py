@@ -99,7 +99,7 @@ def hand() -> cj.Model:
 
 def test_hand_recrop_maps_its_batch_1_graph_and_matches_litert_per_sample(hand) -> None:
     """Its operator 49 (STRIDED_SLICE channel_padding_3) keeps batch 1 in begin/end: mapped.
-    LiteRT tolerance as tests/test_models.py (rtol 1e-4, atol 1e-4 x output scale)."""
+    LiteRT tolerance as tests/test_sweep.py (rtol 1e-4, atol 1e-4 x output scale)."""
     assert hand.batch_blocker.startswith("operator 49 (STRIDED_SLICE)")
     x = np.random.default_rng(1).uniform(-1, 1, (3, 256, 256, 3)).astype(np.float32)
     got = np.asarray(jax.jit(hand.apply)(hand.params, x)[0])
@@ -139,7 +139,7 @@ def test_a_mapped_model_steps_with_the_mean_of_per_sample_gradients(hand) -> Non
     y = rng.uniform(0, 1, (2, 1, 1, 4)).astype(np.float32)
     trainer = Trainer(hand, batch_size=2, learning_rate=1e-6, loss="mse", optimizer="sgd")
     state, frozen = trainer.init()
-    new, metrics = trainer.train_step(state, frozen, ((jnp.asarray(x),), jnp.asarray(y)))
+    new, metrics = jax.jit(trainer.train_step)(state, frozen, ((jnp.asarray(x),), jnp.asarray(y)))
 
     @jax.jit
     def single(p, xi, yi):

@@ -4,8 +4,9 @@ scripts/make_quantized_models.py with TensorFlow's TFLiteConverter) against Lite
 The full-integer variants (int8 with int8 or float32 inputs and outputs, 16x8) run
 bit-exactly end to end, and so does every intermediate tensor (LiteRT run with
 ``experimental_preserve_all_tensors``); the dynamic-range (hybrid) variant is refused in one
-line until a dequantize pass exists; the float16-weight variant runs in float32 (weights
-dequantized at load) within the float tolerance of tests/test_models.py.
+line when loaded with ``dequantize=False`` (it runs dequantized by default: tests in
+tests/passes/test_dequantize.py); the float16-weight variant runs in float32 (weights
+dequantized at load) within the float tolerance of tests/test_sweep.py.
 """
 
 from __future__ import annotations
@@ -70,12 +71,12 @@ def test_full_integer_models_are_bit_exact(name: str) -> None:
     assert compared >= 8 * 10  # every integer activation of every sample
 
 
-def test_dynamic_range_model_is_refused() -> None:
+def test_dynamic_range_model_is_refused_without_dequantizing() -> None:
     """int8 weights with float activations must not run as plain integer weights."""
     with pytest.raises(cj.UnsupportedOperatorError) as e:
-        cj.load(DATA / "dynamic_range.tflite")
+        cj.load(DATA / "dynamic_range.tflite", dequantize=False)
     msg = str(e.value)
-    assert "\n" not in msg and "(hybrid: float activations; dequantize first)" in msg
+    assert "\n" not in msg and "(hybrid: float activations; load with dequantize=True)" in msg
 
 
 def test_float16_weight_model_runs_in_float32() -> None:

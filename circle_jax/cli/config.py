@@ -105,11 +105,14 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
 
 def load_options(ns: argparse.Namespace) -> dict[str, Any]:
     """`circle_jax.load` keywords from --numerics, --tie_shared_weights, --add_missing_bias,
-    --signature and the personalizing flags (--new_head, --lora, ... with --seed)."""
+    --signature, --dequantize, --qat and the personalizing flags (--new_head, --lora, ... with
+    --seed)."""
     options = {"numerics": ns.numerics or "onert",
                "tie_shared_weights": True if ns.tie_shared_weights else None,
-               "add_missing_bias": True if ns.add_missing_bias else None,
-               "signature": ns.signature}
+               "add_missing_bias": ns.add_missing_bias,
+               "signature": ns.signature,
+               "dequantize": True if getattr(ns, "dequantize", False) else None,
+               "qat": getattr(ns, "qat", None) != "off"}
     if getattr(ns, "lora", 0) is None and (ns.lora_alpha is not None
                                            or ns.lora_targets is not None
                                            or ns.export_unmerged):

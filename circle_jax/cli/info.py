@@ -50,26 +50,48 @@ def trainability(model: object, param_keys: dict) -> str:
 def default_passes(model: object) -> str:
     """What the passes of a default `load` (the onert profile) change in ``model``."""
     from circle_jax.numerics import get_numerics
-    from circle_jax.passes import pipeline, run
+    from circle_jax.passes import pipeline, run, weight_only
 
     prof = get_numerics(None)
-    done = run(model, pipeline(untie=not prof.tie_shared_weights,  # type: ignore[arg-type]
+    done = run(model, pipeline(dequantize=weight_only(model),  # type: ignore[arg-type]
+                               untie=not prof.tie_shared_weights,
                                add_bias=prof.add_missing_bias, policy=prof.trainable_policy))
     lines = [f"graph passes of a default load ({prof.name} profile):"]
     return "\n".join(lines + [line for r in done.passes for line in r.describe()])
+
+
+def missing_bias_line(model: object) -> str | None:
+    """The weighted operators without a bias, which --add_missing_bias may give one; None
+    when there are none."""
+    from circle_jax.graph.params_policy import missing_biases
+
+    ops = model.main.operators  # type: ignore[attr-defined]
+    found = [f"op{j} ({ops[j].key})" for j, _, _ in missing_biases(model)]  # type: ignore[arg-type]
+    if not found:
+        return None
+    return (f"without a bias: {', '.join(found)}; --add_missing_bias all|none|ALIASES gives "
+            "them a zero one that trains (keras and torch profiles: all)")
 
 
 def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.reader import read_model
     from circle_jax.lower import param_table, unsupported_operators
     from circle_jax.model import summarize
+    from circle_jax.passes import pipeline, weight_only
+    from circle_jax.passes import run as run_passes
 
     m = read_model(args.model)
-    keys = param_table(m)
+    # params as a default load has them: a weight-only quantized model's dequantized (the
+    # pass keeps tensor indices, so the summary of the file counts them too)
+    floats = run_passes(m, pipeline(dequantize=weight_only(m)))
+    keys = param_table(floats)
     print(summarize(m, keys))
-    print(params_table(m, keys))
-    print("\n" + trainability(m, keys))
+    print(params_table(floats, keys))
+    print("\n" + trainability(floats, keys))
     print("\n" + default_passes(m))
+    bias = missing_bias_line(m)
+    if bias:
+        print(bias)
     missing = unsupported_operators(m)
     if missing:
         print(f"\nunsupported operators ({len(missing)}): " + "; ".join(missing))

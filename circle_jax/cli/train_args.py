@@ -196,10 +196,19 @@ def add_load_arguments(g: Any) -> None:
     _flag(g, "--tie_shared_weights", action="store_true", default="the profile's (onert: off)",
           help="train a constant read by several operators as one weight, not one copy "
           "per reading operator")
-    _flag(g, "--add_missing_bias", action="store_true", default="the profile's (onert: off)",
-          help="give weighted operators without a bias a zero one that trains")
+    _flag(g, "--add_missing_bias", metavar="none|all|ALIASES",
+          default="the profile's: keras, torch all; onert, onert-micro none",
+          help="give weighted operators without a bias a zero one that trains: all of them, "
+          "none, or those named (op3,op5: operators `circle-jax info` lists as missing one)")
     _flag(g, "--signature", metavar="KEY", default="subgraph 0",
           help="use this SignatureDef's subgraph (`circle-jax info` lists the keys)")
+    _flag(g, "--dequantize", action="store_true", default="off (only weight-only quantized "
+          "models are, and export in their own layout)",
+          help="make every quantized tensor float32: a float model runs, trains and is "
+          "exported (README: Quantized models)")
+    _flag(g, "--qat", choices=["on", "off"], default="on",
+          help="a fully quantized (integer) model trains by quantization-aware training and "
+          "exports as an integer model (on), or trains dequantized in float (off)")
 
 
 def add_personalize_arguments(g: Any, seed: bool = False) -> None:

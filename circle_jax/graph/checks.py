@@ -166,6 +166,19 @@ def tensor_quantization_refusals(sg: ir.Subgraph, t: ir.Tensor) -> tuple[list[st
     return bad, []
 
 
+def check_tensor_quantization(model: ir.Model) -> tuple[list[str], list[str]]:
+    """(malformed, unsupported) refusals of every tensor's quantization parameters
+    (:func:`tensor_quantization_refusals`): what must hold before a pass reads them."""
+    bad: list[str] = []
+    unsupported: list[str] = []
+    for sg in model.subgraphs:
+        for t in sg.tensors:
+            b, u = tensor_quantization_refusals(sg, t)
+            bad += b
+            unsupported += u
+    return bad, unsupported
+
+
 def check_quantization(
     model: ir.Model, runs_integer: Callable[[str, tuple, tuple], bool],
 ) -> tuple[list[str], list[str], set[tuple[int, int]]]:
@@ -176,14 +189,9 @@ def check_quantization(
     (:data:`DATA_MOVEMENT`; QUANTIZE and DEQUANTIZE convert): among them the hybrid
     (dynamic-range) operators, int8 weights with float activations. The third value holds
     the (subgraph, operator) pairs refused, whose own checks need not run."""
-    bad: list[str] = []
-    unsupported: list[str] = []
+    bad, unsupported = check_tensor_quantization(model)
     refused: set[tuple[int, int]] = set()
     for sg in model.subgraphs:
-        for t in sg.tensors:
-            b, u = tensor_quantization_refusals(sg, t)
-            bad += b
-            unsupported += u
         for op in sg.operators:
             ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)
             outs = tuple(sg.tensors[i] for i in op.outputs if i >= 0)
@@ -204,7 +212,7 @@ def check_quantization(
                     and outs[0].dtype == ins[0].dtype:
                 continue
             t = quantized[0]
-            kind = ("hybrid: float activations; dequantize first"
+            kind = ("hybrid: float activations; load with dequantize=True"
                     if any(o.is_float for o in outs) else "no integer kernel")
             unsupported.append(f"{where} on quantized {t.dtype} tensor {t.name[:40]!r} is not "
                                f"supported ({kind})")

@@ -169,6 +169,20 @@ def classify_params(model: ir.Model, param_keys: Mapping[str, ParamKey],
     return roles
 
 
+def embedding_tables(model: ir.Model, param_keys: Mapping[str, ParamKey]) -> frozenset[str]:
+    """The params read only as embedding tables (EMBEDDING_LOOKUP's, or a GATHER / GATHER_ND
+    table with data-computed indices): each output element of their readers is one table
+    element, so a reader's gradient is one row per index occurrence (Keras's IndexedSlices)."""
+    out = set()
+    for name, (k, i) in param_keys.items():
+        sg = model.subgraphs[k]
+        reads = readers(sg, i)
+        if reads and all(role_of_read(sg, sg.tensors[i], op, pos) == "embedding table"
+                         for op, pos in reads):
+            out.add(name)
+    return frozenset(out)
+
+
 def shared_constants(model: ir.Model, param_keys: Mapping[str, ParamKey],
                      roles: Mapping[str, ParamRole]) -> dict[ParamKey, list[int]]:
     """Trainable params read by two or more operators: key -> reading operator indices."""

@@ -96,7 +96,7 @@ def check_float_input(ctx: Any, index: int, what: str) -> None:
     if t is not None and not np.issubdtype(ir.as_numpy_dtype(t.dtype), np.floating):
         raise NotImplementedError(
             f"{what} of dtype {t.dtype} (quantized/hybrid weights) is not supported; "
-            "dequantize the model first")
+            "load with dequantize=True (--dequantize)")
 
 
 def positive(values: dict[str, Any]) -> None:

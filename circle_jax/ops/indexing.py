@@ -1,4 +1,5 @@
-"""Indexing operators: gathers and scatters, one-hot, cumulative sums, top-k, arg max/min.
+"""Indexing operators: gathers (EMBEDDING_LOOKUP among them) and scatters, one-hot,
+cumulative sums, top-k, arg max/min.
 
 Index tensors may be int32 or int64; axes, depths and k must be static. With only static
 inputs the operators compute with numpy (constant folding keeps dtypes exact).
@@ -54,6 +55,25 @@ def gather(ctx: OpContext, params: Array, indices: Array) -> Array:
 def gather_nd(ctx: OpContext, params: Array, indices: Array) -> Array:
     """``out[i...] = params[indices[i..., :]]`` (the index vector picks leading axes)."""
     return params[_nd_index(indices, params.ndim, "gather_nd")]
+
+
+def _check_embedding_lookup(ctx: OpContext) -> None:
+    ids, table = ctx.inputs[0], ctx.inputs[1]
+    if ids is not None and len(ids.shape) != 1:
+        raise ValueError(f"embedding_lookup ids must be rank 1, got shape {list(ids.shape)}")
+    if table is not None and len(table.shape) < 2:
+        raise ValueError(f"embedding_lookup table must have rank >= 2, got shape "
+                         f"{list(table.shape)}")
+    if table is not None and ctx.outputs and table.dtype != ctx.outputs[0].dtype:
+        raise NotImplementedError(f"embedding_lookup of a {table.dtype} table into "
+                                  f"{ctx.outputs[0].dtype} (hybrid dequantizing lookup)")
+
+
+@register("EMBEDDING_LOOKUP", check=_check_embedding_lookup)
+def embedding_lookup(ctx: OpContext, ids: Array, table: Array) -> Array:
+    """``table`` rows at the rank-1 ``ids``: output shape [len(ids)] + table.shape[1:]. An id
+    outside the table gives a row as GATHER's does (LiteRT refuses the call)."""
+    return xp(table, ids).take(table, ids, axis=0)
 
 
 @register("SCATTER_ND")

@@ -62,14 +62,22 @@ def adam_tf(
     gives the same bits as ``w -= ...``. Differs from `optax.adam`, whose eps is effectively
     ``eps * sqrt(1 - b2**t)``. Constants such as ``1 - b1`` are computed in the parameter
     dtype, as TF's kernel does (Keras 3 rounds the float64 ``1 - b1`` instead: a few ulps).
+
+    ``update(g, state, params, squares=tree)`` (an optax extra argument) gives, per leaf,
+    what ``v`` takes instead of ``g*g`` (None leaves: ``g*g``): Keras's Adam on a sparse
+    gradient (an embedding table's IndexedSlices, one row per index occurrence) gets the sum
+    over occurrences of the squared row gradients there, while ``m`` gets their sum ``g``,
+    and every row's ``m`` and ``v`` decay and every row moves, seen or not (measured on
+    Keras 3.15.1 / TF 2.21: a row absent from a step's batch has ``m`` and ``v`` times
+    ``b1`` and ``b2``; `circle_jax.lower.RowSquares` computes the sums).
     """
 
     def init_fn(params: optax.Params) -> AdamTFState:
         zeros = jax.tree.map(jnp.zeros_like, params)
         return AdamTFState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros)
 
-    def update_fn(updates, state: AdamTFState, params=None):
-        del params
+    def update_fn(updates, state: AdamTFState, params=None, *, squares=None, **extra):
+        del params, extra
         lr = _lr_at(learning_rate, state.count)
         t = optax.safe_int32_increment(state.count)
 
@@ -80,10 +88,11 @@ def adam_tf(
             one, b1_, _ = consts(m.dtype)
             return m + (g.astype(m.dtype) - m) * (one - b1_)
 
-        def new_v(g, v):
+        def new_v(g, v, sq=None):
             one, _, b2_ = consts(v.dtype)
             g = g.astype(v.dtype)
-            return v + (g * g - v) * (one - b2_)
+            sq = g * g if sq is None else sq.astype(v.dtype)
+            return v + (sq - v) * (one - b2_)
 
         def step(m, v):
             one, b1_, b2_ = consts(m.dtype)
@@ -92,11 +101,12 @@ def adam_tf(
             return -(alpha * m / (jnp.sqrt(v) + jnp.asarray(eps, m.dtype)))
 
         m = jax.tree.map(new_m, updates, state.mu)
-        v = jax.tree.map(new_v, updates, state.nu)
+        v = (jax.tree.map(new_v, updates, state.nu) if squares is None
+             else jax.tree.map(new_v, updates, state.nu, squares))
         u = jax.tree.map(step, m, v)
         return u, AdamTFState(count=t, mu=m, nu=v)
 
-    return optax.GradientTransformation(init_fn, update_fn)
+    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
 
 
 class DecoupledWeightDecayState(NamedTuple):

@@ -8,6 +8,13 @@
   float tensor it depends on (inputs, activations and float params, whether they train or
   not), and the params after one optimizer step on the whole batch.
 
+A quantization-aware training model (``load(path, qat=True)``) gives the integer model's
+golden data for its current weights (the file's at the start): its inputs, outputs and every
+tensor as the integer kernels compute them (inputs quantized with the file's parameters; each
+quantized tensor carries its ``scale``, ``zero_point`` and ``quantized_dimension`` as h5
+attributes), with the float gradients and update of the QAT step (the simulation's
+tensors have the file's tensor indices).
+
 Everything is computed in ``dtype`` (float64: the arbiter's ground truth; inputs and float
 params are cast up, and training runs under the float64 precision policy). The tensors are
 those of the loaded model: untied copies and added biases (`circle_jax.passes`) are tensors
@@ -29,7 +36,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..formats.atomic import atomic_write
-from ..model import Model
+from ..graph import ir
+from ..model import Model, load
 from ..train import TrainConfig, Trainer
 from .h5 import Entry, write_h5
 
@@ -92,10 +100,54 @@ def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
                       "lowering": "fast" if model.lowering.fast else "reference",
                       "untied_copies": dict(model.rewrites.untied),
                       "added_biases": list(model.rewrites.added_bias)})
-        if expected is None:
-            return data
-        return _backward(model, data, xs, params, env, _cast(expected, dt), config, dt,
-                         index_of)
+        if expected is not None:
+            data = _backward(model, data, xs, params, env, _cast(expected, dt), config, dt,
+                             index_of)
+    return data if model.simulated is None else _integer(model, data, inputs)
+
+
+def _integer(model: Model, data: GoldenData, inputs: Sequence[Any]) -> GoldenData:
+    """``data`` with the inputs, outputs and tensors of the integer model that QAT model
+    ``model`` exports (see the module docstring)."""
+    integer = load(model.export())
+    sg = integer.ir.main
+    xs = [_quantized(np.asarray(x), sg.tensors[i]) for x, i in zip(inputs, sg.inputs)]
+    outs, env = integer.tensors(integer.params, *xs)
+    tensors = []
+    for t in sg.tensors:
+        value = env.get(t.index, t.data)
+        if value is not None:
+            tensors.append(Entry(str(t.index), t.name, np.asarray(value), _attrs(t)))
+    return replace(
+        data, tensors=tensors,
+        inputs=[Entry(str(k), sg.tensors[i].name, x, _attrs(sg.tensors[i]))
+                for k, (i, x) in enumerate(zip(sg.inputs, xs))],
+        outputs=[Entry(str(k), sg.tensors[i].name, np.asarray(o), _attrs(sg.tensors[i]))
+                 for k, (i, o) in enumerate(zip(sg.outputs, outs))],
+        settings={**data.settings, "integer_tensors": "the integer kernels' (tensors.h5)",
+                  "gradients": "quantization-aware training's (float)"})
+
+
+def _attrs(t: ir.Tensor) -> dict[str, Any]:
+    """A quantized tensor's parameters as h5 attributes (none for other tensors)."""
+    q = t.quantization
+    if q is None or t.dtype.startswith("float"):
+        return {}
+    return {"scale": np.asarray(q.scale, np.float32),
+            "zero_point": np.asarray(q.zero_point, np.int64),
+            "quantized_dimension": q.quantized_dimension}
+
+
+def _quantized(x: np.ndarray, t: ir.Tensor) -> np.ndarray:
+    """Real-valued ``x`` quantized for integer input ``t`` (round half away from zero, as
+    LiteRT's QUANTIZE); ``x`` as it is for a float input."""
+    q = t.quantization
+    if q is None or t.dtype.startswith("float") or not np.issubdtype(x.dtype, np.floating):
+        return x
+    v = x.astype(np.float32) / np.float32(q.scale[0])
+    info = np.iinfo(ir.as_numpy_dtype(t.dtype))
+    return np.clip(np.trunc(v + np.copysign(np.float32(0.5), v)) + q.zero_point[0],
+                   info.min, info.max).astype(info.dtype)
 
 
 def _cast(x: Any, dt: np.dtype) -> jax.Array:
@@ -181,7 +233,9 @@ def write_golden(data: GoldenData, directory: str | os.PathLike,
         written.append(path)
         of = data.tensor_of.get(name[:-3], {})
         index[name] = [{"key": e.key, "name": e.name, "tensor": of.get(e.key, _int(e.key)),
-                        "dtype": str(e.value.dtype), "shape": list(e.value.shape)}
+                        "dtype": str(e.value.dtype), "shape": list(e.value.shape),
+                        **({"quantization": {k: np.asarray(v).tolist()
+                                             for k, v in e.attrs.items()}} if e.attrs else {})}
                        for e in entries]
     if luci_name:
         written += _write_luci(data, directory, luci_name)

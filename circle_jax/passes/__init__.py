@@ -10,10 +10,13 @@ pass is also usable alone:
     model = run(model, [partial(select_signature, key="decode"), untie_shared_constants])
     data = write_model(model, "tflite")
 
-Passes: :func:`select_signature` (`.signature`), :func:`untie_shared_constants`
-(`.untie`), :func:`add_missing_biases` (`.bias`); personalizing ones (:func:`personalize`):
-:func:`replace_head` (`.head`), :func:`add_lora` and its inverse :func:`merge_lora`
-(`.lora`). New passes build on the helpers of
+Passes: :func:`select_signature` (`.signature`), :func:`dequantize_model` and its inverse
+for weight-only quantized models :func:`requantize_weights` (`.dequantize`),
+:func:`fake_quantize` (`.fake_quant`: a fully quantized model as the float model that
+simulates it, for quantization-aware training),
+:func:`untie_shared_constants` (`.untie`), :func:`add_missing_biases` (`.bias`);
+personalizing ones (:func:`personalize`): :func:`replace_head` (`.head`), :func:`add_lora`
+and its inverse :func:`merge_lora` (`.lora`). New passes build on the helpers of
 `.edit` (``add_tensor``, ``add_constant``, ``add_operator``, ``set_outputs``, ``record``).
 """
 
@@ -23,7 +26,8 @@ from collections.abc import Callable, Iterable
 from functools import partial
 
 from ..graph import ir
-from .bias import add_missing_biases
+from .bias import add_missing_biases, bias_operators, bias_selection
+from .dequantize import dequantize_model, requantize_weights, weight_only
 from .edit import (
     add_constant,
     add_operator,
@@ -34,6 +38,7 @@ from .edit import (
     set_inputs,
     set_outputs,
 )
+from .fake_quant import FakeQuantPlan, fake_quant_plan, fake_quantize
 from .head import replace_head
 from .lora import adapter_names, add_lora, lora_frozen, lora_targets, merge_lora
 from .signature import select_signature, signature_keys
@@ -49,18 +54,23 @@ def run(model: ir.Model, passes: Iterable[Pass]) -> ir.Model:
     return model
 
 
-def pipeline(*, signature: str | None = None, untie: bool = False, add_bias: bool = False,
-             policy: str = "weights") -> list[Pass]:
+def pipeline(*, signature: str | None = None, dequantize: bool = False, untie: bool = False,
+             add_bias: bool | str = False, policy: str = "weights") -> list[Pass]:
     """The passes `circle_jax.load` runs for its options, in order: the signature's
-    subgraph made the main one, then shared trainable constants untied (under the
-    trainable ``policy``), then missing biases added."""
+    subgraph made the main one, then every quantized tensor made float32, then shared
+    trainable constants untied (under the trainable ``policy``), then missing biases added
+    (``add_bias``: True or "all", False or "none", or a selection of operators,
+    `bias_selection`)."""
     passes: list[Pass] = []
     if signature is not None:
         passes.append(partial(select_signature, key=signature))
+    if dequantize:
+        passes.append(dequantize_model)
     if untie:
         passes.append(partial(untie_shared_constants, policy=policy))
-    if add_bias:
-        passes.append(add_missing_biases)
+    selection = bias_selection(add_bias)
+    if selection != "none":
+        passes.append(partial(add_missing_biases, selection=selection))
     return passes
 
 
@@ -89,8 +99,9 @@ def personal_params(model: ir.Model) -> frozenset[str]:
 
 __all__ = [
     "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
-    "add_tensor", "lora_frozen", "lora_targets", "merge_lora", "personal_params", "personalize",
-    "pipeline", "replace_head",
-    "record", "replace_inputs", "replace_subgraph", "run", "select_signature", "set_inputs",
-    "set_outputs", "signature_keys", "untie_shared_constants",
+    "FakeQuantPlan", "add_tensor", "bias_operators", "bias_selection", "dequantize_model",
+    "fake_quant_plan", "fake_quantize", "lora_frozen", "lora_targets", "merge_lora",
+    "personal_params", "personalize", "pipeline", "record", "replace_head", "replace_inputs",
+    "replace_subgraph", "requantize_weights", "run", "select_signature", "set_inputs",
+    "set_outputs", "signature_keys", "untie_shared_constants", "weight_only",
 ]

@@ -1,10 +1,13 @@
 """Replace the classifier head: the model's output computed by a fresh K-class layer.
 
 The head of output ``output`` (default 0) is found walking back from that output tensor:
-an optional final SOFTMAX or LOGISTIC, then shape-only operators (RESHAPE, SQUEEZE), then
-the weighted operator that computes the class scores: a FULLY_CONNECTED, or a CONV_2D
-with a 1x1 kernel whose output is 1x1 spatially (MobileNet's logits). Each of these
+an optional DEQUANTIZE (an integer model's float output), an optional SOFTMAX or LOGISTIC,
+then shape-only operators (RESHAPE, SQUEEZE), then the weighted operator that computes the
+class scores: a FULLY_CONNECTED, or a CONV_2D with a 1x1 kernel whose output is 1x1
+spatially (MobileNet's logits). Each of these
 operators must be read by nothing but the next one, so removing them changes nothing else.
+A head whose weights are not float constants is refused (:func:`float_weights_refusal`):
+integer (quantized) weights, or float16 weights a DEQUANTIZE makes float32.
 
 :func:`replace_head` removes those operators and appends, reading the weighted operator's
 input ``x``: a FULLY_CONNECTED ``head/weights`` [K, in] (Glorot-uniform, seeded) plus
@@ -44,6 +47,9 @@ def find_head(sg: ir.Subgraph, output: int = 0) -> tuple[list[ir.Operator], ir.O
     chain: list[ir.Operator] = []
     op = producer.get(tensor)
     activation = None
+    if op is not None and op.type == "DEQUANTIZE":  # an integer model's float output
+        chain.append(op)
+        op = producer.get(op.inputs[0])
     if op is not None and op.type in ACTIVATIONS:
         activation = op
         chain.append(op)
@@ -52,11 +58,14 @@ def find_head(sg: ir.Subgraph, output: int = 0) -> tuple[list[ir.Operator], ir.O
         chain.append(op)
         op = producer.get(op.inputs[0])
     name = sg.tensors[tensor].name
-    if op is None or not _weighted(sg, op):
+    if op is None or not _weighted(sg, op, producer):
         what = "a graph input" if op is None else f"{op.key} #{op.index}"
         raise ValueError(f"output {name!r} is not fed by a weighted operator (FULLY_CONNECTED "
                          f"or 1x1 CONV_2D, then RESHAPE/SQUEEZE, SOFTMAX/LOGISTIC) but by {what}:"
                          " it has no classifier head to replace")
+    refusal = float_weights_refusal(sg, op, producer)
+    if refusal:
+        raise ValueError(f"the head of output {name!r}: {refusal}")
     chain.append(op)
     for later in chain[:-1]:
         if any(readers.get(t, 0) > 1 for t in later.inputs[:1]) or \
@@ -68,13 +77,32 @@ def find_head(sg: ir.Subgraph, output: int = 0) -> tuple[list[ir.Operator], ir.O
     return chain[::-1], op, activation
 
 
-def _weighted(sg: ir.Subgraph, op: ir.Operator) -> bool:
-    if op.type == "FULLY_CONNECTED":
-        return sg.tensors[op.inputs[1]].is_constant
-    if op.type == "CONV_2D":
-        w, y = sg.tensors[op.inputs[1]], sg.tensors[op.outputs[0]]
-        return w.is_constant and w.shape[1:3] == (1, 1) and y.shape[1:3] == (1, 1)
-    return False
+def _weighted(sg: ir.Subgraph, op: ir.Operator, producer: dict[int, ir.Operator]) -> bool:
+    if op.type not in ("FULLY_CONNECTED", "CONV_2D"):
+        return False
+    w, y = sg.tensors[op.inputs[1]], sg.tensors[op.outputs[0]]
+    src = producer.get(w.index)
+    stored = w.is_constant or (src is not None and src.type == "DEQUANTIZE")
+    return stored and (op.type == "FULLY_CONNECTED"
+                       or (w.shape[1:3] == (1, 1) and y.shape[1:3] == (1, 1)))
+
+
+def float_weights_refusal(sg: ir.Subgraph, op: ir.Operator,
+                          producer: dict[int, ir.Operator]) -> str | None:
+    """Why a new head or LoRA cannot train in place of (or beside) ``op``'s stored weights
+    (its input 1), naming the way out, or None: integer (quantized) weights run by integer
+    kernels, or float16 weights a DEQUANTIZE makes float32 at run time, are refused."""
+    w = sg.tensors[op.inputs[1]]
+    where = f"{op.key} #{op.index}'s weights {w.name!r} are"
+    fix = ("a new head and LoRA train float32 weights: dequantize the model to float32 first "
+           "(load(dequantize=True), --dequantize)")
+    if w.is_constant and (not w.is_float or w.quantization is not None):
+        return f"{where} {w.dtype} (a quantized model, run by integer kernels); {fix}"
+    src = producer.get(w.index)
+    if not w.is_constant and src is not None and src.type == "DEQUANTIZE":
+        q = sg.tensors[src.inputs[0]]
+        return f"{where} {q.dtype} {q.name!r} made float32 by DEQUANTIZE #{src.index}; {fix}"
+    return None
 
 
 def glorot_uniform(shape: tuple[int, int], seed: int) -> np.ndarray:

@@ -16,7 +16,9 @@ The base operator keeps its inputs and writes ``<y name>/base`` without activati
 ADD (with the base's fused activation) writes ``y``; a MUL by ``s`` stands between when
 ``s != 1``. Targets: ``"all"``, ``"fc"``, ``"conv"``, ``"matmul"`` (comma-separated) or
 param names / aliases of the weights (``op3.weight``); the new head's weights are never a
-target (they train whole). A rank above ``min(out, fan_in)`` of a layer is refused.
+target (they train whole). A rank above ``min(out, fan_in)`` of a layer is refused, and so
+is a model whose weights are quantized or float16 behind DEQUANTIZE, when no target has
+float weights (`circle_jax.passes.head.float_weights_refusal`: dequantize it first).
 
 :func:`merge_lora` is the inverse: each base weight becomes ``W + s * (B A)`` (computed in
 float64, stored in W's dtype), the adapter operators go, and the base writes ``y`` with its
@@ -34,6 +36,7 @@ from ..graph import ir
 from ..graph.aliases import alias_table
 from ..graph.params_policy import param_table
 from .edit import add_constant, add_operator, add_tensor, record, replace_subgraph
+from .head import float_weights_refusal
 
 KINDS = {"fc": "FULLY_CONNECTED", "conv": "CONV_2D", "matmul": "BATCH_MATMUL"}
 RECORD = "add_lora"
@@ -59,8 +62,16 @@ def lora_targets(model: ir.Model, targets: str | Iterable[str] = "all",
     items = [targets] if isinstance(targets, str) else list(targets)
     words = [w.strip() for item in items for w in item.split(",") if w.strip()]
     skip = set(exclude)
-    able = [op for op in sg.operators if _weight_pos(sg, op) is not None
-            and sg.tensors[op.inputs[1]].name not in skip]
+    weighted = [op for op in sg.operators if _weight_pos(sg, op) is not None]
+    able = [op for op in weighted if sg.tensors[op.inputs[1]].name not in skip]
+    but = " but the new head, which trains whole" if len(able) < len(weighted) else ""
+    if not able:
+        producer = {t: op for op in sg.operators for t in op.outputs}
+        for op in sg.operators:
+            refusal = op.type in KINDS.values() and len(op.inputs) > 1 and op.inputs[1] >= 0 \
+                and float_weights_refusal(sg, op, producer)
+            if refusal:
+                raise ValueError(f"LoRA: {refusal}")
     chosen: set[int] = set()
     table = alias_table(model, param_table(model))
     names = {k: (kk, i) for k, (kk, i) in param_table(model).items() if kk == 0}
@@ -79,7 +90,7 @@ def lora_targets(model: ir.Model, targets: str | Iterable[str] = "all",
                                  "weight's name or alias from `circle-jax info`)")
         if not found:
             raise ValueError(f"LoRA target {w!r} names nothing: the model has no such operator "
-                             "with constant float weights")
+                             f"with constant float weights{but}")
         chosen |= found
     return sorted(chosen)
 

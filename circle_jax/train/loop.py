@@ -35,6 +35,12 @@ class FitResult:
     history: History
     trainer: Trainer
 
+    @property
+    def model(self) -> Model:
+        """The model trained: ``fit``'s, personalized when ``new_head`` / ``lora`` were
+        given (export the trained params with ``result.model.export(result.params)``)."""
+        return self.trainer.model
+
 
 class Callback(Protocol):
     """What ``fit`` calls, on the host, at its logging points. ``epoch`` counts from 0 and
@@ -67,9 +73,17 @@ def fit(
     progress: Callable[[Any, Any], None] | None = None,
     devices: int | Sequence[jax.Device] | None = None,
     mesh: jax.sharding.Mesh | None = None,
+    new_head: int | None = None,
+    lora: int | None = None,
+    lora_alpha: float | None = None,
+    lora_targets: str | Sequence[str] = "all",
     **overrides: Any,
 ) -> FitResult:
     """Train ``model`` on (x, y): epochs of compiled scans, onert's conventions by default.
+
+    ``new_head`` / ``lora`` (with ``lora_alpha``, ``lora_targets``) train
+    ``model.personalize(...)`` instead, seeded by the config's ``seed``, as ``circle-jax
+    train --new_head K --lora R --seed S`` does; ``FitResult.model`` is that model.
 
     ``x`` is an array or a sequence of arrays (one per model input) with samples on axis 0.
     The configuration is ``config`` with ``overrides`` (TrainConfig fields), resolved once
@@ -98,6 +112,13 @@ def fit(
     """
     started = time.perf_counter()
     epochs = overrides.get("epochs")
+    if new_head is not None or lora is not None:
+        if trainer is not None:
+            raise ValueError("new_head and lora personalize the model a trainer is built "
+                             "for: give them without a trainer, or to the trainer's model")
+        seed = overrides.get("seed", config.seed if config is not None else 0)
+        model = model.personalize(new_head=new_head, seed=seed, lora=lora,
+                                  lora_alpha=lora_alpha, lora_targets=lora_targets)
     if trainer is None:
         trainer = Trainer(model, config, placement=DataParallel.of(devices, mesh), **overrides)
     elif config is not None or set(overrides) - {"epochs"} or devices or mesh is not None:

@@ -26,6 +26,7 @@ from ..distributed import DataParallel
 from ..errors import DataError
 from ..hoisting import split_step
 from ..losses import Reduction, get_loss, get_reduction, loss_name
+from ..lower import RowSquares
 from ..model import Model
 from ..numerics_train import training_numerics
 from ..optim import (
@@ -117,6 +118,14 @@ class Trainer:
         if placement is not None:
             placement.check_batch(config.batch_size, self.micro_batches)
         self.trainable = select_trainable(model, config.trainable)
+        #: embedding tables whose Adam second moment takes per-occurrence squares
+        self.row_squares = self.numerics.row_squares & self.trainable
+        if self.row_squares and (stream_k > 1 or self.micro_batches > 1 or not isinstance(
+                loss_scale_from_spec(config.loss_scale), NoLossScale)):
+            raise ValueError(f"numerics {self.numerics.numerics.name!r} trains embedding "
+                             "tables with Keras's sparse-gradient Adam, which does not combine "
+                             "with gradient accumulation or loss scaling; drop those, or use "
+                             "a profile with embedding_adam='dense'")
         self._grads = {in_loop: scaled_value_and_grad(
             functools.partial(self._loss, in_loop=in_loop), config.on_overflow, has_aux=True,
             micro_batches=self.micro_batches, reduction=acc_reduction,
@@ -176,7 +185,12 @@ class Trainer:
     def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array],
                  in_loop: bool = False) -> jax.Array:
         p = self.policy
+        trainable, squares = trainable if isinstance(trainable, tuple) else (trainable, {})
         params = self.forward_params(trainable, frozen)
+        # an embedding table with per-occurrence squares (Keras's sparse Adam) in the compute
+        # dtype, as the other params before the lowering
+        params.update({k: p.cast_to_compute(RowSquares(params[k], s))
+                       for k, s in squares.items()})
         apply = self.numerics.apply_in_loop if in_loop else self.numerics.apply
         out = apply(params, *p.cast_to_compute(tuple(x)))[self.loss_output]
         return p.cast_to_output(out).astype(self.loss_dtype)
@@ -197,9 +211,16 @@ class Trainer:
         finiteness test and the state selection cost a quarter of a small model's step.)
         """
         # in_loop: traced in a loop body (an epoch's scan, or the in-step micro-batch scan)
-        r = self._grads[in_loop or self.micro_batches > 1](state.loss_scale, state.params,
+        differentiated = state.params if not self.row_squares else (state.params, {
+            k: jnp.zeros_like(state.params[k]) for k in self.row_squares})
+        r = self._grads[in_loop or self.micro_batches > 1](state.loss_scale, differentiated,
                                                            frozen, batch)
-        updates, opt_state = self.tx.update(r.grads, state.opt_state, state.params)
+        if self.row_squares:  # Keras's sparse-gradient Adam (circle_jax.optim.adam_tf)
+            grads, squares = r.grads
+            updates, opt_state = self.tx.update(grads, state.opt_state, state.params, squares={
+                k: squares.get(k) for k in grads})
+        else:
+            updates, opt_state = self.tx.update(r.grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         new = TrainState(params, opt_state, r.loss_scale, state.step + 1)
         correct = jnp.sum(r.aux) if r.aux is not None else jnp.zeros([], jnp.int32)

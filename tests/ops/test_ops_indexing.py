@@ -11,6 +11,7 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.build import Builder
+from circle_jax.train import Trainer
 from tests.conformance import Const, check_op, check_op_grads, one_op_model, run_litert
 
 RNG = np.random.default_rng(20240612)
@@ -71,6 +72,38 @@ def test_gather_embedding_gradient_flows_to_table() -> None:
     (name,) = m.params
     g = jax.grad(lambda p: jnp.sum(m.apply(p, ids)[0]))(m.params)[name]
     np.testing.assert_array_equal(g[:, 0], [1, 2, 1, 0, 2])  # rows count how often they're used
+
+
+# ---------------------------------------------------------------- EMBEDDING_LOOKUP
+
+def test_embedding_lookup() -> None:
+    """Rows of the table at rank-1 ids, as LiteRT's kernel; the table is a trainable param
+    (its gradient: float64 finite differences) and a batch of ids runs as one graph."""
+    ids, table = np.array([1, 4, 1, 0], np.int32), f32(5, 2, 3)
+    kw = {"shapes": [(4, 2, 3)], "dtypes": ["float32"]}
+    check_op("EMBEDDING_LOOKUP", [ids, Const(table)], **kw)
+    check_op_grads("EMBEDDING_LOOKUP", [ids, Const(table)], **kw)
+    b, _ = one_op_model("EMBEDDING_LOOKUP", [ids, Const(table)], **kw)
+    m = cj.load(b.to_bytes("circle"))
+    assert [r.reason for r in m.param_roles.values()] == [
+        "embedding table of EMBEDDING_LOOKUP #0"] and m.batch_blocker is None
+    # the keras profile's Adam takes its per-occurrence squared gradients (test_numerics)
+    assert Trainer(m, batch_size=4, optimizer="adam", numerics="keras").row_squares == set(
+        m.params)
+
+
+@pytest.mark.parametrize("ids, table, dtype, message", [
+    (np.array([[1, 0]], np.int32), f32(5, 3), "float32", "ids must be rank 1"),
+    (np.array([1, 0], np.int32), f32(5), "float32", "table must have rank >= 2"),
+    (np.array([1, 0], np.int32), np.ones((5, 3), np.uint8), "float32", "hybrid"),
+], ids=["ids-rank", "table-rank", "hybrid"])
+def test_embedding_lookup_refusals(ids: np.ndarray, table: np.ndarray, dtype: str,
+                                   message: str) -> None:
+    shape = (*ids.shape, *table.shape[1:])
+    b, _ = one_op_model("EMBEDDING_LOOKUP", [ids, Const(table)], shapes=[shape],
+                        dtypes=[dtype])
+    with pytest.raises(cj.CircleJaxError, match=message):
+        cj.load(b.to_bytes("circle"))
 
 
 @pytest.mark.parametrize("params, indices", [

@@ -95,13 +95,16 @@ def test_dequantize_float16(const: bool) -> None:
 
 
 def test_dequantize_float16_param_gradient() -> None:
-    # A float16 constant is a param: the gradient reaches it (through float32).
+    # A float16 constant is a param: the gradient reaches it (through float32). A default
+    # load dequantizes the weight-only model (float32 master, no DEQUANTIZE left:
+    # tests/test_weight_only_models.py); dequantize=False keeps the operator.
     b = Builder()
     w = b.constant("w16", rng.normal(size=(2, 3)).astype(np.float16))
     x = b.input("x", (2, 3))
     y = b.op("MUL", [b.op("DEQUANTIZE", [w]), x], {"fused_activation_function": "NONE"})
     b.output(y)
-    model = cj.load(b.to_bytes("circle"))
+    assert cj.load(b.to_bytes("circle")).params["w16"].dtype == jnp.float32
+    model = cj.load(b.to_bytes("circle"), dequantize=False)
     assert list(model.params) == ["w16"]
     xv = rng.normal(size=(2, 3)).astype(np.float32)
     g = jax.grad(lambda p: jnp.sum(model.apply(p, xv)[0]))(model.params)["w16"]
@@ -132,7 +135,7 @@ def test_dequantize_per_axis(axis: int) -> None:
 def test_dequantized_int8_constant_is_folded_not_a_param() -> None:
     data = quant_model("DEQUANTIZE", np.arange(-3, 3, dtype=np.int8), "float32",
                        in_q=(0.5, 1), const=True)
-    model = cj.load(data["circle"])
+    model = cj.load(data["circle"], dequantize=False)  # a default load makes it a float param
     assert model.params == {}
     np.testing.assert_array_equal(model()[0], (np.arange(-3, 3) - 1) * 0.5)
 

@@ -110,18 +110,24 @@ def test_int16_convolution_needs_an_int64_bias() -> None:
     assert "bias 'bias' is int32; int16 CONV_2D takes int64" in msg
 
 
-def test_hybrid_operators_arerefused_at_load() -> None:
+def test_hybrid_operators_in_an_integer_model_are_refused_at_load() -> None:
     """int8 weights with float activations (dynamic-range quantization) must not run as if
-    the weights were plain integers."""
+    the weights were plain integers: a weight-only quantized model is dequantized at load
+    (tests/test_weight_only_models.py); in a model that also has integer activations, the
+    hybrid operator is refused and ``dequantize=True`` runs the model in float."""
     b = cj.Builder()
-    x = b.input("x", (1, 4))
+    q = b.input("q", (1, 4), "int8", quantization=(0.5, 0))
+    x = b.op("DEQUANTIZE", [q], shapes=[(1, 4)])
     w = b.constant("w", np.ones((3, 4), np.int8), quantization=(0.02, 0))
     y = b.op("FULLY_CONNECTED", [x, w, -1], shapes=[(1, 3)])
     b.output(y)
     msg = refused_at_load(b.to_bytes("tflite"), cj.UnsupportedOperatorError)
-    assert msg.startswith("1 unsupported operator(s): operator 0 (FULLY_CONNECTED) on "
+    assert msg.startswith("1 unsupported operator(s): operator 1 (FULLY_CONNECTED) on "
                           "quantized int8 tensor 'w' is not supported (hybrid: float "
-                          "activations; dequantize first)"), msg
+                          "activations; load with dequantize=True)"), msg
+    model = cj.load(b.to_bytes("tflite"), dequantize=True)
+    np.testing.assert_allclose(model(np.array([[1, 2, 3, 4]], np.float32))[0],
+                               [[0.2] * 3], rtol=1e-6)
 
 
 def test_quantized_operators_without_an_integer_kernel_arerefused_at_load() -> None:

@@ -178,15 +178,6 @@ def test_golden_overlay_gradient_norms_and_output_magnitudes(tmp_path):
         assert results[str(op.index)].value == pytest.approx(want, rel=1e-12)
 
 
-def test_golden_overlay_on_mobilenet_matches_the_adapters_graph(tmp_path):
-    path = shared_model("mobilenet_v1_0.25_128_float.tflite")
-    model = cj.load(path, lowering="reference")
-    x = np.random.default_rng(0).uniform(-1, 1, (1, 128, 128, 3)).astype(np.float32)
-    write_overlay(golden_overlay(golden(model, [x]), model), tmp_path / "m.json")
-    ids = overlay_ids(tmp_path / "m.json", tmp_path, path)
-    assert ids == {"main": {str(i) for i in range(31)}}
-
-
 def test_cli_overlays_and_bad_overlay_files(tmp_path, capsys):
     with np.load(os.path.join(KERAS_DATA, "data.npz")) as d:
         np.save(tmp_path / "x.npy", d["branching_cnn/x"][:4])

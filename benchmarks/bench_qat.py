@@ -1,0 +1,96 @@
+"""Quantization-aware training against float training of the same converter-made models.
+
+For each fully quantized model of tests/data/quantized/ (TF's converter: int8 with int8 or
+float I/O, 16x8), on the bundled 8x8 digits (the first 1,437 samples train, the last 360
+test):
+
+- ``file``: the integer file as converted, run by LiteRT on the test set;
+- ``qat``: ``load(qat=True)`` trained with ``fit``, exported, and the exported integer
+  model run by LiteRT (what a device runs);
+- ``float``: ``load(qat=False)`` (the dequantized float model) trained the same way, run
+  by circle-jax in float32.
+
+Loss is the categorical cross-entropy of the softmax output (probabilities clipped to
+[1e-7, 1]), accuracy the argmax's. Run: ``python benchmarks/bench_qat.py [--epochs 10]``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import numpy as np
+from ai_edge_litert import interpreter as litert
+
+import circle_jax as cj
+
+ROOT = Path(__file__).resolve().parent.parent
+DATA = ROOT / "tests" / "data" / "quantized"
+
+
+def digits() -> tuple[np.ndarray, np.ndarray]:
+    d = np.load(ROOT / "circle_jax" / "data" / "digits.npz")
+    x = d["images"].astype(np.float32).reshape(-1, 8, 8, 1) / 16.0
+    return x, np.eye(10, dtype=np.float32)[d["labels"]]
+
+
+def scores(p: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    p = p.reshape(len(y), -1)
+    loss = -np.mean(np.sum(y * np.log(np.clip(p, 1e-7, 1.0)), axis=1))
+    return float(loss), float(np.mean(p.argmax(1) == y.argmax(1)))
+
+
+def run_litert(data: bytes, x: np.ndarray) -> np.ndarray:
+    """LiteRT's outputs (real values) for real-valued ``x``, one sample at a time."""
+    interp = litert.Interpreter(
+        model_content=data,
+        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    interp.allocate_tensors()
+    i, o = interp.get_input_details()[0], interp.get_output_details()[0]
+    out = []
+    for xi in x:
+        v = xi[None]
+        if i["dtype"] != np.float32:
+            s, z = i["quantization"]
+            v = np.clip(np.round(v / s) + z, -128, 127).astype(i["dtype"])
+        interp.set_tensor(i["index"], v)
+        interp.invoke()
+        r = interp.get_tensor(o["index"]).astype(np.float32)
+        if o["dtype"] != np.float32:
+            s, z = o["quantization"]
+            r = (r - z) * s
+        out.append(r)
+    return np.concatenate(out)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--epochs", type=int, default=10)
+    p.add_argument("--models", nargs="+", default=["full_int8", "full_int8_float_io",
+                                                    "int16x8"])
+    args = p.parse_args()
+    x, y = digits()
+    xt, yt, xv, yv = x[:1437], y[:1437], x[1437:], y[1437:]
+    hyper = dict(epochs=args.epochs, batch_size=32, optimizer="adam", learning_rate=1e-3,
+                 loss="categorical_crossentropy")
+    print("| model | run | test loss | test accuracy | train s |\n|---|---|---|---|---|")
+    for name in args.models:
+        data = (DATA / f"{name}.tflite").read_bytes()
+        loss, acc = scores(run_litert(data, xv), yv)
+        print(f"| {name} | file (LiteRT) | {loss:.4f} | {acc:.4f} | |", flush=True)
+        for qat in (True, False):
+            model = cj.load(data, qat=qat)
+            t = time.perf_counter()
+            r = cj.fit(model, xt, yt, **hyper)
+            took = time.perf_counter() - t
+            if qat:
+                pred, run = run_litert(model.export(r.params), xv), "QAT, exported (LiteRT)"
+            else:
+                pred, run = np.asarray(model.apply(r.params, xv)[0]), "float (circle-jax)"
+            loss, acc = scores(pred, yv)
+            print(f"| {name} | {run} | {loss:.4f} | {acc:.4f} | {took:.0f} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()

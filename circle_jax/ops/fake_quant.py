@@ -1,0 +1,137 @@
+"""Fake quantization: float values rounded to an integer grid, with straight-through
+gradients, as quantization-aware training simulates an integer model.
+
+``fake_quant(x) = scale * (clip(round(x / scale) + zero_point, qmin, qmax) - zero_point)``,
+rounding half away from zero (as LiteRT quantizes). Its gradient is the clipped straight-through
+estimator: 1 where ``x / scale + zero_point`` lies inside ``[qmin, qmax]``, 0 outside (the
+clamp passes no gradient). Scales and zero points are never differentiated.
+
+:func:`quantize_weight` re-quantizes a weight from its float value with the file's scheme
+(a ``Grid`` of `circle_jax.passes.fake_quant`: symmetric or asymmetric, per tensor or per
+channel); :func:`quantize_bias` a bias at ``s_input * s_weight``. Both return the integers
+and their parameters, so the simulation and the exported integer file hold the same values.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Array = Any
+
+
+class Grid(Protocol):
+    """A tensor's quantization scheme (`circle_jax.passes.fake_quant.Grid`)."""
+
+    dtype: str
+    scale: tuple[float, ...]
+    axis: int
+
+    @property
+    def qmin(self) -> int: ...
+    @property
+    def qmax(self) -> int: ...
+    @property
+    def per_channel(self) -> bool: ...
+    @property
+    def symmetric(self) -> bool: ...
+
+
+def _xp(x: Array) -> Any:
+    """numpy for numpy arrays (the export), jax.numpy otherwise: the same float32
+    operations either way, so both give the same integers."""
+    return np if isinstance(x, (np.ndarray, np.generic)) else jnp
+
+
+def _constant(x: Array) -> Array:
+    """``x`` without gradient (numpy stays numpy)."""
+    return x if _xp(x) is np else jax.lax.stop_gradient(x)
+
+
+def _round(v: Array) -> Array:
+    """Round to nearest, ties away from zero."""
+    xp = _xp(v)
+    return xp.sign(v) * xp.floor(xp.abs(v) + np.float32(0.5))
+
+
+def _channels(values: Array, ndim: int, axis: int | None) -> Array:
+    """Per-channel values laid along ``axis`` of a rank-``ndim`` tensor (None: a scalar)."""
+    if axis is None:
+        return values.reshape(())
+    shape = [1] * ndim
+    shape[axis] = -1
+    return values.reshape(shape)
+
+
+def fake_quant(x: Array, scale: Array, zero_point: Array, qmin: float, qmax: float) -> Array:
+    """``x`` rounded to the grid (see the module docstring), with the clipped
+    straight-through gradient."""
+    scale = jax.lax.stop_gradient(jnp.asarray(scale, x.dtype))
+    zero = jax.lax.stop_gradient(jnp.asarray(zero_point, x.dtype))
+    v = x / scale + zero
+    q = jnp.clip(_round(v), qmin, qmax)
+    out = jax.lax.stop_gradient((q - zero) * scale)
+    inside = (v >= qmin) & (v <= qmax)
+    return jnp.where(inside, x + jax.lax.stop_gradient(out - x), out)
+
+
+def weight_params(w: Array, g: Grid) -> tuple[Array, Array]:
+    """(scales, zero points) of float weight ``w`` re-quantized with ``g``'s scheme: one per
+    index of ``g.axis`` when the file has per-channel parameters, else one; a channel that is
+    all zero keeps the file's scale."""
+    xp, w = _xp(w), _constant(w)
+    axes = tuple(d for d in range(w.ndim) if d != g.axis) if g.per_channel else None
+    file_scale = np.asarray(g.scale, np.float32).reshape(-1 if g.per_channel else ())
+    if g.symmetric:
+        scale = xp.max(xp.abs(w), axis=axes) / np.float32(g.qmax)
+        zero = xp.zeros_like(scale)
+    else:
+        lo = xp.minimum(xp.min(w, axis=axes), np.float32(0))
+        hi = xp.maximum(xp.max(w, axis=axes), np.float32(0))
+        scale = (hi - lo) / np.float32(g.qmax - g.qmin)
+        zero = xp.clip(_round(np.float32(g.qmin) - lo / xp.where(scale > 0, scale,
+                                                                 np.float32(1))),
+                       g.qmin, g.qmax)
+    return xp.where(scale > 0, scale, file_scale), zero
+
+
+def quantize_weight(w: Array, g: Grid) -> tuple[Array, Array, Array]:
+    """(integers as floats, scales, zero points) of float weight ``w`` in ``g``'s scheme
+    (symmetric weights use the narrow range ``[-qmax, qmax]``, as LiteRT's int8 weights).
+    float32 operations on numpy or JAX arrays alike."""
+    xp = _xp(w)
+    scale, zero = weight_params(w, g)
+    axis = g.axis if g.per_channel else None
+    s, z = _channels(scale, w.ndim, axis), _channels(zero, w.ndim, axis)
+    lo = -g.qmax if g.symmetric else g.qmin
+    q = xp.clip(_round(_constant(w) / s) + z, lo, g.qmax)
+    return q, scale, zero
+
+
+def fake_quant_weight(w: Array, g: Grid) -> tuple[Array, Array]:
+    """(``w`` re-quantized and dequantized, with a straight-through gradient; its scales)."""
+    q, scale, zero = quantize_weight(w, g)
+    axis = g.axis if g.per_channel else None
+    real = (q - _channels(zero, w.ndim, axis)) * _channels(scale, w.ndim, axis)
+    return w + jax.lax.stop_gradient(real - w), scale
+
+
+def bias_scale(input_scale: Array, weight_scale: Array) -> Array:
+    """The bias scale ``s_input * s_weight`` (per output channel), float32."""
+    return _constant(np.float32(input_scale) * weight_scale)
+
+
+def quantize_bias(b: Array, scale: Array, g: Grid) -> Array:
+    """Bias integers (as floats) at ``scale`` (zero point 0), clamped to int32 for an int32
+    bias."""
+    q = _round(_constant(b) / scale.reshape((-1,) if scale.ndim else ()))
+    return _xp(q).clip(q, g.qmin, g.qmax) if g.dtype == "int32" else q
+
+
+def fake_quant_bias(b: Array, scale: Array, g: Grid) -> Array:
+    """``b`` re-quantized at ``scale`` and dequantized, with a straight-through gradient."""
+    real = quantize_bias(b, scale, g) * scale.reshape((-1,) if scale.ndim else ())
+    return b + jax.lax.stop_gradient(real - b)

@@ -1,0 +1,258 @@
+"""Dequantize: a quantized model becomes the float32 model its integers stand for.
+
+The rule (:func:`dequantize_model`), in every subgraph:
+
+- every affine-quantized tensor (int8, uint8, int16 activations and weights; int32/int64
+  biases: any integer tensor with a scale) becomes float32 without quantization parameters.
+  A constant's data becomes ``scale * (q - zero_point)`` (float64, rounded once to float32),
+  with one (scale, zero point) for the whole tensor or one per index of its
+  ``quantized_dimension`` (per channel); a graph input, output or computed tensor becomes a
+  float32 tensor of the same shape that holds the real value its integers stood for;
+- a float16 constant read only by DEQUANTIZE operators becomes float32 (its values exactly);
+- QUANTIZE and DEQUANTIZE operators, float32 to float32 now, are identities and are removed:
+  their readers read the operator's input instead, or, when its output is a subgraph output,
+  the operator that computes its input writes that output instead (names of inputs and
+  outputs are kept). One between a subgraph input and a subgraph output (nothing computes
+  its input) is kept as a float32 DEQUANTIZE, an identity circle-jax runs.
+
+Tensor indices do not change (a removed identity's output stays, unread). Integer tensors
+without quantization parameters (shapes, indices) and float tensors are left as they are.
+The record maps each changed tensor to its former type and quantization (``int8 per-channel
+16@0``: 16 scales along dimension 0) and each removed operator to ``removed``.
+
+:func:`requantize_weights` is the inverse for weight-only quantized models (dynamic-range
+int8 weights with float activations; float16 weights): it writes float32 weights back in the
+layout the source model had, so a model trained in float exports as the file it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+
+import numpy as np
+
+from ..formats.schema import OPERATOR_CODES
+from ..graph import ir
+from .edit import add_operator, add_tensor, record, replace_subgraph
+
+#: Integer types whose tensors carry affine quantization (as `circle_jax.graph.checks`
+#: accepts them).
+QUANTIZED_TYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
+_CONVERSIONS = frozenset({"QUANTIZE", "DEQUANTIZE"})
+
+
+def is_quantized(t: ir.Tensor) -> bool:
+    """Whether ``t`` is an affine-quantized integer tensor."""
+    return t.dtype in QUANTIZED_TYPES and t.quantization is not None \
+        and len(t.quantization.scale) > 0
+
+
+def describe_quantization(t: ir.Tensor) -> str:
+    """``int8 per-tensor s=0.0039 zp=-128`` or ``int8 per-channel 16@0`` (16 scales along
+    dimension 0); just the dtype for a tensor without parameters."""
+    q = t.quantization
+    if q is None or not q.scale:
+        return t.dtype
+    if len(q.scale) == 1:
+        return f"{t.dtype} per-tensor s={q.scale[0]:.4g} zp={q.zero_point[0]}"
+    return f"{t.dtype} per-channel {len(q.scale)}@{q.quantized_dimension}"
+
+
+def dequantized_values(t: ir.Tensor) -> np.ndarray:
+    """A quantized constant's real values, ``scale * (q - zero_point)``, as float32."""
+    q = t.quantization
+    assert q is not None and t.data is not None
+    scale = np.asarray(q.scale, np.float64)
+    zero = np.broadcast_to(np.asarray(q.zero_point, np.float64), scale.shape)
+    if scale.size > 1:
+        shape = [1] * t.data.ndim
+        shape[q.quantized_dimension] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return ((t.data.astype(np.float64) - zero) * scale).astype(np.float32)
+
+
+def _float16_weights(sg: ir.Subgraph) -> set[int]:
+    """Float16 constants every reader of which is a DEQUANTIZE."""
+    readers: dict[int, set[str]] = {}
+    for op in sg.operators:
+        for i in op.inputs:
+            if i >= 0:
+                readers.setdefault(i, set()).add(op.type)
+    return {t.index for t in sg.tensors if t.dtype == "float16" and t.is_constant
+            and readers.get(t.index) == {"DEQUANTIZE"}}
+
+
+def weight_only(model: ir.Model) -> bool:
+    """Whether the model's only quantized tensors are constants (dynamic-range int8 weights,
+    float16 weights read by DEQUANTIZE) and there is at least one: the models `circle_jax.load`
+    dequantizes by default, since its float activations leave no integer model to run."""
+    found = False
+    for sg in model.subgraphs:
+        for t in sg.tensors:
+            if is_quantized(t):
+                if not t.is_constant:
+                    return False
+                found = True
+        found |= bool(_float16_weights(sg))
+    return found
+
+
+def dequantize_model(model: ir.Model) -> ir.Model:
+    """``model`` with every quantized tensor float32 and the identities removed (see the
+    module docstring); the record maps each change to what it was."""
+    changes: dict[str, str] = {}
+    for sg in model.subgraphs:
+        half = _float16_weights(sg)
+        tensors = []
+        for t in sg.tensors:
+            if is_quantized(t) or t.index in half:
+                data = None if t.data is None else (
+                    t.data.astype(np.float32) if t.index in half else dequantized_values(t))
+                if data is not None:
+                    data.flags.writeable = False
+                changes[_where(model, sg, t.name)] = describe_quantization(t)
+                t = replace(t, dtype="float32", data=data, quantization=None)
+            tensors.append(t)
+        sg = replace(sg, tensors=tuple(tensors))
+        operators, removed = _without_identities(sg)
+        changes.update({_where(model, sg, f"operator {op.index} {op.type}"): "removed"
+                        for op in removed})
+        model = replace_subgraph(model, sg.index, tensors=sg.tensors, operators=operators)
+    return record(model, "dequantize", changes, "tensor: was; operator: removed")
+
+
+def _where(model: ir.Model, sg: ir.Subgraph, what: str) -> str:
+    return f"subgraph {sg.index} {what}" if len(model.subgraphs) > 1 else what
+
+
+def _without_identities(sg: ir.Subgraph) -> tuple[tuple[ir.Operator, ...], list[ir.Operator]]:
+    """(operators with the float-to-float QUANTIZE/DEQUANTIZE removed, those removed)."""
+    produced = {i for op in sg.operators for i in op.outputs}
+    ends = set(sg.inputs) | set(sg.outputs)
+    alias: dict[int, int] = {}  # readers of key read value instead
+    rename: dict[int, int] = {}  # key is written and read as value everywhere
+    kept, removed = [], []
+    for op in sg.operators:
+        op = replace(op, inputs=tuple(alias.get(i, i) for i in op.inputs))
+        x, y = (op.inputs[0], op.outputs[0]) if op.inputs and op.outputs else (-1, -1)
+        if op.type not in _CONVERSIONS or x < 0 or sg.tensors[x].dtype != "float32" \
+                or sg.tensors[y].dtype != "float32":
+            kept.append(op)
+        elif y not in sg.outputs:
+            alias[y] = x
+            removed.append(op)
+        elif x in produced and x not in ends and x not in rename:
+            rename[x] = y
+            removed.append(op)
+        else:
+            kept.append(replace(op, type="DEQUANTIZE", code=OPERATOR_CODES["DEQUANTIZE"]))
+
+    def name(i: int) -> int:
+        return rename.get(i, i)
+
+    return tuple(replace(op, index=j, inputs=tuple(map(name, op.inputs)),
+                         outputs=tuple(map(name, op.outputs)))
+                 for j, op in enumerate(kept)), removed
+
+
+# ------------------------------------------------------------------------------ inverse
+
+def requantize_weights(model: ir.Model, source: ir.Model,
+                       copies: Mapping[str, str] | None = None) -> ir.Model:
+    """``model`` (float32, from ``dequantize_model(source)`` and maybe later passes) with every
+    weight that was quantized or float16 in ``source`` written back in that layout: a weight
+    still equal to its dequantized source is the source tensor again, bit for bit; a changed
+    int8 weight is requantized symmetrically (zero point 0, ``scale = max|w| / 127`` per
+    tensor or per index of the source's quantized dimension, ``q = round(w / scale)`` to
+    nearest, ties to even); a changed float16 weight is rounded to float16; float16 weights
+    are read through a DEQUANTIZE again. ``copies`` maps tensors a later pass copied from a
+    source weight (untied copies: ``copy name -> source name``) to it; they get the
+    source's layout."""
+    copies = dict(copies or {})
+    changes: dict[str, str] = {}
+    for k, (sg, before) in enumerate(zip(model.subgraphs, source.subgraphs)):
+        by_name = {t.name: t for t in before.tensors}
+        half = _float16_weights(before)
+        dq_out = {op.inputs[0]: op for op in before.operators if op.type == "DEQUANTIZE"
+                  and op.inputs and op.inputs[0] in half}
+        tensors = list(sg.tensors)
+        float16: list[tuple[int, ir.Operator | None]] = []
+        for t in sg.tensors:
+            was = by_name.get(copies.get(t.name, t.name))
+            if not t.is_constant or t.dtype != "float32" or was is None or not (
+                    is_quantized(was) and was.is_constant or was.index in half):
+                continue
+            unchanged = np.array_equal(
+                t.data, was.data.astype(np.float32) if was.index in half
+                else dequantized_values(was))
+            new = _requantized(t, was, unchanged)
+            tensors[t.index] = new
+            changes[_where(model, sg, t.name)] = describe_quantization(new) + (
+                "" if unchanged else " (requantized)")
+            if was.index in half:
+                ref = dq_out.get(was.index) if t.name == was.name else None
+                float16.append((t.index, ref))
+        model = replace_subgraph(model, k, tensors=tuple(tensors))
+        float16.sort(key=lambda e: (e[1] is None, e[1].index if e[1] else 0, e[0]))
+        for i, ref in float16:
+            model = _read_through_dequantize(model, k, i, ref)
+    return record(model, "requantize_weights", changes, "tensor: written as")
+
+
+def _requantized(t: ir.Tensor, was: ir.Tensor, unchanged: bool) -> ir.Tensor:
+    """``t`` (float32 constant) in the layout of source tensor ``was``."""
+    if unchanged:
+        return replace(t, dtype=was.dtype, data=was.data, quantization=was.quantization)
+    if was.dtype == "float16":
+        data = t.data.astype(np.float16)
+        data.flags.writeable = False
+        return replace(t, dtype="float16", data=data, quantization=None)
+    q = was.quantization
+    assert q is not None
+    w = np.asarray(t.data, np.float64)
+    axis = q.quantized_dimension if len(q.scale) > 1 else None
+    other = tuple(d for d in range(w.ndim) if d != axis)
+    peak = np.max(np.abs(w), axis=other, keepdims=True) if w.size else np.zeros(1)
+    scale = np.where(peak > 0, peak / 127.0, np.float64(np.float32(q.scale[0])))
+    scale = scale.astype(np.float32).astype(np.float64)  # the file stores float32 scales
+    data = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+    data.flags.writeable = False
+    quant = ir.Quantization(tuple(float(s) for s in scale.reshape(-1)),
+                            (0,) * scale.size, q.quantized_dimension)
+    return replace(t, dtype="int8", data=data, quantization=quant)
+
+
+def _read_through_dequantize(model: ir.Model, k: int, i: int,
+                             ref: ir.Operator | None) -> ir.Model:
+    """``model`` with the readers of float16 constant ``i`` reading a DEQUANTIZE of it.
+    ``ref``, the source's DEQUANTIZE, is written as it was read, its output tensor reused,
+    at its source place (after the operators that preceded it there, before the first
+    reader); a new one goes just before the first reader."""
+    sg = model.subgraphs[k]
+    if ref is not None:
+        out = ref.outputs[0]
+        kept = next((op for op in sg.operators if op.inputs[:1] == (i,)
+                     and op.outputs[:1] == (out,)), None)
+        if kept is not None:  # the identity dequantize_model kept: the source operator again
+            ops = [replace(ref, index=op.index) if op is kept else op for op in sg.operators]
+            return replace_subgraph(model, k, operators=tuple(ops))
+    else:
+        t = sg.tensors[i]
+        model, out = add_tensor(model, k, f"{t.name}/dequantized", t.shape)
+    ops = [replace(op, inputs=tuple(out if j == i else j for j in op.inputs))
+           for op in model.subgraphs[k].operators]
+    first = next((j for j, op in enumerate(ops) if out in op.inputs), None)
+    if first is None:
+        return model
+    at = first
+    if ref is not None and ref.origin is not None:
+        at = min(first, max((j + 1 for j, op in enumerate(ops)
+                             if op.origin is not None and op.origin < ref.origin), default=0))
+    model = replace_subgraph(model, k, operators=tuple(ops))
+    model = add_operator(model, k, "DEQUANTIZE", (i,), (out,), at=at)
+    if ref is not None:
+        ops = list(model.subgraphs[k].operators)
+        ops[at] = replace(ref, index=at)
+        model = replace_subgraph(model, k, operators=tuple(ops))
+    return model

@@ -1,0 +1,144 @@
+"""Fake quantization: a fully quantized model becomes the float model that simulates it.
+
+The rule (:func:`fake_quantize`), in every subgraph: every affine-quantized tensor (int8,
+uint8, int16 activations and weights; int32/int64 biases) becomes a float32 tensor without
+quantization parameters (the float kernels run on it). A constant's data becomes its real value
+(`circle_jax.passes.dequantize.dequantized_values`), so it is a float param (a
+float32 master); a computed tensor or graph input holds the real value its integers stand
+for. QUANTIZE and DEQUANTIZE operators become float32 DEQUANTIZE operators (identities),
+whose outputs are then rounded as the source's outputs were quantized. Tensor and operator
+indices and names do not change, so every tensor maps back to the source's.
+
+The lowering (`circle_jax.lower`) runs a model this pass produced with the rounding it
+describes, from the :class:`FakeQuantPlan` of the source model (:func:`fake_quant_plan`):
+
+- an *activation* (a graph input or computed tensor that was quantized) is rounded to its
+  grid with the file's scale and zero point and clamped to its type's range;
+- a *weight* (a quantized constant other than a bias) is re-quantized from its float value
+  at every call with the file's scheme: symmetric (every zero point 0) as
+  ``scale = max|w| / qmax`` with ``q`` in ``[-qmax, qmax]``, asymmetric as
+  ``scale = (max(w, 0) - min(w, 0)) / (qmax - qmin)`` with the zero point that maps 0 to an
+  integer; per channel along the file's quantized dimension, or per tensor, as the file has it;
+- a *bias* (input 2 of CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED; input 3 of
+  TRANSPOSE_CONV) is re-quantized at scale ``s_input * s_weight`` (per output channel) with
+  the weight's scales of that call, zero point 0, as int32 (int64 biases are not clamped),
+  when its weight is a constant (a bias of a computed weight rounds as a weight does).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from ..formats.schema import OPERATOR_CODES
+from ..graph import ir
+from ..graph.params_policy import BIAS_POSITION
+from .dequantize import dequantized_values, is_quantized
+from .edit import record, replace_subgraph
+
+#: Integer types with affine quantization, and their ranges.
+RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
+          "int32": (-(2 ** 31), 2 ** 31 - 1), "int64": (-(2 ** 63), 2 ** 63 - 1)}
+
+
+@dataclass(frozen=True)
+class Grid:
+    """One tensor's quantization in the source: its integer type's range, the file's
+    scales and zero points (one, or one per index of ``axis``)."""
+
+    dtype: str
+    scale: tuple[float, ...]
+    zero_point: tuple[int, ...]
+    axis: int
+
+    @property
+    def qmin(self) -> int:
+        return RANGES[self.dtype][0]
+
+    @property
+    def qmax(self) -> int:
+        return RANGES[self.dtype][1]
+
+    @property
+    def per_channel(self) -> bool:
+        return len(self.scale) > 1
+
+    @property
+    def symmetric(self) -> bool:
+        """Zero points all 0 on a signed type."""
+        return self.qmin < 0 and all(z == 0 for z in self.zero_point)
+
+
+@dataclass(frozen=True)
+class Bias:
+    """A bias re-quantized at ``s_input * s_weight``: the tensors of its operator's input
+    and weight, and the bias's own type."""
+
+    input: int
+    weight: int
+    grid: Grid
+
+
+@dataclass(frozen=True)
+class FakeQuantPlan:
+    """Where the simulation rounds, keyed by (subgraph, tensor index) of the source."""
+
+    activations: dict[tuple[int, int], Grid]
+    weights: dict[tuple[int, int], Grid]
+    biases: dict[tuple[int, int], Bias]
+
+
+def grid(t: ir.Tensor) -> Grid:
+    """The :class:`Grid` of a quantized tensor."""
+    q = t.quantization
+    assert q is not None
+    zero = tuple(q.zero_point) or (0,) * len(q.scale)
+    return Grid(t.dtype, tuple(q.scale), zero, q.quantized_dimension)
+
+
+def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
+    """The activations, weights and biases of ``source`` that :func:`fake_quantize`'s
+    output rounds (see the module docstring)."""
+    acts: dict[tuple[int, int], Grid] = {}
+    weights: dict[tuple[int, int], Grid] = {}
+    biases: dict[tuple[int, int], Bias] = {}
+    for sg in source.subgraphs:
+        for op in sg.operators:
+            pos = BIAS_POSITION.get(op.type)
+            if pos is not None and len(op.inputs) > pos and op.inputs[pos] >= 0:
+                b, x, w = (sg.tensors[op.inputs[j]] for j in (pos, 0, 1))
+                if all(map(is_quantized, (b, x, w))) and b.is_constant and w.is_constant:
+                    biases[(sg.index, b.index)] = Bias(x.index, w.index, grid(b))
+        for t in sg.tensors:
+            key = (sg.index, t.index)
+            if not is_quantized(t) or key in biases:
+                continue
+            (weights if t.is_constant else acts)[key] = grid(t)
+    return FakeQuantPlan(acts, weights, biases)
+
+
+def fake_quantize(model: ir.Model) -> ir.Model:
+    """``model`` with every quantized tensor float32, without parameters, and its
+    QUANTIZE / DEQUANTIZE operators float32 DEQUANTIZE identities (see the module
+    docstring); the record maps each changed tensor to its former type."""
+    changes: dict[str, str] = {}
+    dequantize = OPERATOR_CODES["DEQUANTIZE"]
+    for sg in model.subgraphs:
+        tensors = []
+        for t in sg.tensors:
+            if is_quantized(t):
+                where = f"subgraph {sg.index} {t.name}" if len(model.subgraphs) > 1 else t.name
+                changes[where] = t.dtype
+                data = None if t.data is None else dequantized_values(t)
+                t = replace(t, dtype="float32", data=data, quantization=None)
+            tensors.append(t)
+        ops = tuple(replace(op, type="DEQUANTIZE", code=dequantize)
+                    if op.type in ("QUANTIZE", "DEQUANTIZE") else op for op in sg.operators)
+        model = replace_subgraph(model, sg.index, tensors=tuple(tensors), operators=ops)
+    return record(model, "fake_quantize", changes, "tensor: was")
+
+
+def quantized_activations(model: ir.Model) -> bool:
+    """Whether ``model`` computes on quantized tensors (a full-integer model, which
+    :func:`fake_quantize` simulates), not only stores quantized constants."""
+    return any(is_quantized(t) and not t.is_constant
+               for sg in model.subgraphs for t in sg.tensors)

@@ -1,0 +1,69 @@
+"""Quantization-aware training's export: trained float masters back into the integer model.
+
+A QAT model (``circle_jax.load(path, qat=True)``) is the float model
+`circle_jax.passes.fake_quantize` makes of a fully quantized file, lowered with the
+rounding its :class:`~circle_jax.passes.fake_quant.FakeQuantPlan` describes. Its export is
+the source file with, for every weight and bias, the integers and parameters the simulation
+used (:func:`integer_model`, computed by the same functions of `circle_jax.ops.fake_quant`):
+
+- a weight: ``quantize_weight`` of its master (re-quantized with the file's scheme);
+- a bias: ``round(b / (s_input * s_weight))`` at that scale, zero point 0;
+- activations keep the file's scales and zero points, or the ``ranges`` given (re-estimated
+  ones), as the simulation used them.
+
+Everything else of the file (operators, I/O types, metadata) is written as it was.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from .graph import ir
+from .ops import fake_quant as fq
+from .passes.edit import replace_subgraph
+from .passes.fake_quant import FakeQuantPlan, Grid
+
+
+def _quantization(scale: Any, zero: Any, axis: int) -> ir.Quantization:
+    scale = np.asarray(scale, np.float32).reshape(-1)
+    zero = np.asarray(zero).reshape(-1)
+    return ir.Quantization(tuple(float(s) for s in scale),
+                           tuple(int(z) for z in np.broadcast_to(zero, scale.shape)), axis)
+
+
+def _integers(t: ir.Tensor, q: Any, g: Grid) -> np.ndarray:
+    data = np.clip(np.asarray(q, np.float64), g.qmin, g.qmax)
+    data = data.astype(ir.as_numpy_dtype(g.dtype)).reshape(t.shape)
+    data.flags.writeable = False
+    return data
+
+
+def integer_model(source: ir.Model, plan: FakeQuantPlan, params: Mapping[str, Any],
+                  names: Mapping[tuple[int, int], str]) -> ir.Model:
+    """``source`` with its weights and biases replaced by the integers of float ``params``
+    (``names``: the param name of each (subgraph, tensor) of the plan), as the simulation
+    rounds them (see the module docstring)."""
+    weights: dict[tuple[int, int], tuple[Any, Any]] = {}
+    for sg in source.subgraphs:
+        tensors = list(sg.tensors)
+        for (k, i), g in plan.weights.items():
+            if k != sg.index or (k, i) not in names:
+                continue
+            q, scale, zero = fq.quantize_weight(np.asarray(params[names[(k, i)]], np.float32), g)
+            weights[(k, i)] = (scale, zero)
+            tensors[i] = replace(tensors[i], data=_integers(tensors[i], q, g),
+                                 quantization=_quantization(scale, zero, g.axis))
+        for (k, i), b in plan.biases.items():
+            if k != sg.index or (k, i) not in names or (k, b.weight) not in weights:
+                continue
+            s_in = plan.activations[(k, b.input)].scale[0]
+            scale = fq.bias_scale(s_in, weights[(k, b.weight)][0])
+            q = fq.quantize_bias(np.asarray(params[names[(k, i)]], np.float32), scale, b.grid)
+            tensors[i] = replace(tensors[i], data=_integers(tensors[i], q, b.grid),
+                                 quantization=_quantization(scale, 0, b.grid.axis))
+        source = replace_subgraph(source, sg.index, tensors=tuple(tensors))
+    return source

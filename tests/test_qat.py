@@ -1,0 +1,319 @@
+"""Quantization-aware training of fully quantized models (``load(qat=True)``).
+
+Checked against things the simulation does not compute itself: LiteRT running the exported
+integer file (every intermediate tensor), the file's own integer outputs, numpy's
+straight-through gradient of a one-layer model, and the rounding rules written out by hand.
+
+"Within 1 LSB" is checked per operator: each operator of the simulation, fed the integer
+model's own inputs to it (teacher forcing, :func:`forced`), gives that operator's LiteRT
+output within one step of the output's grid (both round a real value that lies near a
+rounding boundary, from float32 and from 32-bit fixed point). End to end the steps compound
+through the layers; the bound asserted there is the measured one.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from ai_edge_litert import interpreter as litert
+
+import circle_jax as cj
+from circle_jax.formats.reader import read_model
+from circle_jax.ops import fake_quant as fq
+from circle_jax.passes.fake_quant import Grid
+
+DATA = Path(__file__).parent / "data" / "quantized"
+
+
+def _litert(data: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
+    """Every tensor LiteRT computes for input ``x``, by name."""
+    interp = litert.Interpreter(
+        model_content=data, experimental_preserve_all_tensors=True,
+        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    interp.allocate_tensors()
+    interp.set_tensor(interp.get_input_details()[0]["index"], x)
+    interp.invoke()
+    out = {}
+    for d in interp.get_tensor_details():
+        try:
+            out[d["name"]] = interp.get_tensor(d["index"]).copy()
+        except ValueError:
+            pass
+    return out
+
+
+def _as_input(model: cj.Model, x: np.ndarray) -> np.ndarray:
+    """Real-valued ``x`` quantized with the integer file's input parameters (int inputs)."""
+    sg = model.simulated.main
+    t = sg.tensors[sg.inputs[0]]
+    if t.dtype == "float32":
+        return x
+    q, info = t.quantization, np.iinfo(t.dtype)
+    return np.clip(np.round(x / q.scale[0]) + q.zero_point[0], info.min, info.max).astype(t.dtype)
+
+
+def forced(tensors: Any, params: dict, x: np.ndarray, want: dict[int, np.ndarray],
+           depth: int) -> dict[int, np.ndarray]:
+    """Each tensor of ``want`` (real values by tensor index) as the simulation
+    (``tensors``: a model's jitted ``tensors``) computes it from its operator's inputs set to
+    ``want``: taps hold every tensor at its wanted value, found by iterating ``depth`` times
+    (the graph's depth at most)."""
+    _, got = tensors(params, x, taps={i: jnp.zeros(v.shape) for i, v in want.items()})
+    taps = {i: jnp.asarray(want[i] - np.asarray(got[i])) for i in want}
+    for _ in range(depth):
+        _, got = tensors(params, x, taps=taps)
+        own = {i: np.asarray(got[i]) - np.asarray(taps[i]) for i in want}
+        taps = {i: jnp.asarray(want[i] - own[i]) for i in want}
+    return own
+
+
+def _train(model: cj.Model, steps: int = 4, lr: float = 0.05) -> dict:
+    """``steps`` SGD steps, one digit each (cross-entropy of the softmax output)."""
+    d = np.load(Path(cj.__file__).parent / "data" / "digits.npz")
+    x = d["images"][:steps].astype(np.float32).reshape(-1, 1, 8, 8, 1) / 16.0
+    y = np.eye(10, dtype=np.float32)[d["labels"][:steps]]
+    train = sorted(model.trainable_params)
+
+    @jax.jit
+    def step(params: dict, x: jax.Array, y: jax.Array) -> dict:
+        def loss(p: dict) -> jax.Array:
+            out = model.apply({**params, **p}, x)[0].reshape(-1)
+            return -jnp.sum(y * jnp.log(out + 1e-6))
+
+        g = jax.grad(loss)({k: params[k] for k in train})
+        return {**params, **{k: params[k] - lr * g[k] for k in train}}
+
+    params = dict(model.params)
+    for xi, yi in zip(x, y):
+        params = step(params, xi, yi)
+    return params
+
+
+def _real(t: Any, q: np.ndarray) -> np.ndarray:
+    """The real values of integers ``q`` of quantized tensor ``t``."""
+    p = t.quantization
+    return (q.astype(np.float32) - p.zero_point[0]) * np.float32(p.scale[0])
+
+
+def _producer(sg: Any, i: int) -> str:
+    return next(op.key for op in sg.operators if i in op.outputs)
+
+
+#: End to end on the 8 recorded digits, the largest difference of the model output in steps
+#: of its grid, measured over several weight states (benchmarks/README.md, QAT): int8 0-5,
+#: int16 3-10 (here, after 4 SGD steps: 0 and 3); bounded with margin.
+END_TO_END = {"int8": 6, "int16": 40}
+
+
+# full_int8 differs from full_int8_float_io only by its int8 I/O, which
+# test_qat_model_is_float_with_the_files_weights and the golden test run through LiteRT.
+@pytest.mark.parametrize("name", ["full_int8_float_io", "int16x8"])
+def test_exported_model_matches_the_simulation(name: str) -> None:
+    """After training, LiteRT on the export against the simulation: every operator within
+    1 step of its grid given its integer inputs; the output within the measured bound."""
+    model = cj.load(DATA / f"{name}.tflite", qat=True)
+    params = _train(model)
+    exported = model.export(params)
+    assert exported != model.export()  # the weights moved
+    sg = model.simulated.main
+    out = sg.tensors[sg.outputs[0]]
+    last = out.index if out.dtype != "float32" else next(
+        op.inputs[0] for op in sg.operators if out.index in op.outputs)
+    tensors = jax.jit(model.tensors)
+    worst = 0.0
+    for n, xi in enumerate(np.load(DATA / "inputs.npz")["x"][:, None]):
+        litert_tensors = _litert(exported, _as_input(model, xi))
+        want = {t.index: _real(t, litert_tensors[t.name]) for t in sg.tensors
+                if t.data is None and t.quantization is not None
+                and t.dtype in ("int8", "int16") and t.name in litert_tensors}
+        if n == 0:  # per operator, on one digit (it iterates through the graph)
+            own = forced(tensors, params, xi, want, len(sg.operators))
+            for i, got in own.items():
+                t = sg.tensors[i]
+                steps = np.abs(got - want[i]).max() / t.quantization.scale[0]
+                # LiteRT's int16 SOFTMAX reads exp from a table (measured: 10 steps)
+                bound = 16 if t.dtype == "int16" and _producer(sg, i) == "SOFTMAX" else 1
+                # + 0.01: float32 holds an int16 grid's real values to ~2e-3 steps
+                assert steps <= bound + 0.01, f"{name}: tensor {t.name!r}: {steps}"
+            assert len(own) >= 10
+        zeros = {i: jnp.zeros(v.shape) for i, v in want.items()}  # the traced structure
+        sim = np.asarray(tensors(params, xi, taps=zeros)[0][0])
+        lt = sg.tensors[last]
+        steps = np.abs(sim.reshape(-1) - want[last].reshape(-1)) / lt.quantization.scale[0]
+        worst = max(worst, float(steps.max()))
+    assert worst <= END_TO_END[sg.tensors[last].dtype] + 0.01, (name, worst)
+
+
+def test_qat_model_is_float_with_the_files_weights() -> None:
+    data = (DATA / "full_int8.tflite").read_bytes()
+    model = cj.load(data, qat=True)
+    assert model.inputs[0].dtype == "float32" and model.simulated is not None
+    assert model.trainable_params and all(
+        v.dtype == jnp.float32 for v in model.params.values())
+    # untrained, the export holds the file's integers: LiteRT gives the file's outputs
+    x = np.load(DATA / "inputs.npz")["x"][:2]
+    exported = model.export()
+    computed = [t.name for t in model.simulated.main.tensors if t.data is None]
+    for xi in _as_input(model, x):
+        a, b = _litert(data, xi[None]), _litert(exported, xi[None])
+        assert all(np.array_equal(a[k], b[k]) for k in computed if k in a)
+    # a model without quantized activations loads as it is
+    plain = cj.load(DATA / "float16.tflite", qat=True)
+    assert plain.simulated is None
+
+
+def test_fake_quant_rounds_and_passes_gradient_inside_only() -> None:
+    x = jnp.array([-3.0, -0.26, 0.24, 0.26, 1.0, 3.0])
+    y = fq.fake_quant(x, 0.5, 1, -4, 3)  # grid 0.5 * (q - 1), q in [-4, 3]: [-2.5, 1.0]
+    np.testing.assert_array_equal(np.asarray(y), [-2.5, -0.5, 0.0, 0.5, 1.0, 1.0])
+    g = jax.grad(lambda v: jnp.sum(fq.fake_quant(v, 0.5, 1, -4, 3) * jnp.arange(6.0)))(x)
+    np.testing.assert_array_equal(np.asarray(g), [0, 1, 2, 3, 4, 0])
+
+
+def test_weights_requantized_with_the_files_scheme() -> None:
+    w = np.array([[0.5, -1.0, 0.25], [0.1, 0.2, -0.05]], np.float32)
+    per_channel = Grid("int8", (0.01, 0.01), (0, 0), 0)
+    q, scale, zero = fq.quantize_weight(jnp.asarray(w), per_channel)
+    np.testing.assert_allclose(np.asarray(scale), [1.0 / 127, 0.2 / 127], rtol=1e-7)
+    np.testing.assert_array_equal(np.asarray(q)[:, 1], [-127, 127])
+    assert np.all(np.asarray(zero) == 0)
+    asymmetric = Grid("uint8", (0.01,), (128,), 0)
+    q, scale, zero = fq.quantize_weight(jnp.asarray(w), asymmetric)
+    np.testing.assert_allclose(float(scale), 1.5 / 255, rtol=1e-6)
+    assert int(zero) == 170 and int(q.min()) == 0 and int(q.max()) == 255
+
+
+def _fc_model() -> bytes:
+    """FULLY_CONNECTED on int8 (per-channel weights, int32 bias), its output clamped by
+    the output's range."""
+    b = cj.Builder()
+    x = b.input("x", (1, 4), "int8", quantization=(0.05, 3))
+    rng = np.random.default_rng(0)
+    w = b.constant("w", rng.integers(-127, 128, (3, 4)).astype(np.int8),
+                   quantization=((0.01, 0.02, 0.005), (0, 0, 0), 0))
+    bias = b.constant("b", np.array([10, -20, 30], np.int32),
+                      quantization=((0.0005, 0.001, 0.00025), (0, 0, 0), 0))
+    y = b.op("FULLY_CONNECTED", [x, w, bias], quantization=[(0.02, -2)])
+    b.output(y)
+    return b.to_bytes("tflite")
+
+
+def _numpy_ste(model: cj.Model, xv: np.ndarray, cot_of: Any) -> tuple[np.ndarray, ...]:
+    """numpy's forward and straight-through gradients of :func:`_fc_model`'s QAT model:
+    x and w on their grids, the output rounded and clamped (no gradient outside)."""
+    xq = (np.clip(np.round(xv / 0.05) + 3, -128, 127) - 3) * 0.05
+    wf = np.asarray(model.params["w"], np.float64)
+    s = np.abs(wf).max(axis=1, keepdims=True) / 127
+    wq = np.round(wf / s) * s
+    bq = np.asarray(model.params["b"], np.float64)
+    acc = xq @ wq.T + bq
+    v = acc / 0.02 - 2
+    out = (np.clip(np.round(v), -128, 127) + 2) * 0.02
+    g_out = cot_of(out) * ((v >= -128) & (v <= 127))
+    return out, g_out.T @ xq, g_out[0]
+
+
+def test_qat_gradient_of_one_layer_is_the_straight_through_estimator() -> None:
+    model = cj.load(_fc_model(), qat=True)
+    xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)  # 4.0 is past the input's range
+    cot = np.array([[1.0, -2.0, 0.5]], np.float32)
+    grads = jax.grad(lambda p: jnp.sum(model.apply(p, xv)[0] * cot))(model.params)
+    out, gw, gb = _numpy_ste(model, xv, lambda out: cot)
+    np.testing.assert_allclose(np.asarray(model.apply(model.params, xv)[0]), out, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(grads["w"]), gw, rtol=1e-6, atol=1e-7)
+    np.testing.assert_allclose(np.asarray(grads["b"]), gb, rtol=1e-6)
+
+
+def test_qat_flag() -> None:
+    from circle_jax.cli import build_parser
+    from circle_jax.cli.config import load_options
+
+    for argv, want in (([], True), (["--qat", "on"], True), (["--qat", "off"], False)):
+        ns = build_parser().parse_args(["train", "m.circle", *argv])
+        assert load_options(ns)["qat"] is want
+    with pytest.raises(ValueError, match="quantization-aware") as e:
+        cj.load(_fc_model(), qat=True).personalize(new_head=2)
+    assert "\n" not in str(e.value)
+
+
+def test_golden_of_a_quantized_model(tmp_path: Path) -> None:
+    """`circle-jax golden`: integer tensors with their parameters as h5 attributes
+    (LiteRT's values), and the QAT step's float gradients (numpy's straight-through ones)."""
+    from circle_jax.cli import main
+    from circle_jax.oracle.h5 import read_h5
+
+    data = _fc_model()
+    model = cj.load(data, qat=True)
+    xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)
+    target = np.array([[0.1, 0.2, -0.3]], np.float32)
+    (tmp_path / "m.tflite").write_bytes(data)
+    np.save(tmp_path / "x.npy", xv)
+    np.save(tmp_path / "y.npy", target)
+    argv = ["golden", str(tmp_path / "m.tflite"), "--input", str(tmp_path / "x.npy"),
+            "--expected", str(tmp_path / "y.npy"), "-o", str(tmp_path)]  # --qat on: default
+    assert main(argv) == 0
+    tensors = {e.name: e for e in read_h5(tmp_path / "tensors.h5")[0]}
+    xq = _as_input(model, xv)
+    exported = model.export()  # the weights re-quantized from the masters, as the step's
+    lite = _litert(exported, xq)
+    sg = read_model(exported).main
+    for t in sg.tensors:
+        e = tensors[t.name]
+        assert e.value.dtype == np.dtype(t.dtype) and np.array_equal(e.value, lite[t.name])
+        np.testing.assert_array_equal(e.attrs["scale"], np.float32(t.quantization.scale))
+        np.testing.assert_array_equal(e.attrs["zero_point"], t.quantization.zero_point)
+    (x_in,), _ = read_h5(tmp_path / "input.h5")
+    assert np.array_equal(x_in.value, xq) and x_in.attrs["scale"].tolist() == [np.float32(0.05)]
+    # MSE over the batch's 3 outputs: dLoss/dout = 2 (out - target) / 3
+    _, gw, gb = _numpy_ste(model, xv, lambda out: 2 * (out - target) / 3)
+    grads, attrs = read_h5(tmp_path / "gradients.h5")
+    by_name = {e.name: e.value for e in grads}
+    np.testing.assert_allclose(by_name["w"], gw, rtol=1e-5, atol=1e-7)
+    np.testing.assert_allclose(by_name["b"], gb, rtol=1e-5, atol=1e-7)
+    assert attrs["loss"] > 0
+
+
+def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
+    """ONE-style uint8: asymmetric per-tensor weights re-quantized with a zero point; after
+    SGD steps LiteRT on the export agrees per operator within 1 step."""
+    b = cj.Builder()
+    x = b.input("x", (1, 4, 4, 2), "uint8", quantization=(0.02, 128))
+    rng = np.random.default_rng(1)
+    w = b.constant("w", rng.integers(0, 256, (3, 3, 3, 2)).astype(np.uint8),
+                   quantization=(0.01, 120))
+    bias = b.constant("b", rng.integers(-500, 500, 3).astype(np.int32),
+                      quantization=(0.0002, 0))
+    y = b.op("CONV_2D", [x, w, bias], {"padding": "SAME", "stride_w": 1, "stride_h": 1,
+                                       "fused_activation_function": "RELU"},
+             quantization=[(0.05, 10)])
+    y = b.op("MAX_POOL_2D", [y], {"padding": "VALID", "filter_width": 2, "filter_height": 2,
+                                  "stride_w": 2, "stride_h": 2}, quantization=[(0.05, 10)])
+    b.output(y)
+    model = cj.load(b.to_bytes("tflite"), qat=True)
+    xs = rng.uniform(-2.5, 2.5, (3, 1, 4, 4, 2)).astype(np.float32)
+    target = rng.uniform(0, 5, (1, 2, 2, 3)).astype(np.float32)
+
+    @jax.jit
+    def step(p: dict, xi: jax.Array) -> dict:
+        g = jax.grad(lambda q: jnp.sum((model.apply(q, xi)[0] - target) ** 2))(p)
+        return {k: p[k] - 0.01 * g[k] for k in p}
+
+    params = dict(model.params)
+    for xi in xs:
+        params = step(params, xi)
+    exported = model.export(params)
+    sg = read_model(exported).main
+    assert sg.tensors[1].quantization.zero_point != (120,)  # re-quantized asymmetric
+    lite = _litert(exported, _as_input(model, xs[0]))
+    want = {t.index: _real(t, lite[t.name]) for t in sg.tensors
+            if t.data is None and t.index not in sg.inputs}
+    own = forced(jax.jit(model.tensors), params, xs[0], want, 2)
+    assert len(own) == 2  # CONV_2D's and MAX_POOL_2D's outputs
+    for i, got in own.items():
+        steps = np.abs(got - want[i]) / sg.tensors[i].quantization.scale[0]
+        assert steps.max() <= 1.01, (sg.tensors[i].name, steps.max())
