@@ -24,6 +24,7 @@ import argparse
 import os
 import sys
 import warnings
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -32,8 +33,11 @@ import numpy as np
 sys.path.insert(0, os.path.join(os.path.dirname(__file__), ".."))
 
 import circle_jax as cj  # noqa: E402
+from circle_jax.formats.reader import read_model  # noqa: E402
+from circle_jax.formats.writer import export_model  # noqa: E402
 from tests import model_zoo  # noqa: E402
-from tests.test_sweep import EAGER, _litert  # noqa: E402
+from tests.conformance import run_litert  # noqa: E402
+from tests.test_sweep import EAGER  # noqa: E402
 
 TRAIN = dict(epochs=1, batch_size=8, loss="mse", optimizer="adam", learning_rate=1e-4)
 
@@ -45,6 +49,15 @@ def _one_line(e: BaseException) -> str:
 def _deviation(got: list[np.ndarray], want: list[np.ndarray]) -> float:
     return max(float(np.max(np.abs(g - w))) / max(float(np.max(np.abs(w))), 1.0)
                for g, w in zip(got, want))
+
+
+def _litert(model: cj.Model, name: str) -> Callable[[list[np.ndarray]], list] | None:
+    """LiteRT on one sample of the declared batch (CIR0 rewritten as TFL3), or None."""
+    if name in model_zoo.LITERT_CANNOT_RUN or any(s.shape[:1] != (1,) for s in model.inputs):
+        return None
+    ir = read_model(model_zoo.file_bytes(name))
+    tflite = export_model(ir, file_format="tflite") if ir.format == "circle" else ir.source
+    return lambda feeds: run_litert(tflite, feeds)
 
 
 def batch_of_3(model: cj.Model, name: str) -> tuple[str, str, str]:
