@@ -291,6 +291,8 @@ class Lowered:
                 elif op.key in self.options.float32_ops:
                     out = _in_float32(fn, ctx, args, [k == 0 and i in sg.outputs
                                                       for i in op.outputs])
+                elif self.options.half_weights and any(_traced_float32(a) for a in args):
+                    out = _float32_weight_grads(fn, ctx, args, self.options.half_weights)
                 else:
                     out = fn(ctx, *args)
             except CircleJaxError:
@@ -386,6 +388,49 @@ def _in_float32(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any],
     outs = tuple(o if kept or getattr(o, "dtype", None) != np.float32 else o.astype(half)
                  for o, kept in zip(outs, keep))
     return outs if many else outs[0]
+
+
+def _float32_weight_grads(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any],
+                          half: str) -> Any:
+    """``fn(ctx, *args)`` with its traced float arguments rounded to ``half`` (the float32
+    weights; the activations already are), whose backward runs in float32: each argument's
+    gradient comes back in that argument's dtype, so a float32 weight's gradient is
+    accumulated and kept in float32 (`LoweringOptions.half_weights`)."""
+    dtype = np.dtype(half)
+    where = [j for j, a in enumerate(args) if isinstance(a, jax.Array)]
+
+    def call(values: Sequence[Any]) -> Any:
+        full = list(args)
+        for j, v in zip(where, values):
+            full[j] = v
+        return fn(ctx, *full)
+
+    def floating(a: Any) -> bool:
+        return jnp.issubdtype(a.dtype, jnp.floating)
+
+    def rounded(a: jax.Array) -> jax.Array:  # float32, the value rounded to half
+        if not floating(a):
+            return a
+        up = a.astype(np.float32)
+        return up + jax.lax.stop_gradient(a.astype(dtype).astype(np.float32) - up)
+
+    @jax.custom_vjp
+    def op(*values: jax.Array) -> Any:
+        return call([v.astype(dtype) if floating(v) else v for v in values])
+
+    def fwd(*values: jax.Array) -> tuple[Any, tuple]:
+        return op(*values), values
+
+    def bwd(values: tuple, g: Any) -> tuple:
+        _, vjp = jax.vjp(lambda *v: call([rounded(a) for a in v]), *values)
+        return vjp(jax.tree.map(lambda c: c.astype(np.float32) if floating(c) else c, g))
+
+    op.defvjp(fwd, bwd)
+    return op(*(args[j] for j in where))
+
+
+def _traced_float32(x: Any) -> bool:
+    return isinstance(x, jax.Array) and x.dtype == np.float32
 
 
 def _half(x: Any) -> bool:

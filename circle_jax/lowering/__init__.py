@@ -44,6 +44,12 @@ class LoweringOptions:
     policy's rule, `circle_jax.optim.precision.FLOAT32_OPERATORS`): their half inputs are
     cast to float32, and their outputs back to that half dtype, except the main subgraph's
     outputs, which stay float32 for the loss (`circle_jax.lower.Lowered.run`).
+    ``half_weights``: the half dtype ("float16", "bfloat16") the training forward computes
+    in while its trainable weights arrive in float32 (a policy whose gradient dtype is
+    wider than its compute dtype): an operator that reads a float32 weight computes with it
+    rounded to half, and its backward runs in float32, so the weight's gradient (a sum over
+    the batch and positions) is accumulated and returned in float32, never rounded to half;
+    the gradients of its half inputs are rounded back to half.
     """
 
     kind: str | None = None
@@ -51,6 +57,7 @@ class LoweringOptions:
     backend: str | None = None
     force: str | None = None
     float32_ops: frozenset[str] = frozenset()
+    half_weights: str | None = None
 
     def __post_init__(self) -> None:
         if self.kind is not None and self.kind not in KINDS:

@@ -119,7 +119,9 @@ class Policy:
       param_dtype: how weights (variables) are stored and updated.
       compute_dtype: what the forward (and backward) pass computes in.
       grad_dtype: what gradients are cast to before the optimizer sees them (None: the
-        param dtype).
+        param dtype). With float32 weights and gradients and half compute, the weights'
+        gradients are computed in float32, not in half and cast up
+        (`circle_jax.train.trainer.float32_weight_grads`).
       output_dtype: what model outputs are cast to before the loss.
       float32_ops: the operator keys that compute in float32 when the compute dtype is half
         (None: :data:`FLOAT32_OPERATORS`; empty: none, every operator in half); empty when

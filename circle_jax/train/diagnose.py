@@ -23,7 +23,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..lower import Lowered
-from .trainer import Trainer, grad_cast
+from .trainer import Trainer
 
 
 @dataclass(frozen=True)
@@ -86,7 +86,7 @@ def _finite_flags(trainer: Trainer, lowered: Lowered, trainable: dict, frozen: d
     inputs = p.cast_to_compute(tuple(x))
 
     def params_of(tr: dict) -> dict:
-        return p.cast_to_compute({**p.cast_to_param(grad_cast(tr, p.grad_dtype)), **frozen})
+        return trainer.forward_params(tr, frozen)
 
     _, env = lowered.tensors(params_of(trainable), *inputs)
     computed = {i: v for i, v in env.items()

