@@ -74,6 +74,26 @@ def run_litert(tflite: bytes, feeds: Sequence[np.ndarray]) -> list[np.ndarray]:
     return [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()]
 
 
+def run_litert_all(tflite: bytes, feeds: Sequence[np.ndarray]
+                   ) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """LiteRT's outputs (builtin kernels, no delegate) and every tensor it computed, by name
+    (``experimental_preserve_all_tensors``; tensors without data, scratch, left out)."""
+    interp = litert.Interpreter(
+        model_content=tflite, experimental_preserve_all_tensors=True,
+        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
+    interp.allocate_tensors()
+    for d, x in zip(interp.get_input_details(), feeds):
+        interp.set_tensor(d["index"], x)
+    interp.invoke()
+    tensors = {}
+    for d in interp.get_tensor_details():
+        try:
+            tensors[d["name"]] = interp.get_tensor(d["index"]).copy()
+        except ValueError:
+            pass
+    return [interp.get_tensor(d["index"]).copy() for d in interp.get_output_details()], tensors
+
+
 def run_circle_jax(data: bytes, feeds: Sequence[np.ndarray], jit: bool = True,
                    lowering: Any = None) -> list[np.ndarray]:
     model = cj.load(data, lowering=lowering)

@@ -20,31 +20,19 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
-from ai_edge_litert import interpreter as litert
 
 import circle_jax as cj
 from circle_jax.formats.reader import read_model
 from circle_jax.ops import fake_quant as fq
 from circle_jax.passes.fake_quant import Grid
+from tests.conformance import run_litert_all
 
 DATA = Path(__file__).parent / "data" / "quantized"
 
 
 def _litert(data: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
     """Every tensor LiteRT computes for input ``x``, by name."""
-    interp = litert.Interpreter(
-        model_content=data, experimental_preserve_all_tensors=True,
-        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    interp.allocate_tensors()
-    interp.set_tensor(interp.get_input_details()[0]["index"], x)
-    interp.invoke()
-    out = {}
-    for d in interp.get_tensor_details():
-        try:
-            out[d["name"]] = interp.get_tensor(d["index"]).copy()
-        except ValueError:
-            pass
-    return out
+    return run_litert_all(data, [x])[1]
 
 
 def _as_input(model: cj.Model, x: np.ndarray) -> np.ndarray:

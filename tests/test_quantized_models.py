@@ -16,10 +16,10 @@ from pathlib import Path
 import jax
 import numpy as np
 import pytest
-from ai_edge_litert import interpreter as litert
 
 import circle_jax as cj
 from circle_jax.formats.reader import read_model
+from tests.conformance import run_litert_all
 
 DATA = Path(__file__).parent / "data" / "quantized"
 INTEGER = ["full_int8", "full_int8_float_io", "int16x8"]
@@ -37,20 +37,8 @@ def _inputs(name: str) -> list[np.ndarray]:
 
 
 def _litert_tensors(data: bytes, x: np.ndarray) -> tuple[np.ndarray, dict[str, np.ndarray]]:
-    interp = litert.Interpreter(
-        model_content=data, experimental_preserve_all_tensors=True,
-        experimental_op_resolver_type=litert.OpResolverType.BUILTIN_WITHOUT_DEFAULT_DELEGATES)
-    interp.allocate_tensors()
-    interp.set_tensor(interp.get_input_details()[0]["index"], x)
-    interp.invoke()
-    out = interp.get_tensor(interp.get_output_details()[0]["index"]).copy()
-    tensors = {}
-    for d in interp.get_tensor_details():
-        try:
-            tensors[d["name"]] = interp.get_tensor(d["index"]).copy()
-        except ValueError:  # tensors without data (none here but scratch)
-            pass
-    return out, tensors
+    outputs, tensors = run_litert_all(data, [x])
+    return outputs[0], tensors
 
 
 @pytest.mark.parametrize("name", INTEGER)
