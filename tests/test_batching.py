@@ -5,14 +5,12 @@ models the issue named (a batch of N must always give what N single-sample runs 
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import circle_jax as cj
 from circle_jax.build import Builder
 from circle_jax.examples import branching_cnn
-from circle_jax.train import Trainer
 from tests.conformance import run_litert
 from tests.paths import shared_model
 
@@ -130,24 +128,3 @@ def test_face_detector_runs_and_trains_at_batch_8() -> None:
     r = cj.fit(model, x, y, epochs=1, batch_size=8, loss="mse", optimizer="sgd",
                learning_rate=1e-4)
     assert np.isfinite(r.history.loss[0])
-
-
-def test_a_mapped_model_steps_with_the_mean_of_per_sample_gradients(hand) -> None:
-    """SGD at batch 2 on the mapped hand model: new = old - lr * mean of per-sample grads."""
-    rng = np.random.default_rng(4)
-    x = rng.uniform(-1, 1, (2, 256, 256, 3)).astype(np.float32)
-    y = rng.uniform(0, 1, (2, 1, 1, 4)).astype(np.float32)
-    trainer = Trainer(hand, batch_size=2, learning_rate=1e-6, loss="mse", optimizer="sgd")
-    state, frozen = trainer.init()
-    new, metrics = jax.jit(trainer.train_step)(state, frozen, ((jnp.asarray(x),), jnp.asarray(y)))
-
-    @jax.jit
-    def single(p, xi, yi):
-        return jax.value_and_grad(
-            lambda p: jnp.mean((hand.apply({**frozen, **p}, xi)[0] - yi) ** 2))(p)
-
-    parts = [single(state.params, x[i:i + 1], y[i:i + 1]) for i in range(2)]
-    assert float(metrics.loss) == pytest.approx(float(parts[0][0] + parts[1][0]) / 2, rel=1e-5)
-    for k, p in state.params.items():
-        want = p - 1e-6 * (parts[0][1][k] + parts[1][1][k]) / 2
-        np.testing.assert_allclose(new.params[k], want, rtol=1e-5, atol=1e-9, err_msg=k)

@@ -121,7 +121,7 @@ class Policy:
       grad_dtype: what gradients are cast to before the optimizer sees them (None: the
         param dtype). With float32 weights and gradients and half compute, the weights'
         gradients are computed in float32, not in half and cast up
-        (`circle_jax.train.trainer.float32_weight_grads`).
+        (`float32_weight_grads`).
       output_dtype: what model outputs are cast to before the loss.
       float32_ops: the operator keys that compute in float32 when the compute dtype is half
         (None: :data:`FLOAT32_OPERATORS`; empty: none, every operator in half); empty when
@@ -212,3 +212,46 @@ def master_weights_needed(policy: Policy) -> bool:
     be lost (nntrainer keeps FP32 master weights beside FP16 ones for this reason).
     """
     return np.dtype(policy.param_dtype).itemsize < 4
+
+
+def float32_weight_grads(policy: Policy) -> bool:
+    """True when a policy computes in half while its weights and gradients are float32 (or
+    wider), as ``mixed_float16`` and ``p=f32,c=f16,o=f32`` do: the weights' gradients are
+    then computed in float32 (`LoweringOptions.half_weights`), not in half and cast up.
+
+    Design: a weight's gradient is a sum over the batch and every position the weight is
+    applied at, the largest sum of a backward pass; in float16 it passes 65504 at the loss
+    scales the dynamic scale starts from (measured on ResNet-8: a CONV_2D weight gradient
+    overflows at every scale from 2**15 down to 2**11), and each such step is skipped.
+    Kept in float32, only the activations and their gradients are half, which the loss
+    scale is for.
+    """
+    return (np.dtype(policy.compute_dtype).itemsize < 4
+            and min(np.dtype(policy.param_dtype).itemsize,
+                    np.dtype(policy.grad_dtype).itemsize) >= 4)
+
+
+def grad_cast(tree: dict, dtype: Any) -> dict:
+    """Identity forward; the backward rounds cotangents to ``dtype`` (the gradient dtype).
+
+    A no-op where the masters already have that dtype (float32, or float64 under x64).
+    """
+    if all(np.dtype(v.dtype) == np.dtype(dtype) for v in jax.tree.leaves(tree)
+           if jnp.issubdtype(v.dtype, jnp.floating)):
+        return tree
+    return _round_cotangent(tree, np.dtype(dtype))
+
+
+def _round_cotangent(tree: dict, dtype: np.dtype) -> dict:
+    @jax.custom_vjp
+    def ident(t: dict) -> dict:
+        return t
+
+    def fwd(t: dict) -> tuple[dict, None]:
+        return t, None
+
+    def bwd(_: None, g: dict) -> tuple[dict]:
+        return (jax.tree.map(lambda a: a.astype(dtype).astype(a.dtype), g),)
+
+    ident.defvjp(fwd, bwd)
+    return ident(tree)

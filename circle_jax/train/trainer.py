@@ -41,6 +41,7 @@ from ..optim import (
     scaled_value_and_grad,
     select_tree,
 )
+from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, output_index, select_trainable
 from .data import Batch, as_inputs, batched, correct, trailing
 from .programs import ProgramCache, describe_config
@@ -570,48 +571,3 @@ def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
     loss, scale, skipped, right, finite, *validation = row
     return ((loss, int(skipped), int(right), bool(finite), scale),
             (tuple(validation) or None))
-
-
-def float32_weight_grads(policy: Policy) -> bool:
-    """True when a policy computes in half while its weights and gradients are float32 (or
-    wider), as ``mixed_float16`` and ``p=f32,c=f16,o=f32`` do: the weights' gradients are
-    then computed in float32 (`LoweringOptions.half_weights`), not in half and cast up.
-
-    Design: a weight's gradient is a sum over the batch and every position the weight is
-    applied at, the largest sum of a backward pass; in float16 it passes 65504 at the loss
-    scales the dynamic scale starts from (measured on ResNet-8: a CONV_2D weight gradient
-    overflows at every scale from 2**15 down to 2**11), and each such step is skipped.
-    Kept in float32, only the activations and their gradients are half, which the loss
-    scale is for.
-    """
-    return (np.dtype(policy.compute_dtype).itemsize < 4
-            and min(np.dtype(policy.param_dtype).itemsize,
-                    np.dtype(policy.grad_dtype).itemsize) >= 4)
-
-
-def grad_cast(tree: dict, dtype: Any) -> dict:
-    """Identity forward; the backward rounds cotangents to ``dtype`` (the gradient dtype).
-
-    A no-op where the masters already have that dtype (float32, or float64 under x64).
-    """
-    if all(np.dtype(v.dtype) == np.dtype(dtype) for v in jax.tree.leaves(tree)
-           if jnp.issubdtype(v.dtype, jnp.floating)):
-        return tree
-    return _round_cotangent(tree, np.dtype(dtype))
-
-
-def _round_cotangent(tree: dict, dtype: np.dtype) -> dict:
-    @jax.custom_vjp
-    def ident(t: dict) -> dict:
-        return t
-
-    def fwd(t: dict) -> tuple[dict, None]:
-        return t, None
-
-    def bwd(_: None, g: dict) -> tuple[dict]:
-        return (jax.tree.map(lambda a: a.astype(dtype).astype(a.dtype), g),)
-
-    ident.defvjp(fwd, bwd)
-    return ident(tree)
-
-

@@ -22,8 +22,8 @@ import pytest
 import circle_jax as cj
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.optim import DynamicLossScale, Policy
+from circle_jax.optim.precision import float32_weight_grads
 from circle_jax.train import fit
-from circle_jax.train.trainer import float32_weight_grads
 from tests.paths import shared_model
 
 RESNET = "mlperftiny_resnet8_cifar10_float.tflite"
