@@ -29,6 +29,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+import numpy as np
+
 from ..formats.schema import OPERATOR_CODES
 from ..graph import ir
 from ..graph.params_policy import BIAS_POSITION
@@ -36,8 +38,6 @@ from .dequantize import dequantized_values, is_quantized
 from .edit import record, replace_subgraph
 
 #: Integer types with affine quantization, and their ranges.
-RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
-          "int32": (-(2 ** 31), 2 ** 31 - 1), "int64": (-(2 ** 63), 2 ** 63 - 1)}
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,11 @@ class Grid:
 
     @property
     def qmin(self) -> int:
-        return RANGES[self.dtype][0]
+        return int(np.iinfo(self.dtype).min)
 
     @property
     def qmax(self) -> int:
-        return RANGES[self.dtype][1]
+        return int(np.iinfo(self.dtype).max)
 
     @property
     def per_channel(self) -> bool:

@@ -397,20 +397,27 @@ def test_shared_models_with_shared_constants_train_under_defaults(name: str, sha
 
 # --------------------------------------------------------------------------- command line
 
+def _cli_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, case: str,
+               *flags: str) -> list[str]:
+    """``circle-jax train`` arguments for a Keras case written into ``tmp_path`` (the working
+    directory from then on): its model and data, 3 epochs of batch 16 at lr 0.01, CCE."""
+    monkeypatch.chdir(tmp_path)
+    x, y = _data(case)
+    np.save("x.npy", x)
+    np.save("y.npy", y)
+    Path("m.circle").write_bytes(_bytes(case))
+    return ["train", "m.circle", "--load_input", "x.npy", "--load_expected", "y.npy",
+            "--epoch", "3", "--batch_size", "16", "--learning_rate", "0.01", "--loss", "2",
+            *flags]
+
+
 def test_cli_numerics_flags(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                             capsys: pytest.CaptureFixture) -> None:
     """``--numerics keras`` prints Keras's losses (4 decimals) and the profile's fields in the
     parameter block; ``--tie_shared_weights`` names the change; ``info`` lists the roles."""
     from circle_jax.cli import main
 
-    monkeypatch.chdir(tmp_path)
-    x, y = _data("branching_cnn")
-    np.save("x.npy", x)
-    np.save("y.npy", y)
-    Path("m.circle").write_bytes(_bytes("branching_cnn"))
-    common = ["train", "m.circle", "--load_input", "x.npy", "--load_expected", "y.npy",
-              "--epoch", "3", "--batch_size", "16", "--learning_rate", "0.01", "--loss", "2",
-              "--optimizer", "1"]
+    common = _cli_train(tmp_path, monkeypatch, "branching_cnn", "--optimizer", "1")
     assert main([*common, "--numerics", "keras"]) == 0
     out = capsys.readouterr().out
     for epoch, want in enumerate(REF["cases"]["branching_cnn"]["runs"]["cce/sgd/16"], 1):
@@ -434,14 +441,8 @@ def test_cli_add_missing_bias(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
     a bias; a word naming none of them, or no word, is one line and exit code 1."""
     from circle_jax.cli import main
 
-    monkeypatch.chdir(tmp_path)
-    x, y = _data("residual_bias_free")
-    np.save("x.npy", x)
-    np.save("y.npy", y)
-    Path("m.circle").write_bytes(_bytes("residual_bias_free"))
-    common = ["train", "m.circle", "--load_input", "x.npy", "--load_expected", "y.npy",
-              "--epoch", "3", "--batch_size", "16", "--learning_rate", "0.01", "--loss", "2",
-              "--optimizer", "2", "--numerics", "keras"]
+    common = _cli_train(tmp_path, monkeypatch, "residual_bias_free", "--optimizer", "2",
+                        "--numerics", "keras")
     assert main([*common, "--add_missing_bias", "op0, op4.bias"]) == 0
     out = capsys.readouterr().out
     for epoch, want in enumerate(REF["cases"]["residual_bias_free"]["runs"]["cce/adam/16"], 1):
