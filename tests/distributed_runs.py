@@ -20,15 +20,16 @@ from circle_jax.checkpoints import fit_checkpointed
 from circle_jax.examples import branching_cnn, digits
 
 #: (name, TrainConfig overrides, devices: 4, or 2 for an explicit 1-D mesh whose axis is not
-#: called "data"): sgd and adam; shuffling with a validation tail; streamed accumulation with
-#: a frozen prefix (whose forward is hoisted); in-step accumulation with dynamic loss scaling;
-#: a new head with LoRA adapters on the convolutions (fit's personalizing keywords)
+#: called "data"): sgd and adam; shuffling with a validation tail and a new head with LoRA
+#: adapters on the convolutions (fit's personalizing keywords); streamed accumulation with a
+#: frozen prefix (whose forward is hoisted); in-step accumulation with dynamic loss scaling
 CONFIGS: list[tuple[str, dict[str, Any], int]] = [
-    ("adam+shuffle+validation", dict(optimizer="adam", shuffle=True, validation_split=0.25), 4),
+    ("adam+shuffle+validation+new_head+lora",
+     dict(optimizer="adam", shuffle=True, validation_split=0.25, new_head=10, lora=2,
+          lora_targets="conv"), 4),
     ("adam+accumulate2+last2ops", dict(optimizer="adam", accumulate=2, trainable=2), 4),
     ("sgd+in_step2+dynamic_scale", dict(optimizer="sgd", learning_rate=0.05, accumulate=2,
                                         accumulate_mode="in_step", loss_scale="dynamic"), 2),
-    ("adam+new_head+lora", dict(optimizer="adam", new_head=10, lora=2, lora_targets="conv"), 4),
 ]
 COMMON = dict(batch_size=16, epochs=2, loss="categorical_crossentropy")
 
