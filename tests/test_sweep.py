@@ -4,8 +4,10 @@ it matches LiteRT at its declared shape; a batch of 3 gives what 3 single-sample
 (and the last sample what LiteRT gives on it); float64 gradients of a sum-loss at batch 2
 (default lowering) are the sums of the per-sample gradients of the reference lowering
 (`circle_jax.ops`), which checks batching and the fast kernels' derivatives at once; one
-epoch at batch 8 trains to a finite loss. A model that cannot do one of these must refuse
-it in one line naming the reason; the refusals of known models are pinned in ``REFUSED``.
+epoch at batch 4 trains under the float16 policy at loss scale 1 without a skipped step (a
+model dropped into ../shared/models is covered without writing a test). A model that cannot
+do one of these must refuse it in one line naming the reason; the refusals of known models
+are pinned in ``REFUSED``.
 
 Tolerances: a batched graph sums its matmuls and convolutions in another order than a
 single-sample one, so float32 outputs differ by rounding (measured at most 1.1e-5 on outputs
@@ -35,17 +37,19 @@ from tests.conformance import run_litert
 
 MODELS = model_zoo.all_models()
 
+REFUSED_BATCH = "runs only at its declared batch"
+
 # What known models refuse, and the reason their one-line refusal must name.
 REFUSED = {
     # inputs [3, 4, 4, 1] -> [48]: SPLIT on axis 0 makes the declared 3 part of one sample
-    "aeq_branching_conv_fc.tflite": "runs only at its declared batch",
+    "aeq_branching_conv_fc.tflite": REFUSED_BATCH,
     # a [5360] waveform RESHAPEd to [67, 80]: no batch axis at all
-    "tflite_support_audio_classifier_float.tflite": "runs only at its declared batch",
+    "tflite_support_audio_classifier_float.tflite": REFUSED_BATCH,
     # a scalar trip count and a [2, 3] state: no batch axis
     "one_vscode_while_000.circle": "no batch axis",
     # Keras conversions with batch 16 fixed (scripts/make_keras_models.py): the LSTM's
     # TRANSPOSE puts time first
-    "keras:lstm_b16.tflite": "runs only at its declared batch",
+    "keras:lstm_b16.tflite": REFUSED_BATCH,
 }
 
 # What known models refuse to train on (a training refusal of a model that runs at batch 3).
@@ -55,6 +59,9 @@ TRAIN_REFUSED = {
     # checks samples against the declared shape
     "oww_melspectrogram.tflite": "the model expects [1]",
 }
+
+# The float16 policy (float32 masters, the policy's float32 operators) at loss scale 1.
+FLOAT16 = dict(precision="p=f32,c=f16,o=f32", loss_scale=1.0)
 
 # Runs eagerly only: its WHILE needs concrete trip counts.
 EAGER = frozenset({"one_vscode_while_000.circle"})
@@ -174,22 +181,45 @@ def test_float64_gradients_at_batch_2_are_sums_of_reference_per_sample_ones(name
         np.testing.assert_allclose(g, want, rtol=1e-9, atol=1e-9 * scale, err_msg=k)
 
 
+def _float16_epoch(model: cj.Model, name: str, batch: int | None) -> tuple[dict, dict, int,
+                                                                          float]:
+    """Params before and after 2 steps under `FLOAT16` (at ``batch``; None: one step at the
+    declared shapes, for a model that runs only there), skipped steps, the loss. MSE against
+    zero targets shaped like output 0; Adam."""
+    kw = dict(loss="mse", optimizer="adam", learning_rate=1e-4, **FLOAT16)
+    if batch is None:
+        xs = model_zoo.inputs(model, name, None)
+        trainer = cj.Trainer(model, batch_size=xs[0].shape[0], **kw)
+        state, frozen = trainer.init()
+        out = jax.eval_shape(model.apply, model.params, *xs)[trainer.loss_output]
+        new, m = jax.jit(trainer.train_step)(state, frozen, (tuple(map(jnp.asarray, xs)),
+                                                              jnp.zeros(out.shape)))
+        return state.params, new.params, int(m.skipped), float(m.loss)
+    xs = model_zoo.inputs(model, name, 2 * batch)
+    y = np.zeros((2 * batch, *model.outputs[0].shape[1:]), np.float32)
+    r = cj.fit(model, xs if len(xs) > 1 else xs[0], y, epochs=1, batch_size=batch, **kw)
+    return model.params, r.params, r.history.skipped[0], r.history.loss[0]
+
+
 @pytest.mark.parametrize("name", MODELS)
-def test_one_epoch_at_batch_8_trains_or_refuses(name: str) -> None:
-    """Random inputs and MSE targets shaped like output 0; 16 samples (2 steps); Adam, whose
-    first steps move each weight by about the learning rate whatever the gradient's scale
-    (SGD diverges on the hand model, whose outputs reach 230)."""
+def test_one_float16_epoch_at_batch_4_trains_or_refuses(name: str) -> None:
+    """2 steps at batch 4 (one at the declared shapes for a model that runs only there)
+    under the float16 policy at loss scale 1: no step skipped (its float16 gradients are
+    finite at scale 1, the floor a dynamic scale backs off to), the loss finite, every
+    weight finite and one at least changed. Adam: its first steps move each weight by about
+    the learning rate whatever the gradient's scale (the hand model's outputs reach 230)."""
     model = _model(name)
-    out = model.outputs[0]
-    rng = np.random.default_rng(7)
-    xs = model_zoo.inputs(model, name, 16)
-    y = rng.uniform(0, 1, (16, *out.shape[1:])).astype(np.float32)
     try:
-        result = cj.fit(model, xs if len(xs) > 1 else xs[0], y, epochs=1, batch_size=8,
-                        loss="mse", optimizer="adam", learning_rate=1e-4)
+        before, after, skipped, loss = _float16_epoch(model, name, 4)
     except cj.CircleJaxError as e:
         _assert_refusal(e, name, TRAIN_REFUSED)
-        return
-    assert name not in TRAIN_REFUSED, f"{name} trains: drop it from REFUSED"
-    loss = result.history.loss[0]
+        if TRAIN_REFUSED[name] != REFUSED_BATCH:
+            return
+        before, after, skipped, loss = _float16_epoch(model, name, None)
+    else:
+        assert name not in TRAIN_REFUSED, f"{name} trains at batch 4: drop it from REFUSED"
+    assert skipped == 0, "float16 gradients not finite at loss scale 1"
     assert math.isfinite(loss), loss
+    assert all(bool(jnp.all(jnp.isfinite(v))) for v in after.values())
+    assert not after or any(not np.array_equal(before[k], after[k]) for k in after), \
+        "no weight changed"
