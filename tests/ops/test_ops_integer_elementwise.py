@@ -148,7 +148,8 @@ def test_int8_rsqrt(zero_point: int, scales: tuple[float, float]) -> None:
                     out_q=(scales[1], int(rng.integers(-100, 0))))
 
 
-@pytest.mark.parametrize("scales", [(1e-3, 1e-3), (0.02, 2e-4)], ids=["small-output", "large-output"])
+@pytest.mark.parametrize("scales", [(1e-3, 1e-3), (0.02, 2e-4)],
+                         ids=["small-output", "large-output"])
 def test_int16_rsqrt(scales: tuple[float, float]) -> None:
     """Every non-negative int16 input (32,768 values)."""
     check_quantized("RSQRT", [Q(every_value("int16", lo=0), (scales[0], 0))], None,
