@@ -15,9 +15,9 @@ LiteRT's rules (scales are the tensors' float32 values; ``x'`` is ``x - x_zp``):
   ``v = (x * M + 2**(k-1)) >> k``; then a 256-entry table of ``sigmoid(i / 24)`` in 0.16
   fixed point (:func:`sigmoid_table`), indexed by ``|v| >> 9`` (LOGISTIC) or ``|v| >> 8``
   (TANH, as ``2 sigmoid(2x) - 1``), linearly interpolated with the remaining bits,
-  mirrored for ``v < 0`` and shifted back to 16 bits (:func:`_sigmoid_int16`). Input scales
-  of exactly ``2**-12`` (and ``2**-11`` for TANH) take LiteRT's gemmlowp path instead:
-  refused.
+  mirrored for ``v < 0`` and shifted back to 16 bits (:func:`_sigmoid_int16`). An input
+  scale of ``2**-12`` (TANH also ``2**-11``), to within 1e-3 in log2 (:func:`checked_log2`),
+  takes LiteRT's gemmlowp kernel instead: refused.
 - HARD_SWISH (int8, uint8): LiteRT's 16-bit fixed-point kernel (:func:`_hard_swish`), applied
   to every input value to build a table: ``x' * 2**7`` on the "hires" scale ``s_in / 128``;
   a "reluish" factor in [0, 1] from it (multiplier ``hires / (3 / 32768)``, saturating, then
