@@ -21,6 +21,14 @@ Dense(10) -> Softmax. It is converted with TensorFlow's TFLite converter into:
 - ``dynamic_range.tflite``: int8 weights, float activations (hybrid kernels);
 - ``float16.tflite``: float16 weights dequantized at load (DEQUANTIZE operators).
 
+A second model exercises the integer operators of attention and normalization blocks on the
+same digits: Flatten -> Dense(16) -> tanh -> Dense(16) -> sigmoid -> hard_swish(6 s - 3) ->
+two Dense(8) whose outer product is a BATCH_MATMUL -> SQUARED_DIFFERENCE with 0.5 -> ADD 1 ->
+RSQRT (untrained, seeded). ``ops_full_int8.tflite`` is its full-integer int8 variant;
+``ops_int16x8.tflite`` its 16x8 variant without HARD_SWISH and SQUARED_DIFFERENCE (the
+converter has no 16x8 HARD_SWISH, LiteRT no int16 SQUARED_DIFFERENCE; a RELU takes the
+latter's place). ``--only NAME ...`` writes only the named files (the others as they are).
+
 ``inputs.npz`` holds 8 float32 digits (``x``, [8, 8, 8, 1]); ``versions.json`` the
 TensorFlow version and each file's operators.
 """
@@ -67,6 +75,24 @@ def build(seed: int = 0) -> tf.keras.Model:
     return tf.keras.Model(x, y)
 
 
+def build_ops(int16: bool, seed: int = 0) -> tf.keras.Model:
+    """The operators model (see the module docstring); ``int16`` drops what 16x8 lacks."""
+    tf.keras.utils.set_random_seed(seed)
+    layers = tf.keras.layers
+    x = tf.keras.Input((8, 8, 1), batch_size=1, name="image")
+    t = layers.Activation("tanh")(layers.Dense(16)(layers.Flatten()(x)))
+    s = layers.Activation("sigmoid")(layers.Dense(16)(t))
+    if not int16:
+        s = layers.Activation("hard_swish")(s * 6.0 - 3.0)
+    q, k = layers.Dense(8)(s), layers.Dense(8)(s)
+    qk = layers.Lambda(lambda ab: tf.matmul(tf.expand_dims(ab[0], 2),
+                                            tf.expand_dims(ab[1], 1)))([q, k])
+    d = layers.ReLU()(qk) if int16 else layers.Lambda(
+        lambda v: tf.math.squared_difference(v, 0.5))(qk)
+    r = layers.Lambda(lambda v: tf.math.rsqrt(v + 1.0))(d)
+    return tf.keras.Model(x, layers.Flatten()(r))
+
+
 def convert(model: tf.keras.Model, variant: str, rep: np.ndarray) -> bytes:
     conv = tf.lite.TFLiteConverter.from_keras_model(model)
     if variant == "float16":
@@ -101,6 +127,8 @@ def operators(data: bytes) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", default=str(ROOT / "tests" / "data" / "quantized"))
+    ap.add_argument("--only", nargs="*", help="write only these models (names without "
+                    ".tflite); default: every model and inputs.npz")
     args = ap.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -108,15 +136,23 @@ def main() -> None:
     model = build()
     model.compile("adam", "sparse_categorical_crossentropy")
     model.fit(x[:512], y[:512], batch_size=1, epochs=3, verbose=0, shuffle=False)
-    info = {"tensorflow": tf.__version__, "models": {}}
-    for variant in ("full_int8", "full_int8_float_io", "int16x8", "dynamic_range",
-                    "float16"):
-        data = convert(model, variant, x[:64])
-        (out / f"{variant}.tflite").write_bytes(data)
-        info["models"][variant] = {"bytes": len(data), "operators": operators(data)}
-        print(variant, len(data), "bytes")
-    np.savez(out / "inputs.npz", x=x[1000:1008])
-    (out / "versions.json").write_text(json.dumps(info, indent=1) + "\n")
+    versions = out / "versions.json"
+    info = json.loads(versions.read_text()) if args.only and versions.exists() else {
+        "tensorflow": tf.__version__, "models": {}}
+    jobs = [(variant, model, variant) for variant in (
+        "full_int8", "full_int8_float_io", "int16x8", "dynamic_range", "float16")]
+    jobs += [("ops_full_int8", build_ops(int16=False), "full_int8"),
+             ("ops_int16x8", build_ops(int16=True), "int16x8")]
+    for name, keras_model, variant in jobs:
+        if args.only and name not in args.only:
+            continue
+        data = convert(keras_model, variant, x[:64])
+        (out / f"{name}.tflite").write_bytes(data)
+        info["models"][name] = {"bytes": len(data), "operators": operators(data)}
+        print(name, len(data), "bytes")
+    if not args.only:
+        np.savez(out / "inputs.npz", x=x[1000:1008])
+    versions.write_text(json.dumps(info, indent=1) + "\n")
 
 
 if __name__ == "__main__":

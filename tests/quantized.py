@@ -13,9 +13,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import pytest
 
+import circle_jax as cj
 from circle_jax.build import Builder
-from tests.conformance import run_circle_jax, run_litert
+from tests.conformance import refused_at_load, run_circle_jax, run_litert
 
 RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 
@@ -34,6 +36,13 @@ def full_range(rng: np.random.Generator, shape: Sequence[int], dtype: str) -> np
     """Random values over the whole range of an integer type."""
     lo, hi = RANGES[dtype]
     return rng.integers(lo, hi + 1, size=tuple(shape)).astype(dtype)
+
+
+def every_value(dtype: str, lo: int | None = None) -> np.ndarray:
+    """Every value of an integer type (from ``lo``), in order: exhaustive inputs for
+    kernels of one input value."""
+    first, last = RANGES[dtype]
+    return np.arange(first if lo is None else lo, last + 1).astype(dtype)
 
 
 def quantized_model(op_type: str, inputs: Sequence[Q | None], options: Mapping[str, Any] | None,
@@ -76,3 +85,21 @@ def check_quantized(op_type: str, inputs: Sequence[Q | None],
             raise AssertionError(f"{op_type} {label}: {int((diff > 0).sum())} of {diff.size} "
                                  f"values differ from LiteRT, by up to {int(diff.max())}")
     return want
+
+
+def check_refused(op_type: str, inputs: Sequence[Q | None],
+                  options: Mapping[str, Any] | None = None, *, out_q: Any,
+                  out_shape: Sequence[int] | None = None,
+                  error: type[Exception] = cj.UnsupportedOperatorError,
+                  litert_refuses: bool = True) -> str:
+    """circle-jax refuses the one-op model (output shape ``out_shape``, by default the first
+    input's) at load, in one line (``error``); LiteRT, where ``litert_refuses``, fails on it
+    too (False where LiteRT would abort the process). Returns circle-jax's message."""
+    first = next(np.asarray(v.value) for v in inputs if v is not None)
+    b, feeds = quantized_model(op_type, inputs, options, out_q,
+                               shapes=[first.shape if out_shape is None else out_shape])
+    tflite = b.to_bytes("tflite")
+    if litert_refuses:
+        with pytest.raises((RuntimeError, ValueError)):
+            run_litert(tflite, feeds)
+    return refused_at_load(tflite, error)

@@ -1,10 +1,10 @@
 """Converter-made quantized models (tests/data/quantized/, written by
 scripts/make_quantized_models.py with TensorFlow's TFLiteConverter) against LiteRT.
 
-The full-integer variants (int8 with int8 or float32 inputs and outputs, 16x8) run
-bit-exactly end to end, and so does every intermediate tensor (LiteRT run with
-``experimental_preserve_all_tensors``); the dynamic-range (hybrid) variant is refused in one
-line when loaded with ``dequantize=False`` (it runs dequantized by default: tests in
+The full-integer variants (int8 with int8 or float32 inputs and outputs, 16x8; the operators
+model in int8 and 16x8) run bit-exactly end to end, and so does every intermediate tensor
+(LiteRT run with ``experimental_preserve_all_tensors``); the dynamic-range (hybrid) variant is
+refused in one line when loaded with ``dequantize=False`` (it runs dequantized by default: tests in
 tests/passes/test_dequantize.py); the float16-weight variant runs in float32 (weights
 dequantized at load) within the float tolerance of tests/test_sweep.py.
 """
@@ -57,6 +57,27 @@ def test_full_integer_models_are_bit_exact(name: str) -> None:
                 assert np.array_equal(value, tensors[tname]), f"{name}: tensor {tname!r}"
                 compared += 1
     assert compared >= 8 * 10  # every integer activation of every sample
+
+
+@pytest.mark.parametrize("name", ["ops_full_int8", "ops_int16x8"])
+def test_operator_models_are_bit_exact(name: str) -> None:
+    """The operators model (TANH, LOGISTIC, HARD_SWISH, BATCH_MATMUL, SQUARED_DIFFERENCE,
+    RSQRT; 16x8: int16 TANH, LOGISTIC, 16x16 BATCH_MATMUL, RSQRT): output and every integer
+    tensor, on 2 of the recorded digits."""
+    data = (DATA / f"{name}.tflite").read_bytes()
+    model = cj.load(data)
+    intermediates = jax.jit(model.intermediates)
+    compared = 0
+    for x in _inputs(name)[:2]:
+        want, tensors = _litert_tensors(data, x)
+        inter = intermediates(model.params, x)
+        assert np.array_equal(np.asarray(inter[model.outputs[0].name]), want)
+        for tname, value in inter.items():
+            value = np.asarray(value)
+            if tname in tensors and value.dtype != np.float32:
+                assert np.array_equal(value, tensors[tname]), f"{name}: tensor {tname!r}"
+                compared += 1
+    assert compared >= 2 * 10
 
 
 def test_dynamic_range_model_is_refused_without_dequantizing() -> None:

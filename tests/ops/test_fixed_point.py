@@ -7,7 +7,12 @@ import numpy as np
 import pytest
 
 from circle_jax.ops.integer.fixed_point import (
+    i64_add,
+    i64_from_i32,
+    i64_shl,
+    mbqm,
     multiply_by_quantized_multiplier,
+    multiply_by_quantized_multiplier_i64,
     multiply_by_quantized_multiplier_single,
     multiply_by_quantized_multiplier_wide,
     quantize_multiplier,
@@ -64,6 +69,34 @@ def test_single_and_wide_roundings() -> None:
         fits = [-2**31 <= v < 2**31 for v in w]
         got = np.asarray(multiply_by_quantized_multiplier_wide(X.astype(np.int32), m, shift))
         assert [g for g, f in zip(got.tolist(), fits) if f] == [v for v, f in zip(w, fits) if f]
+
+
+def test_int64_accumulator_rescaling() -> None:
+    """64-bit values ``x * 2**16 + y`` (|v| < 2**47, LiteRT's int64 accumulator range) as
+    uint32 word pairs, rescaled as LiteRT's int64 MultiplyByQuantizedMultiplier; ``x`` and
+    ``y`` narrowed by ``r`` bits so that most results fit in int32 at each shift."""
+    y = rng.integers(-2**31, 2**31, X.size)
+    for shift in (-31, -24, -17, -16, -9, 0, 7):
+        r = min(31, max(0, 17 + shift))
+        x, low = X.astype(np.int64) >> r, y >> r
+        v = i64_add(i64_shl(i64_from_i32(x.astype(np.int32)), 16),
+                    i64_from_i32(low.astype(np.int32)))
+        m = int(rng.integers(2**30, 2**31))
+        m15 = (m + (1 << 15)) >> 16 if m < 0x7FFF0000 else 0x7FFF
+        want = [((int(a) * 2**16 + int(b)) * m15 + (1 << (14 - shift))) >> (15 - shift)
+                for a, b in zip(x, low)]
+        got = np.asarray(multiply_by_quantized_multiplier_i64(v, m, shift)).tolist()
+        fits = [-2**31 <= w < 2**31 for w in want]
+        assert sum(fits) > X.size // 2
+        assert [g for g, f in zip(got, fits) if f] == [w for w, f in zip(want, fits) if f]
+
+
+def test_python_int_primitives_match_the_traced_ones() -> None:
+    """The table builders' Python-int rescaling equals the traced kernel's."""
+    for _ in range(5):
+        m, shift = int(rng.integers(2**30, 2**31)), int(rng.integers(-31, 1))
+        traced = np.asarray(multiply_by_quantized_multiplier(X.astype(np.int32), m, shift))
+        assert traced.tolist() == [mbqm(int(x), m, shift) for x in X]
 
 
 def test_quantize_multiplier() -> None:

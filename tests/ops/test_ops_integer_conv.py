@@ -8,7 +8,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from tests.quantized import Q, check_quantized, full_range
+import circle_jax as cj
+from tests.quantized import Q, check_quantized, check_refused, full_range
 
 rng = np.random.default_rng(26)
 
@@ -110,3 +111,34 @@ def test_batch_matmul(adjoint: tuple[bool, bool]) -> None:
                                      Q(b, (0.04, _zero_point("int8")))],
                     {"adjoint_lhs": adjoint[0], "adjoint_rhs": adjoint[1]},
                     out_q=(0.05 * 0.04 * 20.0, _zero_point("int8")))
+
+
+@pytest.mark.parametrize("types", [("int16", "int16"), ("int16", "int8")], ids=["16x16", "16x8"])
+@pytest.mark.parametrize("shapes, adjoint", [
+    (((2, 3, 8), (8, 5)), (False, False)),
+    (((2, 40, 3), (2, 6, 40)), (True, True)),
+    (((1, 2, 4, 64), (3, 1, 64, 4)), (False, False)),
+], ids=["plain", "adjoint", "broadcast-depth64"])
+def test_int16_batch_matmul(types: tuple[str, str], shapes: tuple, adjoint: tuple) -> None:
+    """int16 x int16 and int16 x int8 (zero points 0), LiteRT's 64-bit accumulator: output
+    scales put the sums over the full int16 range, saturating some."""
+    a, b = full_range(rng, shapes[0], types[0]), full_range(rng, shapes[1], types[1])
+    depth = shapes[0][-2] if adjoint[0] else shapes[0][-1]
+    sa, sb = float(rng.uniform(1e-4, 1e-3)), float(rng.uniform(1e-4, 1e-2))
+    typical = np.sqrt(depth) * 32768 * (32768 if types[1] == "int16" else 128) / 3
+    check_quantized("BATCH_MATMUL", [Q(a, (sa, 0)), Q(b, (sb, 0))],
+                    {"adjoint_lhs": adjoint[0], "adjoint_rhs": adjoint[1]},
+                    out_q=(sa * sb * typical / 20000, 0))
+
+
+def test_batch_matmul_refusals() -> None:
+    """Types LiteRT has no kernel for (uint8, int8 x int16) and int16 zero points."""
+    for ta, tb in (("uint8", "uint8"), ("int8", "int16")):
+        a, b = full_range(rng, (2, 4), ta), full_range(rng, (4, 3), tb)
+        msg = check_refused("BATCH_MATMUL", [Q(a, (0.05, 0)), Q(b, (0.05, 0))], None,
+                            out_q=(0.1, 0), out_shape=(2, 3))
+        assert f"is {ta if ta == 'uint8' else tb}; the integer kernel takes" in msg
+    a, b = full_range(rng, (2, 4), "int16"), full_range(rng, (4, 3), "int16")
+    msg = check_refused("BATCH_MATMUL", [Q(a, (0.05, 3)), Q(b, (0.05, 0))], None,
+                        out_q=(0.1, 0), out_shape=(2, 3), error=cj.CircleFormatError)
+    assert "int16 BATCH_MATMUL needs zero points 0" in msg

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from tests.quantized import Q, check_quantized, full_range
+from tests.conformance import run_litert
+from tests.quantized import Q, check_quantized, check_refused, every_value, full_range
 
 rng = np.random.default_rng(126)
 DTYPES = ["int8", "uint8", "int16"]
@@ -64,6 +65,111 @@ def test_table_activations(op: str, dtype: str) -> None:
     lo = -128 if dtype == "int8" else 0
     out_q = (1 / 256, lo) if op == "LOGISTIC" else (1 / 128, lo + 128)
     check_quantized(op, [Q(x.reshape(4, 64), (0.06, zp(dtype)))], None, out_q=out_q)
+
+
+@pytest.mark.parametrize("op", ["LOGISTIC", "TANH"])
+@pytest.mark.parametrize("scale", [2.4e-4, 1 / 3000, 3.1e-3], ids=["narrow", "wide", "saturating"])
+def test_int16_sigmoid_activations(op: str, scale: float) -> None:
+    """LiteRT's 16-bit kernel on all 65,536 int16 inputs."""
+    x = every_value("int16").reshape(256, 256)
+    check_quantized(op, [Q(x, (scale, 0))], None, out_q=(1 / 32768, 0))
+
+
+@pytest.mark.parametrize("op, scale", [("LOGISTIC", 2.0 ** -12), ("TANH", 2.0 ** -11)])
+def test_int16_sigmoid_activations_power_of_two_input_scale_refused(op: str, scale: float
+                                                                    ) -> None:
+    """LiteRT takes another (gemmlowp) kernel for these scales: refused in one line."""
+    msg = check_refused(op, [Q(every_value("int16"), (scale, 0))], out_q=(1 / 32768, 0),
+                        litert_refuses=False)
+    assert f"int16 {op} with input scale 2**{int(np.log2(scale))}" in msg
+
+
+@pytest.mark.parametrize("dtype", ["int8", "uint8"])
+@pytest.mark.parametrize("x_q, out_q", [((0.05, 0.03), (0.01, 0.04)),
+                                        ((0.004, 0.00025), (0.004, 0.00025)),
+                                        ((0.08, 0.02), (0.3, 0.002))],
+                         ids=["typical", "small-scales", "saturating"])
+def test_hard_swish(dtype: str, x_q: tuple, out_q: tuple) -> None:
+    """Every input value; the input scales cover the fixed-point "reluish" multiplier with
+    a left shift (s_in > 3 / 256) and a right shift."""
+    x = every_value(dtype)
+    check_quantized("HARD_SWISH", [Q(x, (x_q[0], zp(dtype)))], None,
+                    out_q=(out_q[0], zp(dtype)))
+
+
+def test_hard_swish_refusals() -> None:
+    """int16 (LiteRT has no int16 kernel) and an output scale below input scale / 128
+    (LiteRT's Prepare fails)."""
+    msg = check_refused("HARD_SWISH", [Q(every_value("int16"), (0.01, 0))], out_q=(0.01, 0))
+    assert "int16" in msg
+    msg = check_refused("HARD_SWISH", [Q(every_value("int8"), (0.5, 0))], out_q=(0.001, 0),
+                        error=cj.CircleFormatError)
+    assert "HARD_SWISH needs output scale above input scale / 128" in msg
+
+
+@pytest.mark.parametrize("scales", [(0.02, 0.03, 0.3), (0.05, 0.05, 0.02), (0.1, 0.013, 2.0)],
+                         ids=["mixed", "equal-saturating", "coarse-out"])
+def test_squared_difference(scales: tuple[float, float, float]) -> None:
+    """Every pair of int8 values (65,536 outputs)."""
+    a, b = np.meshgrid(every_value("int8"), every_value("int8"))
+    check_quantized("SQUARED_DIFFERENCE", [Q(a, (scales[0], zp("int8"))),
+                                           Q(b, (scales[1], zp("int8")))],
+                    None, out_q=(scales[2], zp("int8")))
+
+
+def test_squared_difference_broadcast_of_a_constant() -> None:
+    a = full_range(rng, (2, 3, 4), "int8")
+    c = full_range(rng, (4,), "int8")
+    check_quantized("SQUARED_DIFFERENCE", [Q(a, (0.04, 5)), Q(c, (0.03, -7), const=True)],
+                    None, out_q=(0.05, -100))
+
+
+def test_squared_difference_refusals() -> None:
+    """uint8 and int16 (LiteRT's kernel is int8 only), and an output multiplier
+    ``(2 max(s1, s2))**2 / (2**14 s_out)`` not below 1 (LiteRT aborts: not run here)."""
+    for dtype in ("uint8", "int16"):
+        x = full_range(rng, (2, 3), dtype)
+        msg = check_refused("SQUARED_DIFFERENCE", [Q(x, (0.05, 0)), Q(x, (0.05, 0))],
+                            out_q=(0.05, 0))
+        assert f"is {dtype}; the integer kernel takes int8" in msg
+    x = full_range(rng, (2, 3), "int8")
+    msg = check_refused("SQUARED_DIFFERENCE", [Q(x, (2.0, 0)), Q(x, (1.0, 0))],
+                        out_q=(1e-4, 0), error=cj.CircleFormatError, litert_refuses=False)
+    assert "SQUARED_DIFFERENCE needs output scale above" in msg
+
+
+@pytest.mark.parametrize("zero_point", [-128, -5, 60])
+@pytest.mark.parametrize("scales", [(0.05, 0.02), (2.0, 0.005), (0.3, 0.05)],
+                         ids=["saturating-top", "fine-out", "coarse-out"])
+def test_int8_rsqrt(zero_point: int, scales: tuple[float, float]) -> None:
+    """Every input at or above the zero point (LiteRT refuses negative reals)."""
+    x = every_value("int8", lo=zero_point)
+    check_quantized("RSQRT", [Q(x, (scales[0], zero_point))], None,
+                    out_q=(scales[1], int(rng.integers(-100, 0))))
+
+
+@pytest.mark.parametrize("scales", [(1e-3, 1e-3), (0.02, 2e-4)],
+                         ids=["small-output", "large-output"])
+def test_int16_rsqrt(scales: tuple[float, float]) -> None:
+    """Every non-negative int16 input (32,768 values)."""
+    check_quantized("RSQRT", [Q(every_value("int16", lo=0), (scales[0], 0))], None,
+                    out_q=(scales[1], 0))
+
+
+def test_rsqrt_of_negative_reals() -> None:
+    """LiteRT stops with an error on inputs below the zero point; circle-jax gives the type's
+    maximum there (documented), and uint8 (no LiteRT kernel) is refused."""
+    x = np.array([-128, -20, -1, 0], np.int8)
+    b = cj.Builder()
+    y = b.op("RSQRT", [b.input("x", x.shape, "int8", quantization=(0.05, 0))],
+             quantization=[(0.02, 3)], dtypes=["int8"])
+    b.output(y)
+    with pytest.raises(RuntimeError):
+        run_litert(b.to_bytes("tflite"), [x])
+    model = cj.load(b.to_bytes("tflite"))
+    assert model.apply(model.params, x)[0].tolist() == [127] * 4
+    msg = check_refused("RSQRT", [Q(every_value("uint8", lo=10), (0.05, 10))], out_q=(0.02, 3))
+    assert "is uint8; the integer kernel takes int8/int16" in msg
 
 
 @pytest.mark.parametrize("dtype", ["int8", "uint8"])

@@ -22,6 +22,13 @@ in int32, which is exact when every channel's bound ``32768 * sum|w| + |bias|`` 
 2**31: checked at load from the constant weights (a larger one is refused).
 
 Products are computed in int32 by XLA's integer convolutions and dot products: exact.
+
+BATCH_MATMUL (no bias, no activation, per-tensor): int8 operands with any zero points
+accumulate in int32; int16 x int16 and int16 x int8 (zero points 0) accumulate in int64 in
+LiteRT, and here in a 64-bit pair of words built exactly from int32 matmuls of the operands'
+bytes (:func:`_matmul_i64`), rescaled by LiteRT's int64 variant
+(:func:`~.fixed_point.multiply_by_quantized_multiplier_i64`). LiteRT has no uint8 or
+int8 x int16 kernel: refused.
 """
 
 from __future__ import annotations
@@ -41,9 +48,14 @@ from ..conv import (
 )
 from ..registry import OpContext, register
 from .fixed_point import (
+    i64_add,
+    i64_from_i32,
+    i64_shl,
     multiply_by_quantized_multiplier,
+    multiply_by_quantized_multiplier_i64,
     multiply_by_quantized_multiplier_single,
     multiply_by_quantized_multiplier_wide,
+    quantize_multiplier,
     quantize_multipliers,
     saturate,
 )
@@ -186,25 +198,59 @@ def transpose_conv(ctx: OpContext, output_shape: Any, w: Array, x: Array, b: Arr
 
 
 def check_batch_matmul(ctx: OpContext) -> None:
-    """Per-tensor int8 operands and output (int16 products of int16 operands overflow the
-    int32 accumulator; LiteRT's is 64-bit: refused)."""
-    x = qparams(ctx, "input", 0, dtypes=("int8",))
-    qparams(ctx, "input", 1, dtypes=(x.dtype,))
-    qparams(ctx, "output", 0, dtypes=(x.dtype,))
+    """Per-tensor operands and output: int8 x int8 -> int8, int16 x int16 -> int16 or
+    int16 x int8 -> int16 (zero points 0), LiteRT's kernels; a contraction of at most 2**15
+    (the int32 partial sums of :func:`_matmul_i64` stay exact)."""
+    x = qparams(ctx, "input", 0, dtypes=("int8", "int16"))
+    y = qparams(ctx, "input", 1, dtypes=("int8", "int16") if x.dtype == "int16" else ("int8",))
+    o = qparams(ctx, "output", 0, dtypes=(x.dtype,))
+    if x.dtype == "int16" and (x.zp or y.zp or o.zp):
+        raise ValueError("int16 BATCH_MATMUL needs zero points 0")
+    shape = ctx.inputs[0].shape
+    depth = shape[-2 if ctx.options.adjoint_lhs else -1] if shape else -1
+    if x.dtype == "int16" and depth > 1 << 15:
+        raise NotImplementedError(f"int16 BATCH_MATMUL over {depth} products (at most 2**15)")
+
+
+def _matmul(ctx: OpContext, a: Array, b: Array) -> Array:
+    """a @ b over the last two dims with the operator's adjoints, exact in int32."""
+    if ctx.options.adjoint_lhs:
+        a = jnp.swapaxes(a, -1, -2)
+    if ctx.options.adjoint_rhs:
+        b = jnp.swapaxes(b, -1, -2)
+    return jnp.matmul(a, b, preferred_element_type=jnp.int32)
+
+
+def _bytes(v: Array, dtype: str) -> list[tuple[Array, int]]:
+    """An int16 operand as its signed high byte and unsigned low byte (``v = 2**8 hi + lo``)
+    with their shifts; an int8 operand whole."""
+    return [(v >> 8, 8), (v & 0xFF, 0)] if dtype == "int16" else [(v, 0)]
+
+
+def _matmul_i64(ctx: OpContext, a: Array, b: Array, a_type: str, b_type: str
+                ) -> tuple[Array, Array]:
+    """The 64-bit accumulator of an int16 BATCH_MATMUL: the sum over byte pieces of
+    ``(a_i @ b_j) * 2**(s_i + s_j)``, each piece's products below 2**16 in magnitude."""
+    acc = None
+    for pa, sa in _bytes(a, a_type):
+        for pb, sb in _bytes(b, b_type):
+            part = i64_shl(i64_from_i32(_matmul(ctx, pa, pb)), sa + sb)
+            acc = part if acc is None else i64_add(acc, part)
+    return acc
 
 
 @register("BATCH_MATMUL", check=check_batch_matmul, integer=True)
 def batch_matmul(ctx: OpContext, x: Array, y: Array) -> Array:
     """Integer x @ y over the last two dims (adjoints, broadcast batch dims): one multiplier
-    ``x_scale * y_scale / out_scale``."""
+    ``x_scale * y_scale / out_scale``; int8 accumulates in int32, int16 in 64 bits (rescaled
+    by LiteRT's int64 MultiplyByQuantizedMultiplier)."""
     xq, yq, oq = (qparams(ctx, "input", 0), qparams(ctx, "input", 1),
                   qparams(ctx, "output", 0))
-    a, bb = _offset(x, xq), _offset(y, yq)
-    if ctx.options.adjoint_lhs:
-        a = jnp.swapaxes(a, -1, -2)
-    if ctx.options.adjoint_rhs:
-        bb = jnp.swapaxes(bb, -1, -2)
-    acc = jnp.matmul(a, bb, preferred_element_type=jnp.int32)
-    m, shift = quantize_multipliers(np.float64(xq.s) * np.float64(yq.s) / np.float64(oq.s))
-    out = multiply_by_quantized_multiplier(acc, m, shift, _ties("BATCH_MATMUL", "int8"))
+    m, shift = quantize_multiplier(np.float64(xq.s) * np.float64(yq.s) / np.float64(oq.s))
+    if xq.dtype == "int16":
+        acc = _matmul_i64(ctx, as_int32(x), as_int32(y), xq.dtype, yq.dtype)
+        out = multiply_by_quantized_multiplier_i64(acc, m, shift)
+    else:
+        acc = _matmul(ctx, _offset(x, xq), _offset(y, yq))
+        out = multiply_by_quantized_multiplier(acc, m, shift, _ties("BATCH_MATMUL", "int8"))
     return saturate(out + oq.zp, oq.qmin, oq.qmax, oq.np_dtype)

@@ -1,5 +1,5 @@
-"""Integer kernels of element-wise operators: ADD, SUB, MUL, RELU, RELU6, RELU_N1_TO_1,
-LEAKY_RELU, LOGISTIC, TANH, SOFTMAX.
+"""Integer kernels of element-wise arithmetic: ADD, SUB, MUL, SQUARED_DIFFERENCE, RSQRT,
+SOFTMAX (the activations are in :mod:`.activations`).
 
 LiteRT's rules (scales are the tensors' float32 values; ``x'`` is ``x - x_zp``):
 
@@ -11,26 +11,28 @@ LiteRT's rules (scales are the tensors' float32 values; ``x'`` is ``x - x_zp``):
   ``pot_scale_int16`` is set and every scale is a power of two, is refused).
 - MUL: ``out = MBQM(x1' * x2', s1 s2 / s_out) + y_zp`` (the ratio in float32, as LiteRT's
   Prepare computes it), then the clamp.
-- RELU family: ``MBQM(x', s_in / s_out) + y_zp`` clamped to the activation's quantized range
-  (bounds ``y_zp + round(bound / s_out)``).
-- LEAKY_RELU: identity multiplier ``s_in / s_out`` for ``x' >= 0``, ``alpha s_in / s_out``
-  below.
-- LOGISTIC, TANH (int8, uint8): a 256-entry table over every input value, built as LiteRT
-  builds it in float32: ``clamp(round(f(s_in (q - zp_in)) * (1 / s_out)) + zp_out)``.
+- SQUARED_DIFFERENCE (int8 only, as LiteRT): as ADD with L = 7, the difference squared:
+  ``out = MBQM((a - b)**2, (2 max(s1, s2))**2 / (2**14 s_out)) + y_zp``; LiteRT aborts when
+  that multiplier is not below one (refused at load).
+- RSQRT (int8): a table over every input value of LiteRT's fixed-point ``1 / sqrt(x')``
+  (:func:`inv_sqrt_multiplier`, Newton's method) rescaled by ``1 / (sqrt(s_in) s_out)``;
+  ``x' = 0`` gives the type's maximum. (int16, zero points 0): LiteRT's interpolated
+  513-entry table of ``1 / sqrt`` built in float32 (:func:`~.tables.lut16`). LiteRT stops
+  with an error on an input below the zero point (a negative real); circle-jax gives the
+  type's maximum there (int16: the table's value, ``32767 s_out`` rounded).
 - SOFTMAX (int8, uint8 input): LiteRT's optimized kernel, in float32: a table
   ``T[d] = exp(-s_in * beta * d)`` for d = max - q in [0, 255], the row sum accumulated in
   order, ``p = T[d] * (1 / (sum * s_out))``, int8 output ``round(p) + zp`` (ties away from
   zero), uint8 output ``trunc(p + 0.5)``, clamped.
 - SOFTMAX (int16, zero points 0, output scale 1/32768): fixed point with two interpolated
-  513-entry tables (:func:`lut16`, :func:`lut16_lookup`): ``e = exp_table(clamp(MBQM(q - max,
-  s_in beta / (10 / 65535)) + 32767))`` (inputs spanning [-10, 0]), the int32 row sum
-  normalised to its leading bit, ``r = one_over_one_plus_x_table(...)`` and
-  ``out = clamp((e * r + 2**(k-1)) >> k, 0, 32767)``.
+  513-entry tables (:func:`~.tables.lut16`, :func:`~.tables.lut16_lookup`):
+  ``e = exp_table(clamp(MBQM(q - max, s_in beta / (10 / 65535)) + 32767))`` (inputs spanning
+  [-10, 0]), the int32 row sum normalised to its leading bit,
+  ``r = one_over_one_plus_x_table(...)`` and ``out = clamp((e * r + 2**(k-1)) >> k, 0, 32767)``.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -40,19 +42,26 @@ from jax import lax
 
 from ..registry import OpContext, register
 from .fixed_point import (
+    INT32_MAX,
+    gemmlowp_shl,
+    mbqm,
     multiply_by_quantized_multiplier,
     quantize_multiplier,
+    quantize_multiplier_smaller_than_one,
+    rdbpot,
     rounded_product,
     saturate,
+    srdhm,
+    wrap,
 )
 from .params import (
     QParams,
     activation_range,
     as_int32,
     qparams,
-    quantize_value,
     same_type_params,
 )
+from .tables import lut16, lut16_lookup
 
 Array = Any
 
@@ -132,101 +141,108 @@ def mul(ctx: OpContext, x1: Array, x2: Array) -> Array:
     return saturate(out, lo, hi, y.np_dtype)
 
 
-# ----------------------------------------------------------------------------- RELU family
+# ----------------------------------------------------------------------------- SQUARED_DIFFERENCE
 
 
-def check_relu(ctx: OpContext) -> None:
-    x, y = same_type_params(ctx, ("int8", "uint8") if ctx.op.key == "RELU_N1_TO_1"
-                      else ("int8", "uint8", "int16"))
+def _squared_difference_multipliers(a: QParams, b: QParams, y: QParams
+                                    ) -> tuple[tuple[int, int], ...]:
+    twice_max = np.float64(2 * max(_f32(a.s), _f32(b.s)))
+    out = twice_max * twice_max / np.float64(_f32(1 << 14) * _f32(y.s))
+    if not out < 1.0:
+        raise ValueError(f"int8 SQUARED_DIFFERENCE needs output scale above "
+                         f"4 max(s1, s2)**2 / 2**14 = {float(out * y.s):.6g}, got {y.s} "
+                         "(LiteRT aborts otherwise)")
+    return tuple(quantize_multiplier_smaller_than_one(float(r))
+                 for r in (np.float64(a.s) / twice_max, np.float64(b.s) / twice_max, out))
+
+
+def check_squared_difference(ctx: OpContext) -> None:
+    """int8 inputs and output (LiteRT has no uint8 / int16 kernel), output multiplier below
+    one."""
+    a = qparams(ctx, "input", 0, dtypes=("int8",))
+    b = qparams(ctx, "input", 1, dtypes=("int8",))
+    _squared_difference_multipliers(a, b, qparams(ctx, "output", 0, dtypes=("int8",)))
+
+
+@register("SQUARED_DIFFERENCE", check=check_squared_difference, integer=True)
+def squared_difference(ctx: OpContext, x1: Array, x2: Array) -> Array:
+    """Integer (x1 - x2)**2 (broadcasting): both inputs on a common scale with 7 guard bits,
+    the difference squared in int32, rescaled to the output."""
+    a, b, y = qparams(ctx, "input", 0), qparams(ctx, "input", 1), qparams(ctx, "output", 0)
+    m1, m2, mo = _squared_difference_multipliers(a, b, y)
+    s1 = multiply_by_quantized_multiplier((as_int32(x1) - a.zp) * (1 << 7), *m1)
+    s2 = multiply_by_quantized_multiplier((as_int32(x2) - b.zp) * (1 << 7), *m2)
+    d = s1 - s2                                   # |d| < 2**15: d * d fits in int32
+    out = multiply_by_quantized_multiplier(d * d, *mo) + y.zp
+    return saturate(out, y.qmin, y.qmax, y.np_dtype)
+
+
+# ----------------------------------------------------------------------------- RSQRT
+
+
+def check_rsqrt(ctx: OpContext) -> None:
+    x, y = same_type_params(ctx, ("int8", "int16"))
     if x.dtype == "int16" and (x.zp or y.zp):
-        raise ValueError("int16 RELU needs zero points 0")
+        raise ValueError("int16 RSQRT needs zero points 0")
 
 
-def _relu_range(lo: float, hi: float | None) -> Callable[[OpContext, Array], Array]:
-    def relu(ctx: OpContext, x: Array) -> Array:
-        xq, yq = same_type_params(ctx)
-        m = quantize_multiplier(float(_f32(xq.s) / _f32(yq.s)))
-        out = multiply_by_quantized_multiplier(as_int32(x) - xq.zp, *m) + yq.zp
-        qlo = max(yq.qmin, quantize_value(lo, yq))
-        qhi = yq.qmax if hi is None else min(yq.qmax, quantize_value(hi, yq))
-        return saturate(out, qlo, qhi, yq.np_dtype)
-
-    return relu
-
-
-register("RELU", check=check_relu, integer=True)(_relu_range(0.0, None))
-register("RELU6", check=check_relu, integer=True)(_relu_range(0.0, 6.0))
-register("RELU_N1_TO_1", check=check_relu, integer=True)(_relu_range(-1.0, 1.0))
-
-
-def check_leaky_relu(ctx: OpContext) -> None:
-    check_relu(ctx)
-    if (ctx.options.alpha or 0.0) < 0:
-        raise NotImplementedError("integer LEAKY_RELU with a negative alpha is not supported")
-
-
-@register("LEAKY_RELU", check=check_leaky_relu, integer=True)
-def leaky_relu(ctx: OpContext, x: Array) -> Array:
-    """Integer LEAKY_RELU: one multiplier for x' >= 0, another (times alpha) below."""
-    xq, yq = same_type_params(ctx)
-    alpha = _f32(ctx.options.alpha or 0.0)
-    identity = quantize_multiplier(float(_f32(xq.s) / _f32(yq.s)))
-    scaled = quantize_multiplier(float(_f32(xq.s) * alpha / _f32(yq.s)))
-    v = as_int32(x) - xq.zp
-    out = jnp.where(v >= 0, multiply_by_quantized_multiplier(v, *identity),
-                    multiply_by_quantized_multiplier(v, *scaled)) + yq.zp
-    return saturate(out, yq.qmin, yq.qmax, yq.np_dtype)
+def inv_sqrt_multiplier(v: int) -> tuple[int, int]:
+    """LiteRT's GetInvSqrtQuantizedMultiplierExp(v, -1) for an int32 ``v > 0``: (m, shift)
+    with ``1 / sqrt(v) ~= m * 2**(shift - 31)``, by 5 Newton steps in 3-integer-bit fixed
+    point from 1, ``v`` first normalised by powers of 4 into [2**27, 2**29)."""
+    if v <= 1:
+        return INT32_MAX, 0
+    shift = 11
+    while v >= 1 << 29:
+        v //= 4
+        shift += 1
+    pairs = (32 - v.bit_length() - 1) // 2 - 1   # leading zeros of v, in bit pairs, less 1
+    shift -= pairs
+    v <<= 2 * pairs
+    half_v = rdbpot(v >> 1, 1)                   # v / 2 in F3 (v >> 1 is v in F3)
+    x, three_halves = 1 << 28, (1 << 28) + (1 << 27)
+    for _ in range(5):                            # x <- 3/2 x - v/2 x**3
+        x3 = gemmlowp_shl(srdhm(srdhm(x, x), x), 6)
+        x = gemmlowp_shl(wrap(srdhm(three_halves, x) - srdhm(half_v, x3)), 3)
+    m = srdhm(x, 1518500250)                     # times sqrt(2) / 2 in F0
+    if shift < 0:
+        m, shift = wrap(m << -shift), 0
+    return m, -shift
 
 
-# ----------------------------------------------------------------------------- tables
-
-
-def _round_away(v: np.ndarray) -> np.ndarray:
-    """Round half away from zero (C's ``round``) of float values, as float64."""
-    v = np.asarray(v, np.float64)
-    return np.trunc(v + np.copysign(0.5, v))
-
-
-def lut(xq: QParams, yq: QParams, fn: Callable[[np.ndarray], np.ndarray]) -> np.ndarray:
-    """The output of every input value of an 8-bit type, as LiteRT's LUTPopulate computes
-    it in float32 (``fn`` maps float32 to float32)."""
-    q = np.arange(xq.qmin, xq.qmax + 1)
-    dequantized = _f32(xq.s) * (q - xq.zp).astype(np.float32)
-    with np.errstate(all="ignore"):
-        transformed = fn(dequantized).astype(np.float32)
-        rescaled = _round_away(transformed * (_f32(1.0) / _f32(yq.s)))
-    finite = np.isfinite(transformed)
-    out = np.where(finite, rescaled + yq.zp, yq.qmin)
+def rsqrt_table(xq: QParams, yq: QParams) -> np.ndarray:
+    """Every int8 output: ``v = q - zp``; qmax for ``v <= 0``; else ``1 / sqrt(v)`` as
+    :func:`inv_sqrt_multiplier` on 20 extra bits, times ``1 / (sqrt(s_in) s_out)`` (float32
+    product) with its shift less 20, ``+ y_zp``, clamped."""
+    multiplier, shift = quantize_multiplier(
+        1.0 / float(np.sqrt(_f32(xq.s)) * _f32(yq.s)))
+    out = []
+    for q in range(xq.qmin, xq.qmax + 1):
+        v = q - xq.zp
+        if v <= 0:
+            out.append(yq.qmax)
+            continue
+        m, s = inv_sqrt_multiplier(v)
+        data = mbqm(1, m, s + 20)
+        out.append(mbqm(data, multiplier, shift - 20) + yq.zp)
     return np.clip(out, yq.qmin, yq.qmax).astype(yq.dtype)
 
 
-def _sigmoid32(v: np.ndarray) -> np.ndarray:
-    """1 / (1 + exp(-v)) in float32 (exp correctly rounded from float64)."""
-    e = np.exp(-v.astype(np.float64)).astype(np.float32)
-    return (_f32(1.0) / (_f32(1.0) + e)).astype(np.float32)
+@register("RSQRT", check=check_rsqrt, integer=True)
+def rsqrt(ctx: OpContext, x: Array) -> Array:
+    """Integer RSQRT: int8 from :func:`rsqrt_table`; int16 from LiteRT's interpolated
+    513-entry table of ``1 / sqrt`` (float32; ``32767 s_out`` for inputs <= 0)."""
+    xq, yq = same_type_params(ctx)
+    v = as_int32(x)
+    if xq.dtype == "int8":
+        return jnp.asarray(rsqrt_table(xq, yq))[v - xq.qmin]
+    out_max = np.float32(32767) * _f32(yq.s)
 
+    def inv_sqrt(u: np.float32) -> np.float32:
+        return out_max if u <= 0 else np.float32(1.0) / np.sqrt(u)
 
-def _tanh32(v: np.ndarray) -> np.ndarray:
-    return np.tanh(v.astype(np.float64)).astype(np.float32)
-
-
-def check_lut(ctx: OpContext) -> None:
-    x, y = same_type_params(ctx, ("int8", "uint8"))
-    if ctx.op.key == "LOGISTIC" and y.s != 1.0 / 256:
-        raise ValueError(f"integer LOGISTIC needs output scale 1/256, got {y.s}")
-
-
-def _table_op(fn: Callable[[np.ndarray], np.ndarray]) -> Callable[[OpContext, Array], Array]:
-    def op(ctx: OpContext, x: Array) -> Array:
-        xq, yq = same_type_params(ctx)
-        table = lut(xq, yq, fn)
-        return jnp.asarray(table)[as_int32(x) - xq.qmin]
-
-    return op
-
-
-register("LOGISTIC", check=check_lut, integer=True)(_table_op(_sigmoid32))
-register("TANH", check=check_lut, integer=True)(_table_op(_tanh32))
+    table = lut16(inv_sqrt, xq.s, 0, yq.s, 0, np.float32)
+    return lut16_lookup(v, table).astype(jnp.int16)
 
 
 # ----------------------------------------------------------------------------- SOFTMAX
@@ -276,45 +292,7 @@ def _ordered_sum(e: jax.Array) -> jax.Array:
 
 
 
-# ----------------------------------------------------------------------------- int16 tables
-
 _RANGE16 = 65535
-
-
-def lut16(fn: Callable[[float], float], in_scale: float, in_zp: int, out_scale: float,
-          out_zp: int) -> np.ndarray:
-    """LiteRT's 513-entry int16 table of ``fn`` (in double): 512 samples over the input
-    range, each biased by half the interpolation error at its midpoint, then the end."""
-    lo16, hi16 = -32768, 32767
-    in_min, in_max = in_scale * (lo16 - in_zp), in_scale * (hi16 - in_zp)
-    out_min, out_max = out_scale * (lo16 - out_zp), out_scale * (hi16 - out_zp)
-    step = (in_max - in_min) / 512
-    inv = 65536.0 / (out_max - out_min)
-
-    def rnd(v: float) -> float:
-        return float(_round_away(np.float64(v)))
-
-    table = []
-    for i in range(512):
-        val = fn(in_min + i * step)
-        mid = fn(in_min + i * step + step / 2)
-        nxt = fn(in_min + (i + 1) * step)
-        sample = rnd(val * inv)
-        interp = rnd((nxt * inv + rnd(val * inv)) / 2)
-        bias = rnd((interp - rnd(mid * inv)) / 2)
-        table.append(min(max(sample - bias, lo16), hi16))
-    table.append(min(max(rnd(fn(in_max) * inv), lo16), hi16))
-    return np.asarray(table, np.int32)
-
-
-def lut16_lookup(v: Array, table: np.ndarray) -> Array:
-    """Linear interpolation in a 513-entry table at int16 ``v`` (int32 array): entry
-    ``256 + (v >> 7)`` plus ``(slope * (v & 127) + 64) >> 7``."""
-    t = jnp.asarray(table)
-    index = 256 + (v >> 7)
-    base = t[index]
-    slope = t[index + 1] - base
-    return base + ((slope * (v & 0x7F) + 64) >> 7)
 
 
 def _softmax_int16(v: Array, xq: QParams, beta: np.float32) -> Array:

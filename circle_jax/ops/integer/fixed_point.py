@@ -24,7 +24,13 @@ exact, nothing is approximated in floating point.
 The int16 kernels with 64-bit accumulators (16x8 convolutions and fully connected layers)
 use LiteRT's int64 variant (:func:`multiply_by_quantized_multiplier_wide`): the multiplier is
 first reduced to 15 bits, ``(m + 2**15) >> 16`` (``0x7FFF`` from ``0x7FFF0000`` up), and
-``x * m15`` is shifted right by ``15 - shift`` with round half up.
+``x * m15`` is shifted right by ``15 - shift`` with round half up. An int16 BATCH_MATMUL's
+accumulator exceeds int32: it is kept as a 64-bit two's-complement pair of uint32 words
+(:func:`i64_from_i32`, :func:`i64_add`, :func:`i64_mul`) and rescaled by
+:func:`multiply_by_quantized_multiplier_i64`.
+
+The same primitives on Python ints (:func:`srdhm`, :func:`rdbpot`, :func:`mbqm`, ...) build
+the tables of kernels whose output is a function of one 8-bit input (RSQRT, HARD_SWISH).
 """
 
 from __future__ import annotations
@@ -72,6 +78,76 @@ def quantize_multiplier_smaller_than_one(real: float) -> tuple[int, int]:
     if shift > 0:
         raise ValueError(f"multiplier {real} is not smaller than one")
     return m, shift
+
+
+def reduced_multiplier(m: Any) -> np.ndarray:
+    """LiteRT's 15-bit multiplier of its int64-input rescaling: ``(m + 2**15) >> 16``,
+    ``0x7FFF`` from ``0x7FFF0000`` up."""
+    m = np.asarray(m, np.int64)
+    return np.where(m < 0x7FFF0000, (m + (1 << 15)) >> 16, 0x7FFF).astype(np.int32)
+
+
+# ----------------------------------------------------------------------------- static side: values
+# LiteRT's fixed-point primitives on Python ints of a ``bits``-wide signed type, for the kernels
+# whose output depends on one 8-bit input value only: they build a table of every input.
+
+
+def _trunc_div(a: int, d: int) -> int:
+    """C's integer division (toward zero) by a positive ``d``."""
+    q = abs(a) // d
+    return q if a >= 0 else -q
+
+
+def wrap(x: int, bits: int = 32) -> int:
+    """``x`` converted to a ``bits``-wide signed type (two's complement wrap)."""
+    half = 1 << (bits - 1)
+    return (x + half) % (1 << bits) - half
+
+
+def srdhm(a: int, b: int, bits: int = 32) -> int:
+    """SaturatingRoundingDoublingHighMul: ``round(a * b / 2**(bits-1))``, ties away from
+    zero, saturating the one overflowing case (both operands the type's minimum)."""
+    lo = -(1 << (bits - 1))
+    if a == b == lo:
+        return -lo - 1
+    ab = a * b
+    nudge = (1 << (bits - 2)) if ab >= 0 else 1 - (1 << (bits - 2))
+    return _trunc_div(ab + nudge, 1 << (bits - 1))
+
+
+def sdhm(a: int, b: int, bits: int = 16) -> int:
+    """SaturatingDoublingHighMul: ``a * b / 2**(bits-1)`` truncated toward zero."""
+    lo = -(1 << (bits - 1))
+    return -lo - 1 if a == b == lo else _trunc_div(a * b, 1 << (bits - 1))
+
+
+def rdbpot(x: int, exponent: int) -> int:
+    """RoundingDivideByPOT: ``round(x / 2**exponent)``, ties away from zero."""
+    mask = (1 << exponent) - 1
+    threshold = (mask >> 1) + (1 if x < 0 else 0)
+    return (x >> exponent) + (1 if (x & mask) > threshold else 0)
+
+
+def saturating_shl(x: int, exponent: int, bits: int = 32) -> int:
+    """``x * 2**exponent`` clamped to the ``bits``-wide type."""
+    half = 1 << (bits - 1)
+    return min(max(x * (1 << exponent), -half), half - 1)
+
+
+def gemmlowp_shl(x: int, exponent: int) -> int:
+    """gemmlowp's SaturatingRoundingMultiplyByPOT<exponent> on int32 (exponent > 0): the
+    type's limit once ``|x| > 2**(31-exponent) - 1``, else ``x << exponent``."""
+    threshold = (1 << (31 - exponent)) - 1
+    if x > threshold:
+        return INT32_MAX
+    if x < -threshold:
+        return INT32_MIN
+    return x << exponent
+
+
+def mbqm(x: int, m: int, shift: int) -> int:
+    """:func:`multiply_by_quantized_multiplier` on one int32 value (ties away from zero)."""
+    return rdbpot(srdhm(wrap(x * (1 << max(shift, 0))), m), max(-shift, 0))
 
 
 # ----------------------------------------------------------------------------- traced side
@@ -177,8 +253,7 @@ def multiply_by_quantized_multiplier_wide(x: Array, m: Any, shift: Any) -> Array
     """LiteRT's int64-input variant on an int32 ``x``: ``(x * m15 + 2**(t-1)) >> t`` with
     ``m15`` the 15-bit multiplier and ``t = 15 - shift`` (round half up). Exact: the 47-bit
     product is formed from 16-bit halves of ``x``."""
-    m = np.asarray(m, np.int64)
-    m15 = np.where(m < 0x7FFF0000, (m + (1 << 15)) >> 16, 0x7FFF).astype(np.int32)
+    m15 = reduced_multiplier(m)
     total = (15 - np.asarray(shift, np.int64)).astype(np.int32)
     if np.any(total < 1) or np.any(total > 46):
         raise ValueError(f"shift {shift} is out of LiteRT's range for 16-bit kernels")
@@ -208,6 +283,56 @@ def _shift_round_half_up(high: Array, low16: Array, t: Array) -> Array:
     tb = jnp.clip(t - 16, 1, 30)
     big = (high + (jnp.int32(1) << (tb - 1))) >> tb
     return jnp.where(small, part, big)
+
+
+# 64-bit two's-complement integers as (high, low) uint32 words, for LiteRT's int64
+# accumulators (JAX's default mode has no int64).
+
+
+def i64_from_i32(x: Array) -> tuple[Array, Array]:
+    """An int32 array sign-extended to 64 bits."""
+    x = jnp.asarray(x, jnp.int32)
+    return (lax.bitcast_convert_type(x >> 31, jnp.uint32),
+            lax.bitcast_convert_type(x, jnp.uint32))
+
+
+def i64_shl(v: tuple[Array, Array], s: int) -> tuple[Array, Array]:
+    """``v * 2**s`` (static 0 <= s < 32; the value must stay within 64 bits)."""
+    hi, lo = v
+    if s == 0:
+        return hi, lo
+    return (hi << s) | (lo >> (32 - s)), lo << s
+
+
+def i64_add(a: tuple[Array, Array], b: tuple[Array, Array]) -> tuple[Array, Array]:
+    return _add_u64(*a, *b)
+
+
+def i64_mul(v: tuple[Array, Array], m: int) -> tuple[Array, Array]:
+    """``v * m`` for a static ``0 <= m < 2**32`` (modulo 2**64: exact while the product fits
+    in 64 bits)."""
+    hi, lo = v
+    ph, pl = _mul_u64(lo, jnp.uint32(m))
+    return hi * jnp.uint32(m) + ph, pl
+
+
+def i64_round_shift(v: tuple[Array, Array], t: int) -> Array:
+    """``(v + 2**(t-1)) >> t`` (arithmetic shift, static 1 <= t <= 62) as int32, for a result
+    that fits in int32."""
+    half = 1 << (t - 1)
+    hi, lo = _add_u64(*v, jnp.uint32(half >> 32), jnp.uint32(half & 0xFFFFFFFF))
+    if t < 32:
+        return lax.bitcast_convert_type((lo >> t) | (hi << (32 - t)), jnp.int32)
+    return lax.bitcast_convert_type(hi, jnp.int32) >> (t - 32)
+
+
+def multiply_by_quantized_multiplier_i64(v: tuple[Array, Array], m: int, shift: int) -> Array:
+    """LiteRT's int64-input MultiplyByQuantizedMultiplier (:func:`reduced_multiplier`, then
+    ``(v * m15 + 2**(t-1)) >> t`` with ``t = 15 - shift``) on a 64-bit ``v``."""
+    t = 15 - shift
+    if not 1 <= t <= 62:
+        raise ValueError(f"shift {shift} is out of LiteRT's range for 64-bit accumulators")
+    return i64_round_shift(i64_mul(v, int(reduced_multiplier(m))), t)
 
 
 def saturate(x: Array, lo: int, hi: int, dtype: Any) -> Array:
