@@ -22,6 +22,11 @@ in int32, which is exact when every channel's bound ``32768 * sum|w| + |bias|`` 
 2**31: checked at load from the constant weights (a larger one is refused).
 
 Products are computed in int32 by XLA's integer convolutions and dot products: exact.
+
+A weight may come as a :class:`~.params.Requantized` (quantization-aware training's integer
+forward, which re-quantizes the weights inside the traced step): its traced scales give
+traced multipliers, computed exactly as the double-precision ones
+(:func:`~.fixed_point.quantize_scale_ratio`), and its traced zero point is subtracted.
 """
 
 from __future__ import annotations
