@@ -94,7 +94,7 @@ def _real(t: Any, q: np.ndarray) -> np.ndarray:
 
 
 def _producer(sg: Any, i: int) -> str:
-    return next(op.key for op in sg.operators if i in op.outputs)
+    return next((op.key for op in sg.operators if i in op.outputs), "")
 
 
 #: End to end on the 8 recorded digits, the largest difference of the model output in steps
@@ -112,37 +112,40 @@ def _litert_reals(model: cj.Model, exported: bytes, x: np.ndarray) -> dict[int, 
             for t in sg.tensors if t.data is None and t.name in lite}
 
 
-@pytest.mark.parametrize("name", ["full_int8", "full_int8_float_io", "int16x8"])
+# full_int8 (int8 I/O) and int16x8 (float I/O through QUANTIZE and DEQUANTIZE, a requantizing
+# QUANTIZE inside); full_int8_float_io differs from full_int8 only by its I/O.
+@pytest.mark.parametrize("name", ["full_int8", "int16x8"])
 def test_integer_forward_is_the_exported_model(name: str) -> None:
-    """After SGD steps (weights and activations moved), LiteRT on the export computes the
-    simulation's forward: every output of 8 digits equal (0 LSB; float32 holds the real
-    values, tolerance 1e-3 of a step), and on one digit every tensor of the graph. The
-    gradients are finite."""
+    """After SGD steps of the integer forward (weights moved: new scales and integers),
+    LiteRT on the export computes the simulation's forward: on 8 digits the outputs and
+    every other tensor of the graph equal (0 LSB; float32 holds the real values, tolerance
+    1e-3 of a step), except an ADD's output within 1 step (the README's known difference
+    of LiteRT's optimized ADD, about 1 output in 1,000; measured here: one int16 value)."""
     model = cj.load(DATA / f"{name}.tflite", qat=True)
     assert model.qat_forward == "integer"
     params = _train(model)
+    assert all(np.isfinite(np.asarray(v)).all() for v in params.values())
     exported = model.export(params)
     assert exported != model.export()
     x = np.load(DATA / "inputs.npz")["x"]
-    sim = np.asarray(jax.jit(model.apply)(params, x)[0])
+    # every tensor of each digit alone (batch 1, as LiteRT runs it)
+    outputs, tensors = jax.jit(jax.vmap(lambda xi: model.tensors(params, xi[None])))(x)
     sg = model.simulated.main
     out = sg.tensors[sg.outputs[0]]
-    last = out if out.quantization is not None else sg.tensors[next(
-        op.inputs[0] for op in sg.operators if out.index in op.outputs)]
-    step = last.quantization.scale[0]
+    step = (out if out.quantization is not None else sg.tensors[next(
+        op.inputs[0] for op in sg.operators if out.index in op.outputs)]).quantization.scale[0]
     for n in range(len(x)):
         lite = _litert_reals(model, exported, x[n:n + 1])
-        assert np.abs(sim[n] - lite[out.index].reshape(-1)).max() <= 1e-3 * step, (name, n)
-        if n == 0:
-            tensors = jax.jit(model.tensors)(params, x[:1])[1]
-            compared = [i for i in lite if i in tensors]
-            assert len(compared) >= len(sg.operators)
-            for i in compared:
-                s = sg.tensors[i].quantization.scale[0] if sg.tensors[i].quantization else step
-                got = np.asarray(tensors[i]).reshape(-1)
-                assert np.abs(got - lite[i].reshape(-1)).max() <= 1e-3 * s, sg.tensors[i].name
-    grads = jax.grad(lambda p: jnp.sum(model.apply(p, x)[0] ** 2))(params)
-    assert all(np.isfinite(np.asarray(g)).all() for g in grads.values())
+        diff = np.abs(np.asarray(outputs[0][n]) - lite[out.index]).max()
+        assert diff <= 1e-3 * step, (name, n, diff / step)
+        compared = [i for i in lite if i in tensors]
+        assert len(compared) >= len(sg.operators)
+        for i in compared:
+            q = sg.tensors[i].quantization
+            steps = np.abs(np.asarray(tensors[i][n]) - lite[i]).max() / (q.scale[0] if q
+                                                                         else step)
+            bound = 1 if _producer(sg, i) == "ADD" else 0
+            assert steps <= bound + 1e-3, (name, n, sg.tensors[i].name, steps)
 
 
 # full_int8 differs from full_int8_float_io only by its int8 I/O, which
@@ -351,7 +354,9 @@ def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
     assert sg.tensors[1].quantization.zero_point != (120,)  # re-quantized asymmetric
     want = _litert_reals(model, exported, xs[0])
     got = jax.jit(model.tensors)(params, xs[0])[1]
-    for i in (2, 3, 4):  # the input, CONV_2D's and MAX_POOL_2D's outputs
+    compared = [i for i in want if i in got]
+    assert len(compared) == 3  # the input, CONV_2D's and MAX_POOL_2D's outputs
+    for i in compared:
         steps = np.abs(np.asarray(got[i]) - want[i]) / sg.tensors[i].quantization.scale[0]
         assert steps.max() <= 1e-3, (sg.tensors[i].name, steps.max())
 
