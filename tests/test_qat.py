@@ -261,11 +261,29 @@ def test_qat_gradient_of_one_layer_is_the_straight_through_estimator() -> None:
     model = cj.load(_fc_model(), qat=True)
     xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)  # 4.0 is past the input's range
     cot = np.array([[1.0, -2.0, 0.5]], np.float32)
-    grads = jax.grad(lambda p: jnp.sum(model.apply(p, xv)[0] * cot))(model.params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, xv)[0] * cot)))(model.params)
     out, gw, gb = _numpy_ste(model, xv, lambda out: cot)
-    np.testing.assert_allclose(np.asarray(model.apply(model.params, xv)[0]), out, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(model.apply)(model.params, xv)[0]), out,
+                               rtol=1e-6)
     np.testing.assert_allclose(np.asarray(grads["w"]), gw, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.asarray(grads["b"]), gb, rtol=1e-6)
+
+
+def test_qat_trains_under_a_half_compute_policy() -> None:
+    """``precision="p=f32,c=f16,o=f32"``: the integer forward's values rounded to float16
+    where the float operators compute, float32 masters; Adam steps give finite losses and
+    weights that moved."""
+    model = cj.load(_uint8_conv_model(), qat=True)
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-2.5, 2.5, (16, 4, 4, 2)).astype(np.float32)
+    y = rng.uniform(0, 5, (16, 2, 2, 3)).astype(np.float32)
+    r = cj.fit(model, x, y, epochs=2, batch_size=4, loss="mse", optimizer="adam",
+               learning_rate=1e-2, precision="p=f32,c=f16,o=f32")
+    assert np.isfinite(r.history.loss).all()
+    assert all(np.asarray(v).dtype == np.float32 and np.isfinite(np.asarray(v)).all()
+               for v in r.params.values())
+    assert any(not np.array_equal(np.asarray(r.params[k]), np.asarray(v))
+               for k, v in model.params.items())
 
 
 def test_qat_flag() -> None:
@@ -320,10 +338,8 @@ def test_golden_of_a_quantized_model(tmp_path: Path) -> None:
     assert attrs["loss"] > 0
 
 
-def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
-    """ONE-style uint8: asymmetric per-tensor weights re-quantized with a zero point (traced
-    in the integer forward); after SGD steps LiteRT on the export computes every tensor the
-    simulation does."""
+def _uint8_conv_model() -> bytes:
+    """ONE-style uint8: CONV_2D (asymmetric per-tensor weights, RELU) and MAX_POOL_2D."""
     b = cj.Builder()
     x = b.input("x", (1, 4, 4, 2), "uint8", quantization=(0.02, 128))
     rng = np.random.default_rng(1)
@@ -337,7 +353,15 @@ def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
     y = b.op("MAX_POOL_2D", [y], {"padding": "VALID", "filter_width": 2, "filter_height": 2,
                                   "stride_w": 2, "stride_h": 2}, quantization=[(0.05, 10)])
     b.output(y)
-    model = cj.load(b.to_bytes("tflite"), qat=True)
+    return b.to_bytes("tflite")
+
+
+def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
+    """ONE-style uint8: asymmetric per-tensor weights re-quantized with a zero point (traced
+    in the integer forward); after SGD steps LiteRT on the export computes every tensor the
+    simulation does."""
+    model = cj.load(_uint8_conv_model(), qat=True)
+    rng = np.random.default_rng(1)
     xs = rng.uniform(-2.5, 2.5, (3, 1, 4, 4, 2)).astype(np.float32)
     target = rng.uniform(0, 5, (1, 2, 2, 3)).astype(np.float32)
 

@@ -152,6 +152,7 @@ def from_integers(q: Array, scale: float, zero_point: int) -> Array:
 
 def straight_through(value: Array, differentiated: Array) -> Array:
     """``value`` in the forward (exactly: ``differentiated - differentiated`` is 0), the
-    gradient of ``differentiated`` in the backward."""
+    gradient of ``differentiated`` in the backward, in ``differentiated``'s dtype (a half
+    compute dtype rounds ``value`` to it)."""
     d = differentiated
-    return jax.lax.stop_gradient(value) + (d - jax.lax.stop_gradient(d))
+    return jax.lax.stop_gradient(value.astype(d.dtype)) + (d - jax.lax.stop_gradient(d))
