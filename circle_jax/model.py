@@ -134,6 +134,14 @@ class Model:
         """The options the operators were lowered with."""
         return self._lowered.options
 
+    def lower_graph(self, graph: ir.Model, lowering: LoweringOptions | None = None
+                    ) -> Lowered:
+        """``graph`` (this model's IR, or a variant of it with the same tensors, e.g. other
+        outputs) lowered as this model is: with ``lowering`` (default: the model's) and a
+        QAT model's fake quantization and forward."""
+        integer = self.simulated if self.qat_forward == "integer" else None
+        return Lowered(graph, lowering or self.lowering, self.fake_quant, integer)
+
     def lowered(self, **changes: Any) -> Callable[..., tuple[jax.Array, ...]]:
         """``apply`` lowered with ``changes`` to :attr:`lowering`, e.g. ``in_loop=True`` for a
         model traced inside a compiled loop body (a ``lax.scan`` over batches)."""

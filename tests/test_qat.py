@@ -286,6 +286,31 @@ def test_qat_trains_under_a_half_compute_policy() -> None:
                for k, v in model.params.items())
 
 
+def test_loss_from_logits_reads_the_simulated_logits() -> None:
+    """The keras profile's CCE reads the SOFTMAX's input logits (a variant of the graph):
+    on a QAT model that variant keeps the QAT forward, its logits the integer forward's
+    tensor, not the float model's."""
+    from circle_jax.numerics_train import softmax_input, softmax_logits_apply
+
+    b = cj.Builder()
+    x = b.input("x", (1, 4), "int8", quantization=(0.05, 3))
+    w = b.constant("w", np.random.default_rng(0).integers(-127, 128, (3, 4)).astype(np.int8),
+                   quantization=((0.01, 0.02, 0.005), (0, 0, 0), 0))
+    y = b.op("FULLY_CONNECTED", [x, w, -1], quantization=[(0.02, -2)])
+    b.output(b.op("SOFTMAX", [y], {"beta": 1.0}, quantization=[(1 / 256, -128)]))
+    model = cj.load(b.to_bytes("tflite"), qat=True)
+    xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)
+    index, beta = softmax_input(model)
+    logits = np.asarray(jax.jit(softmax_logits_apply(model))(model.params, xv)[0])
+    tensors = jax.jit(model.tensors)(model.params, xv)[1]
+    np.testing.assert_array_equal(logits, np.asarray(tensors[index]))
+    on_grid = logits / 0.02 - 2
+    assert np.abs(on_grid - np.round(on_grid)).max() < 1e-3  # the int8 grid
+    plain = cj.load(b.to_bytes("tflite"), qat=False)  # the dequantized model
+    assert not np.array_equal(np.asarray(softmax_logits_apply(plain)(plain.params, xv)[0]),
+                              logits)
+
+
 def test_qat_flag() -> None:
     from circle_jax.cli import build_parser
     from circle_jax.cli.config import load_options
