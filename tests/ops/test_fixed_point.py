@@ -113,7 +113,7 @@ def test_traced_multipliers_round_as_static_ones() -> None:
     """The rescalings given traced (m, shift), as a QAT step's re-quantized weights give
     them, equal the static ones (right and left shifts)."""
     x = X.astype(np.int32)[:500] >> 8
-    for real in (3e-5, 0.01, 0.4, 1.7, 3.9):
+    for real in (3e-5, 0.4, 1.7):
         m, shift = quantize_multiplier(real)
         for fn, extra in ((multiply_by_quantized_multiplier, ("away",)),
                           (multiply_by_quantized_multiplier, ("up",)),
