@@ -12,11 +12,16 @@ test):
 
 Loss is the categorical cross-entropy of the softmax output (probabilities clipped to
 [1e-7, 1]), accuracy the argmax's. Run: ``python benchmarks/bench_qat.py [--epochs 10]``.
+
+``--step_time``: instead, the time of a training step (batch 32, Adam) of each QAT forward
+(``qat_forward="integer"`` and ``"fake_quant"``) and of float training, the median of
+``--rounds`` compiled epochs of 44 steps after a first one that compiles.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
 import time
 from pathlib import Path
 
@@ -64,12 +69,38 @@ def run_litert(data: bytes, x: np.ndarray) -> np.ndarray:
     return np.concatenate(out)
 
 
+def step_times(models: list[str], rounds: int) -> None:
+    """ms per training step of each forward (see the module docstring)."""
+    x, y = digits()
+    x, y = x[:1408], y[:1408]  # 44 batches of 32
+    hyper = dict(batch_size=32, optimizer="adam", learning_rate=1e-3,
+                 loss="categorical_crossentropy")
+    print("| model | forward | ms/step |\n|---|---|---|")
+    for name in models:
+        data = (DATA / f"{name}.tflite").read_bytes()
+        for run, load in (("QAT integer", dict(qat=True, qat_forward="integer")),
+                          ("QAT fake_quant", dict(qat=True, qat_forward="fake_quant")),
+                          ("float", dict(qat=False))):
+            r = cj.fit(cj.load(data, **load), x, y, epochs=1, **hyper)  # compiles
+            times = []
+            for e in range(rounds):
+                r = cj.fit(r.model, x, y, trainer=r.trainer, state=r.state, epochs=1,
+                           initial_epoch=e + 1)
+                times.append(r.history.ms_per_step[-1])
+            print(f"| {name} | {run} | {statistics.median(times):.2f} |", flush=True)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--epochs", type=int, default=10)
     p.add_argument("--models", nargs="+", default=["full_int8", "full_int8_float_io",
                                                     "int16x8"])
+    p.add_argument("--step_time", action="store_true")
+    p.add_argument("--rounds", type=int, default=5)
     args = p.parse_args()
+    if args.step_time:
+        step_times(args.models, args.rounds)
+        return
     x, y = digits()
     xt, yt, xv, yv = x[:1437], y[:1437], x[1437:], y[1437:]
     hyper = dict(epochs=args.epochs, batch_size=32, optimizer="adam", learning_rate=1e-3,

@@ -26,11 +26,13 @@ from .batching import batch_blocker
 from .errors import CircleFormatError, CircleJaxError, DataError, UnsupportedOperatorError
 from .graph import ir
 from .graph.checks import check_arity, check_graph, check_quantization
-from .graph.params_policy import param_table
+from .graph.params_policy import BIAS_POSITION, param_table
 from .lowering import LoweringOptions, as_options, implementation
 from .ops import fake_quant as fq
 from .ops.common import check_padding
+from .ops.integer.params import Requantized
 from .ops.registry import OpContext, OpDef, definition, lookup, runs_integer
+from .passes.dequantize import is_quantized
 from .passes.fake_quant import FakeQuantPlan
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
@@ -112,16 +114,30 @@ class Lowered:
     model `circle_jax.passes.fake_quantize` made, where it rounds (the plan of its source):
     activations after they are computed or fed, weights and biases as operators read them
     (`circle_jax.ops.fake_quant`).
+
+    ``integer``: that source model, for the *integer forward* of quantization-aware
+    training: every operator's value is then its integer kernel's (the source's operator,
+    as a load without ``qat`` runs it, bit-exact with LiteRT) on the integers of its
+    inputs, the weights and biases re-quantized from the float params as the fake-quant
+    forward does (traced scales: exact output multipliers, `ops/integer/fixed_point.py`),
+    dequantized; its gradient is the fake-quant float operator's, evaluated at those
+    inputs (per operator straight through: ``y = y_int + (y_fq - stop_gradient(y_fq))``).
+    The forward then computes what the exported integer file computes. Main subgraph only;
+    a quantized constant is re-quantized only as the weight or bias of CONV_2D,
+    DEPTHWISE_CONV_2D, FULLY_CONNECTED or TRANSPOSE_CONV (others are refused).
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
-                 fake_quant: FakeQuantPlan | None = None) -> None:
+                 fake_quant: FakeQuantPlan | None = None,
+                 integer: ir.Model | None = None) -> None:
         self.model = model
         self.fake_quant = fake_quant
         self.options = as_options(lowering)
         self.params = param_table(model)
         self._param_name = {key: name for name, key in self.params.items()}
         self._ops = self._parse()
+        self.integer = None if integer is None else _integer_forward(integer, fake_quant,
+                                                                     self.options)
         #: None when a batch runs as one batched graph; else why it does not follow the batch
         self.batch_blocker: str | None = batch_blocker(model)
 
@@ -167,7 +183,7 @@ class Lowered:
         """The same model lowered with ``changes`` to its options (e.g. ``in_loop=True``)."""
         new = object.__new__(Lowered)
         new.model, new.params, new._param_name = self.model, self.params, self._param_name
-        new.fake_quant = self.fake_quant
+        new.fake_quant, new.integer = self.fake_quant, self.integer
         new.options, new.batch_blocker = replace(self.options, **changes), self.batch_blocker
         new._ops = {key: (d, _implementation(d, ctx.op.key, new.options),
                           replace(ctx, lowering=new.options))
@@ -253,6 +269,9 @@ class Lowered:
             return x + taps[i] if i in taps else x
 
         env: dict[int, Any] = {i: computed(i, x) for i, x in zip(sg.inputs, inputs)}
+        integer = self.integer if k == 0 else None
+        ints: dict[int, Any] = {} if integer is None else {
+            i: integer.value_of(i, env[i]) for i in sg.inputs}
 
         def value(i: int, static: bool = False) -> Any:
             if i < 0:
@@ -312,6 +331,8 @@ class Lowered:
                         f"{list(np.shape(o))[:8]}, over {ir.MAX_TENSOR_ELEMENTS} elements")
                 if i >= 0:
                     env[i] = computed(i, o)
+            if integer is not None:
+                integer.step(op, params, self._param_name, env, ints)
         outputs = tuple(value(i) for i in sg.outputs)
         return outputs, (env if keep else {})
 
@@ -327,6 +348,77 @@ class Lowered:
         s_in = self.fake_quant.activations[(k, bias.input)].scale[0]
         scale = fq.bias_scale(s_in, fq.weight_params(w, weight)[0])
         return fq.fake_quant_bias(b, scale, bias.grid)
+
+
+class _IntegerForward:
+    """The integer forward of a QAT model (see :class:`Lowered`): the source model's
+    operators and where the fake-quant plan rounds."""
+
+    def __init__(self, source: ir.Model, plan: FakeQuantPlan, ops: dict) -> None:
+        self.source, self.plan, self.ops = source.main, plan, ops
+
+    def value_of(self, i: int, real: Any) -> Any:
+        """The source's value of tensor ``i`` from the simulation's real value: integers
+        for a quantized tensor, else the value itself."""
+        g = self.plan.activations.get((0, i))
+        if g is None:
+            return real
+        return fq.to_integers(real, g.scale[0], g.zero_point[0], g.qmin, g.qmax, g.dtype)
+
+    def _argument(self, i: int, params: Mapping[str, Any], names: Mapping[ParamKey, str],
+                  ints: dict[int, Any]) -> Any:
+        if i < 0:
+            return None
+        if i in ints:
+            return ints[i]
+        plan, t = self.plan, self.source.tensors[i]
+        if (0, i) in plan.weights:
+            q, scale, zero = fq.quantize_weight(params[names[(0, i)]], plan.weights[(0, i)])
+            return Requantized(q.astype(t.dtype), scale, zero)
+        if (0, i) in plan.biases:
+            bias = plan.biases[(0, i)]
+            w = params[names[(0, bias.weight)]]
+            s_in = plan.activations[(0, bias.input)].scale[0]
+            scale = fq.bias_scale(s_in, fq.weight_params(w, plan.weights[(0, bias.weight)])[0])
+            return fq.quantize_bias(params[names[(0, i)]], scale, bias.grid).astype(jnp.int32)
+        return t.data
+
+    def step(self, op: ir.Operator, params: Mapping[str, Any], names: Mapping[ParamKey, str],
+             env: dict[int, Any], ints: dict[int, Any]) -> None:
+        """Run ``op``'s integer kernel (an operator on no quantized tensor: its float value)
+        and give each output the integer value with the float value's gradient."""
+        _, fn, ctx = self.ops[(0, op.index)]
+        tensors = self.source.tensors
+        if not any(is_quantized(tensors[i]) for i in (*op.inputs, *op.outputs) if i >= 0):
+            ints.update({i: env[i] for i in op.outputs if i >= 0})
+            return
+        out = fn(ctx, *(self._argument(i, params, names, ints) for i in op.inputs))
+        outs = out if isinstance(out, (tuple, list)) else (out,)
+        for i, o in zip(op.outputs, outs):
+            if i < 0:
+                continue
+            ints[i] = o
+            g = self.plan.activations.get((0, i))
+            real = o if g is None else fq.from_integers(o, g.scale[0], g.zero_point[0])
+            env[i] = fq.straight_through(real, env[i])
+
+
+def _integer_forward(source: ir.Model, plan: FakeQuantPlan | None,
+                     options: LoweringOptions) -> _IntegerForward:
+    """The integer forward of ``source`` (refusals: one line)."""
+    if plan is None or len(source.subgraphs) > 1:
+        raise UnsupportedOperatorError("the integer QAT forward runs single-subgraph fully "
+                                       "quantized models (qat_forward='fake_quant' runs others)")
+    sg = source.main
+    for op in sg.operators:
+        for pos, i in enumerate(op.inputs):
+            if (0, i) in plan.weights and not (op.type in BIAS_POSITION and pos == 1):
+                raise UnsupportedOperatorError(
+                    f"operator {op.index} ({op.key}) reads quantized constant "
+                    f"{sg.tensors[i].name[:60]!r}: the integer QAT forward re-quantizes only "
+                    "weights of CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV "
+                    "(qat_forward='fake_quant' runs it)")
+    return _IntegerForward(source, plan, Lowered(source, options)._ops)
 
 
 MAX_MESSAGE = 1000

@@ -37,6 +37,9 @@ from .passes.dequantize import describe_quantization, is_quantized
 from .passes.fake_quant import fake_quant_plan, fake_quantize, quantized_activations
 from .qat import integer_model
 
+#: How a QAT model's forward computes its values (``load(qat_forward=...)``).
+QAT_FORWARDS = ("integer", "fake_quant")
+
 
 @dataclass(frozen=True)
 class Rewrites:
@@ -78,14 +81,15 @@ class Model:
     ``quantized``: the weight-only quantized model ``model`` was dequantized from, whose
     layout export writes the weights back in (`circle_jax.passes.requantize_weights`).
     ``simulated``: the fully quantized model this one simulates by fake quantization
-    (quantization-aware training: ``load(qat=True)``), which export writes.
+    (quantization-aware training: ``load(qat=True)``), which export writes; ``qat_forward``
+    how (see :func:`load`).
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
                  numerics: Numerics | str | None = None,
                  original: ir.Model | None = None, *,
                  quantized: ir.Model | None = None,
-                 simulated: ir.Model | None = None) -> None:
+                 simulated: ir.Model | None = None, qat_forward: str = "integer") -> None:
         self.ir = model
         self.rewrites = Rewrites.of(model)
         self._original = original if self.rewrites else None
@@ -94,7 +98,10 @@ class Model:
         #: the integer model this one simulates (None: not a QAT model)
         self.simulated = simulated
         self.fake_quant = None if simulated is None else fake_quant_plan(simulated)
-        self._lowered = Lowered(model, lowering, self.fake_quant)
+        #: "integer" or "fake_quant" for a QAT model (see `load`), else None
+        self.qat_forward = None if simulated is None else qat_forward
+        integer = simulated if self.qat_forward == "integer" else None
+        self._lowered = Lowered(model, lowering, self.fake_quant, integer)
         self._variants: dict[tuple, Lowered] = {}
         #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
         #: the model's traced programs depend on besides their arguments
@@ -126,6 +133,14 @@ class Model:
     def lowering(self) -> LoweringOptions:
         """The options the operators were lowered with."""
         return self._lowered.options
+
+    def lower_graph(self, graph: ir.Model, lowering: LoweringOptions | None = None
+                    ) -> Lowered:
+        """``graph`` (this model's IR, or a variant of it with the same tensors, e.g. other
+        outputs) lowered as this model is: with ``lowering`` (default: the model's) and a
+        QAT model's fake quantization and forward."""
+        integer = self.simulated if self.qat_forward == "integer" else None
+        return Lowered(graph, lowering or self.lowering, self.fake_quant, integer)
 
     def lowered(self, **changes: Any) -> Callable[..., tuple[jax.Array, ...]]:
         """``apply`` lowered with ``changes`` to :attr:`lowering`, e.g. ``in_loop=True`` for a
@@ -326,6 +341,7 @@ def load(
     lora_alpha: float | None = None,
     lora_targets: str | Iterable[str] = "all",
     qat: bool | None = None,
+    qat_forward: str = "integer",
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -366,8 +382,14 @@ def load(
     tied and no bias is added (every param maps to a tensor of the file). ``qat=False``: a
     fully quantized model loads dequantized (``dequantize=True``: float training). Other
     models load as they would without ``qat``. Default: a fully quantized model runs its
-    integer kernels.
+    integer kernels. ``qat_forward`` (with ``qat=True``): "integer" (the default) computes
+    the forward's values with the integer kernels (what the exported file computes,
+    LiteRT's values) and its gradients through the fake-quant float graph, operator by
+    operator; "fake_quant" computes both in float (each operator within one step of its
+    grid of the integer kernels', differences compounding through the layers).
     """
+    if qat_forward not in QAT_FORWARDS:
+        raise ValueError(f"qat_forward {qat_forward!r}: expected one of {QAT_FORWARDS}")
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights,
         add_missing_bias=None if add_missing_bias is None else bias_selection(add_missing_bias),
@@ -390,7 +412,8 @@ def load(
                         + "; ".join(malformed + unsupported)[:1000])
     original = run(selected, pipeline(dequantize=dq))
     if qat and quantized_activations(original):
-        loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original)
+        loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original,
+                       qat_forward=qat_forward)
     else:
         model = run(original, pipeline(untie=not prof.tie_shared_weights,
                                        add_bias=prof.add_missing_bias,
@@ -398,7 +421,8 @@ def load(
         loaded = Model(model, lowering, prof, original,
                        quantized=selected if dq and dequantize is None else None)
     digest = hashlib.sha256(data)
-    digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat)).encode())
+    digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat,
+                        loaded.qat_forward)).encode())
     loaded.digest = digest.hexdigest()
     if new_head is not None or lora is not None:
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,

@@ -13,7 +13,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from .graph.params_policy import embedding_tables
-from .lower import Lowered
 from .model import Model
 from .numerics import Numerics, get_numerics
 
@@ -83,7 +82,7 @@ def softmax_logits_apply(model: Model, output: int = 0, **changes: Any
     outputs[output] = logits
     variant = replace(model.ir, subgraphs=(replace(sg, outputs=tuple(outputs)),
                                            *model.ir.subgraphs[1:]))
-    lowered = Lowered(variant, model.lowering)
+    lowered = model.lower_graph(variant)
     if changes:
         lowered = lowered.with_options(**changes)
 

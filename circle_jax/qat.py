@@ -2,14 +2,15 @@
 
 A QAT model (``circle_jax.load(path, qat=True)``) is the float model
 `circle_jax.passes.fake_quantize` makes of a fully quantized file, lowered with the
-rounding its :class:`~circle_jax.passes.fake_quant.FakeQuantPlan` describes. Its export is
-the source file with, for every weight and bias, the integers and parameters the simulation
-used (:func:`integer_model`, computed by the same functions of `circle_jax.ops.fake_quant`):
+rounding its :class:`~circle_jax.passes.fake_quant.FakeQuantPlan` describes (its values
+the file's integer kernels' under the default ``qat_forward="integer"``,
+`circle_jax.lower`). Its export is the source file with, for every weight and bias, the
+integers and parameters the simulation used (:func:`integer_model`, computed by the same
+functions of `circle_jax.ops.fake_quant`):
 
 - a weight: ``quantize_weight`` of its master (re-quantized with the file's scheme);
 - a bias: ``round(b / (s_input * s_weight))`` at that scale, zero point 0;
-- activations keep the file's scales and zero points, or the ``ranges`` given (re-estimated
-  ones), as the simulation used them.
+- activations keep the file's scales and zero points, as the simulation used them.
 
 Everything else of the file (operators, I/O types, metadata) is written as it was.
 """

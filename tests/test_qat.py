@@ -4,11 +4,13 @@ Checked against things the simulation does not compute itself: LiteRT running th
 integer file (every intermediate tensor), the file's own integer outputs, numpy's
 straight-through gradient of a one-layer model, and the rounding rules written out by hand.
 
-"Within 1 LSB" is checked per operator: each operator of the simulation, fed the integer
-model's own inputs to it (teacher forcing, :func:`forced`), gives that operator's LiteRT
-output within one step of the output's grid (both round a real value that lies near a
-rounding boundary, from float32 and from 32-bit fixed point). End to end the steps compound
-through the layers; the bound asserted there is the measured one.
+The default integer forward (``qat_forward="integer"``) computes every tensor as the
+exported file does: LiteRT's tensors equal the simulation's, every one, after training.
+The float forward (``qat_forward="fake_quant"``) is checked per operator: each operator of
+the simulation, fed the integer model's own inputs to it (teacher forcing, :func:`forced`),
+gives that operator's LiteRT output within one step of the output's grid (both round a real
+value that lies near a rounding boundary, from float32 and from 32-bit fixed point). End to
+end its steps compound through the layers; the bound asserted there is the measured one.
 """
 
 from __future__ import annotations
@@ -36,13 +38,16 @@ def _litert(data: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
 
 
 def _as_input(model: cj.Model, x: np.ndarray) -> np.ndarray:
-    """Real-valued ``x`` quantized with the integer file's input parameters (int inputs)."""
+    """Real-valued ``x`` quantized with the integer file's input parameters (int inputs),
+    ties away from zero as LiteRT's QUANTIZE and the simulation round."""
     sg = model.simulated.main
     t = sg.tensors[sg.inputs[0]]
     if t.dtype == "float32":
         return x
     q, info = t.quantization, np.iinfo(t.dtype)
-    return np.clip(np.round(x / q.scale[0]) + q.zero_point[0], info.min, info.max).astype(t.dtype)
+    v = np.float32(x) / np.float32(q.scale[0])
+    v = np.sign(v) * np.floor(np.abs(v) + np.float32(0.5))
+    return np.clip(v + q.zero_point[0], info.min, info.max).astype(t.dtype)
 
 
 def forced(tensors: Any, params: dict, x: np.ndarray, want: dict[int, np.ndarray],
@@ -89,7 +94,7 @@ def _real(t: Any, q: np.ndarray) -> np.ndarray:
 
 
 def _producer(sg: Any, i: int) -> str:
-    return next(op.key for op in sg.operators if i in op.outputs)
+    return next((op.key for op in sg.operators if i in op.outputs), "")
 
 
 #: End to end on the 8 recorded digits, the largest difference of the model output in steps
@@ -98,13 +103,59 @@ def _producer(sg: Any, i: int) -> str:
 END_TO_END = {"int8": 6, "int16": 40}
 
 
+def _litert_reals(model: cj.Model, exported: bytes, x: np.ndarray) -> dict[int, np.ndarray]:
+    """LiteRT's tensors of the exported file for real input ``x``, as real values by tensor
+    index (float tensors as they are)."""
+    sg = read_model(exported).main
+    lite = _litert(exported, _as_input(model, x))
+    return {t.index: _real(t, lite[t.name]) if t.quantization is not None else lite[t.name]
+            for t in sg.tensors if t.data is None and t.name in lite}
+
+
+# full_int8 (int8 I/O) and int16x8 (float I/O through QUANTIZE and DEQUANTIZE, a requantizing
+# QUANTIZE inside); full_int8_float_io differs from full_int8 only by its I/O.
+@pytest.mark.parametrize("name", ["full_int8", "int16x8"])
+def test_integer_forward_is_the_exported_model(name: str) -> None:
+    """After SGD steps of the integer forward (weights moved: new scales and integers),
+    LiteRT on the export computes the simulation's forward: on 8 digits the outputs and
+    every other tensor of the graph equal (0 LSB; float32 holds the real values, tolerance
+    1e-3 of a step), except an ADD's output within 1 step (the README's known difference
+    of LiteRT's optimized ADD, about 1 output in 1,000; measured here: one int16 value)."""
+    model = cj.load(DATA / f"{name}.tflite", qat=True)
+    assert model.qat_forward == "integer"
+    params = _train(model)
+    assert all(np.isfinite(np.asarray(v)).all() for v in params.values())
+    exported = model.export(params)
+    assert exported != model.export()
+    x = np.load(DATA / "inputs.npz")["x"]
+    # every tensor of each digit alone (batch 1, as LiteRT runs it)
+    outputs, tensors = jax.jit(jax.vmap(lambda xi: model.tensors(params, xi[None])))(x)
+    sg = model.simulated.main
+    out = sg.tensors[sg.outputs[0]]
+    step = (out if out.quantization is not None else sg.tensors[next(
+        op.inputs[0] for op in sg.operators if out.index in op.outputs)]).quantization.scale[0]
+    for n in range(len(x)):
+        lite = _litert_reals(model, exported, x[n:n + 1])
+        diff = np.abs(np.asarray(outputs[0][n]) - lite[out.index]).max()
+        assert diff <= 1e-3 * step, (name, n, diff / step)
+        compared = [i for i in lite if i in tensors]
+        assert len(compared) >= len(sg.operators)
+        for i in compared:
+            q = sg.tensors[i].quantization
+            steps = np.abs(np.asarray(tensors[i][n]) - lite[i]).max() / (q.scale[0] if q
+                                                                         else step)
+            bound = 1 if _producer(sg, i) == "ADD" else 0
+            assert steps <= bound + 1e-3, (name, n, sg.tensors[i].name, steps)
+
+
 # full_int8 differs from full_int8_float_io only by its int8 I/O, which
 # test_qat_model_is_float_with_the_files_weights and the golden test run through LiteRT.
 @pytest.mark.parametrize("name", ["full_int8_float_io", "int16x8"])
-def test_exported_model_matches_the_simulation(name: str) -> None:
-    """After training, LiteRT on the export against the simulation: every operator within
-    1 step of its grid given its integer inputs; the output within the measured bound."""
-    model = cj.load(DATA / f"{name}.tflite", qat=True)
+def test_fake_quant_forward_matches_the_export_per_operator(name: str) -> None:
+    """qat_forward="fake_quant": after training, LiteRT on the export against the
+    simulation: every operator within 1 step of its grid given its integer inputs; the
+    output within the measured bound."""
+    model = cj.load(DATA / f"{name}.tflite", qat=True, qat_forward="fake_quant")
     params = _train(model)
     exported = model.export(params)
     assert exported != model.export()  # the weights moved
@@ -210,11 +261,54 @@ def test_qat_gradient_of_one_layer_is_the_straight_through_estimator() -> None:
     model = cj.load(_fc_model(), qat=True)
     xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)  # 4.0 is past the input's range
     cot = np.array([[1.0, -2.0, 0.5]], np.float32)
-    grads = jax.grad(lambda p: jnp.sum(model.apply(p, xv)[0] * cot))(model.params)
+    grads = jax.jit(jax.grad(lambda p: jnp.sum(model.apply(p, xv)[0] * cot)))(model.params)
     out, gw, gb = _numpy_ste(model, xv, lambda out: cot)
-    np.testing.assert_allclose(np.asarray(model.apply(model.params, xv)[0]), out, rtol=1e-6)
+    np.testing.assert_allclose(np.asarray(jax.jit(model.apply)(model.params, xv)[0]), out,
+                               rtol=1e-6)
     np.testing.assert_allclose(np.asarray(grads["w"]), gw, rtol=1e-6, atol=1e-7)
     np.testing.assert_allclose(np.asarray(grads["b"]), gb, rtol=1e-6)
+
+
+def test_qat_trains_under_a_half_compute_policy() -> None:
+    """``precision="p=f32,c=f16,o=f32"``: the integer forward's values rounded to float16
+    where the float operators compute, float32 masters; Adam steps give finite losses and
+    weights that moved."""
+    model = cj.load(_uint8_conv_model(), qat=True)
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-2.5, 2.5, (16, 4, 4, 2)).astype(np.float32)
+    y = rng.uniform(0, 5, (16, 2, 2, 3)).astype(np.float32)
+    r = cj.fit(model, x, y, epochs=2, batch_size=4, loss="mse", optimizer="adam",
+               learning_rate=1e-2, precision="p=f32,c=f16,o=f32")
+    assert np.isfinite(r.history.loss).all()
+    assert all(np.asarray(v).dtype == np.float32 and np.isfinite(np.asarray(v)).all()
+               for v in r.params.values())
+    assert any(not np.array_equal(np.asarray(r.params[k]), np.asarray(v))
+               for k, v in model.params.items())
+
+
+def test_loss_from_logits_reads_the_simulated_logits() -> None:
+    """The keras profile's CCE reads the SOFTMAX's input logits (a variant of the graph):
+    on a QAT model that variant keeps the QAT forward, its logits the integer forward's
+    tensor, not the float model's."""
+    from circle_jax.numerics_train import softmax_input, softmax_logits_apply
+
+    b = cj.Builder()
+    x = b.input("x", (1, 4), "int8", quantization=(0.05, 3))
+    w = b.constant("w", np.random.default_rng(0).integers(-127, 128, (3, 4)).astype(np.int8),
+                   quantization=((0.01, 0.02, 0.005), (0, 0, 0), 0))
+    y = b.op("FULLY_CONNECTED", [x, w, -1], quantization=[(0.02, -2)])
+    b.output(b.op("SOFTMAX", [y], {"beta": 1.0}, quantization=[(1 / 256, -128)]))
+    model = cj.load(b.to_bytes("tflite"), qat=True)
+    xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)
+    index, beta = softmax_input(model)
+    logits = np.asarray(jax.jit(softmax_logits_apply(model))(model.params, xv)[0])
+    tensors = jax.jit(model.tensors)(model.params, xv)[1]
+    np.testing.assert_array_equal(logits, np.asarray(tensors[index]))
+    on_grid = logits / 0.02 - 2
+    assert np.abs(on_grid - np.round(on_grid)).max() < 1e-3  # the int8 grid
+    plain = cj.load(b.to_bytes("tflite"), qat=False)  # the dequantized model
+    assert not np.array_equal(np.asarray(softmax_logits_apply(plain)(plain.params, xv)[0]),
+                              logits)
 
 
 def test_qat_flag() -> None:
@@ -224,6 +318,9 @@ def test_qat_flag() -> None:
     for argv, want in (([], True), (["--qat", "on"], True), (["--qat", "off"], False)):
         ns = build_parser().parse_args(["train", "m.circle", *argv])
         assert load_options(ns)["qat"] is want
+        assert load_options(ns)["qat_forward"] == "integer"
+    ns = build_parser().parse_args(["train", "m.circle", "--qat_forward", "fake_quant"])
+    assert load_options(ns)["qat_forward"] == "fake_quant"
     with pytest.raises(ValueError, match="quantization-aware") as e:
         cj.load(_fc_model(), qat=True).personalize(new_head=2)
     assert "\n" not in str(e.value)
@@ -266,9 +363,8 @@ def test_golden_of_a_quantized_model(tmp_path: Path) -> None:
     assert attrs["loss"] > 0
 
 
-def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
-    """ONE-style uint8: asymmetric per-tensor weights re-quantized with a zero point; after
-    SGD steps LiteRT on the export agrees per operator within 1 step."""
+def _uint8_conv_model() -> bytes:
+    """ONE-style uint8: CONV_2D (asymmetric per-tensor weights, RELU) and MAX_POOL_2D."""
     b = cj.Builder()
     x = b.input("x", (1, 4, 4, 2), "uint8", quantization=(0.02, 128))
     rng = np.random.default_rng(1)
@@ -282,7 +378,15 @@ def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
     y = b.op("MAX_POOL_2D", [y], {"padding": "VALID", "filter_width": 2, "filter_height": 2,
                                   "stride_w": 2, "stride_h": 2}, quantization=[(0.05, 10)])
     b.output(y)
-    model = cj.load(b.to_bytes("tflite"), qat=True)
+    return b.to_bytes("tflite")
+
+
+def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
+    """ONE-style uint8: asymmetric per-tensor weights re-quantized with a zero point (traced
+    in the integer forward); after SGD steps LiteRT on the export computes every tensor the
+    simulation does."""
+    model = cj.load(_uint8_conv_model(), qat=True)
+    rng = np.random.default_rng(1)
     xs = rng.uniform(-2.5, 2.5, (3, 1, 4, 4, 2)).astype(np.float32)
     target = rng.uniform(0, 5, (1, 2, 2, 3)).astype(np.float32)
 
@@ -297,14 +401,30 @@ def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
     exported = model.export(params)
     sg = read_model(exported).main
     assert sg.tensors[1].quantization.zero_point != (120,)  # re-quantized asymmetric
-    lite = _litert(exported, _as_input(model, xs[0]))
-    want = {t.index: _real(t, lite[t.name]) for t in sg.tensors
-            if t.data is None and t.index not in sg.inputs}
-    own = forced(jax.jit(model.tensors), params, xs[0], want, 2)
-    assert len(own) == 2  # CONV_2D's and MAX_POOL_2D's outputs
-    for i, got in own.items():
-        steps = np.abs(got - want[i]) / sg.tensors[i].quantization.scale[0]
-        assert steps.max() <= 1.01, (sg.tensors[i].name, steps.max())
+    want = _litert_reals(model, exported, xs[0])
+    got = jax.jit(model.tensors)(params, xs[0])[1]
+    compared = [i for i in want if i in got]
+    assert len(compared) == 3  # the input, CONV_2D's and MAX_POOL_2D's outputs
+    for i in compared:
+        steps = np.abs(np.asarray(got[i]) - want[i]) / sg.tensors[i].quantization.scale[0]
+        assert steps.max() <= 1e-3, (sg.tensors[i].name, steps.max())
+
+
+def test_qat_forward_option_and_refusals() -> None:
+    """An unknown ``qat_forward`` and a quantized constant the integer forward cannot
+    re-quantize (an ADD operand) are refused in one line; the float forward takes it."""
+    with pytest.raises(ValueError, match="qat_forward 'int8'") as e:
+        cj.load(_fc_model(), qat=True, qat_forward="int8")
+    b = cj.Builder()
+    x = b.input("x", (1, 4), "int8", quantization=(0.05, 3))
+    c = b.constant("c", np.arange(4, dtype=np.int8).reshape(1, 4), quantization=(0.1, 0))
+    b.output(b.op("ADD", [x, c], quantization=[(0.1, -1)]))
+    with pytest.raises(cj.UnsupportedOperatorError, match="operator 0 .ADD. reads quantized "
+                       "constant 'c'") as e2:
+        cj.load(b.to_bytes("tflite"), qat=True)
+    assert "\n" not in str(e.value) + str(e2.value)
+    model = cj.load(b.to_bytes("tflite"), qat=True, qat_forward="fake_quant")
+    assert model.qat_forward == "fake_quant"
 
 
 def test_eval_scores_the_integer_model_unless_told_qat(tmp_path: Path, capsys,

@@ -105,16 +105,17 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
 
 def load_options(ns: argparse.Namespace, qat: bool | None = True) -> dict[str, Any]:
     """`circle_jax.load` keywords from --numerics, --tie_shared_weights, --add_missing_bias,
-    --signature, --dequantize, --qat and the personalizing flags (--new_head, --lora, ... with
-    --seed). ``qat`` is the load's ``qat=`` when --qat is not given: True where weights
-    train or come from a QAT run; None (the file's integer kernels, exact to LiteRT) to
-    score the file as it is."""
+    --signature, --dequantize, --qat, --qat_forward and the personalizing flags
+    (--new_head, --lora, ... with --seed). ``qat`` is the load's ``qat=`` when --qat is not
+    given: True where weights train or come from a QAT run; None (the file's integer
+    kernels, exact to LiteRT) to score the file as it is."""
     options = {"numerics": ns.numerics or "onert",
                "tie_shared_weights": True if ns.tie_shared_weights else None,
                "add_missing_bias": ns.add_missing_bias,
                "signature": ns.signature,
                "dequantize": True if getattr(ns, "dequantize", False) else None,
-               "qat": {"on": True, "off": False}.get(getattr(ns, "qat", None), qat)}
+               "qat": {"on": True, "off": False}.get(getattr(ns, "qat", None), qat),
+               "qat_forward": getattr(ns, "qat_forward", None) or "integer"}
     if getattr(ns, "lora", 0) is None and (ns.lora_alpha is not None
                                            or ns.lora_targets is not None
                                            or ns.export_unmerged):

@@ -210,6 +210,10 @@ def add_load_arguments(g: Any) -> None:
           "kernels",
           help="a fully quantized (integer) model trains by quantization-aware training and "
           "exports as an integer model (on), or trains dequantized in float (off)")
+    _flag(g, "--qat_forward", choices=["integer", "fake_quant"], default="integer",
+          help="QAT's forward values: the integer kernels', what the exported file computes "
+          "(integer), or the fake-quant float graph's (fake_quant); gradients are the "
+          "fake-quant graph's either way")
 
 
 def add_personalize_arguments(g: Any, seed: bool = False) -> None:

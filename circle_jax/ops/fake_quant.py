@@ -135,3 +135,24 @@ def fake_quant_bias(b: Array, scale: Array, g: Grid) -> Array:
     """``b`` re-quantized at ``scale`` and dequantized, with a straight-through gradient."""
     real = quantize_bias(b, scale, g) * scale.reshape((-1,) if scale.ndim else ())
     return b + jax.lax.stop_gradient(real - b)
+
+
+def to_integers(x: Array, scale: float, zero_point: int, qmin: int, qmax: int,
+                dtype: str) -> Array:
+    """The integers of real values ``x`` (no gradient): ``clip(round(x / scale) + zp)`` in
+    ``dtype``; exact for values on the grid, as the simulation's activations are."""
+    v = jax.lax.stop_gradient(x) / np.float32(scale)
+    return jnp.clip(_round(v) + np.float32(zero_point), qmin, qmax).astype(dtype)
+
+
+def from_integers(q: Array, scale: float, zero_point: int) -> Array:
+    """The real values ``scale * (q - zp)`` of integers ``q``, float32."""
+    return (q.astype(jnp.float32) - np.float32(zero_point)) * np.float32(scale)
+
+
+def straight_through(value: Array, differentiated: Array) -> Array:
+    """``value`` in the forward (exactly: ``differentiated - differentiated`` is 0), the
+    gradient of ``differentiated`` in the backward, in ``differentiated``'s dtype (a half
+    compute dtype rounds ``value`` to it)."""
+    d = differentiated
+    return jax.lax.stop_gradient(value.astype(d.dtype)) + (d - jax.lax.stop_gradient(d))

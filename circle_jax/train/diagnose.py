@@ -74,7 +74,7 @@ def first_non_finite(trainer: Trainer, params: dict, frozen: dict, x: Sequence[A
 def _lowered(trainer: Trainer) -> Lowered:
     """The model lowered as the trainer's forward is (its lowering changes)."""
     model = trainer.model
-    return Lowered(model.ir, replace(model.lowering, **trainer.lowering_changes))
+    return model.lower_graph(model.ir, replace(model.lowering, **trainer.lowering_changes))
 
 
 def _finite_flags(trainer: Trainer, lowered: Lowered, trainable: dict, frozen: dict,

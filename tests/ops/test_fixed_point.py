@@ -3,6 +3,8 @@ random int32 values over the whole range and random multipliers and shifts."""
 
 from __future__ import annotations
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -16,6 +18,8 @@ from circle_jax.ops.integer.fixed_point import (
     multiply_by_quantized_multiplier_single,
     multiply_by_quantized_multiplier_wide,
     quantize_multiplier,
+    quantize_multipliers,
+    quantize_scale_ratio,
     rounding_doubling_high_mul,
 )
 
@@ -105,3 +109,51 @@ def test_quantize_multiplier() -> None:
     assert quantize_multiplier(1e-12) == (0, 0)  # below 2**-31: LiteRT's multiplier is 0
     m, shift = quantize_multiplier(0.3)
     assert abs(m * 2.0 ** (shift - 31) - 0.3) < 2**-31
+
+
+def _exact_ties(n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Scales whose ratio ``a * b / c`` is exactly a half-point of the 31-bit multiplier
+    (a 32-bit significand ending in 1, c a power of two): the roundings' ties."""
+    a, b = [], []
+    while len(a) < n:
+        ma, mb = int(rng.integers(2**23, 2**24)), int(rng.integers(2**8, 2**9)) << 15
+        p = ma * mb
+        if p.bit_length() - ((p & -p).bit_length() - 1) == 32:
+            a.append(ma * 2.0**-23)
+            b.append(mb * 2.0**-40)
+    c = rng.choice([1.0, 0.5, 2.0**-6], n)
+    return (np.array(a, np.float32), np.array(b, np.float32), c.astype(np.float32))
+
+
+def test_traced_scale_ratio_is_quantize_multiplier_of_the_double_ratio() -> None:
+    """The traced (m, shift) of ``double(a) * double(b) / double(c)``, computed in 32-bit
+    integers, equals the double computation bit for bit: random scales over 2**-20..2**4
+    ratios and exact ties."""
+    n = 20000
+    a = (rng.uniform(0.5, 2, n) * 2.0 ** rng.integers(-12, 0, n)).astype(np.float32)
+    b = (rng.uniform(0.5, 2, n) * 2.0 ** rng.integers(-14, -2, n)).astype(np.float32)
+    c = (rng.uniform(0.5, 2, n) * 2.0 ** rng.integers(-10, 2, n)).astype(np.float32)
+    ties = _exact_ties(200)
+    a, b, c = (np.concatenate([u, v]) for u, v in zip((a, b, c), ties))
+    m, shift = jax.jit(quantize_scale_ratio)(a, b, c)
+    want_m, want_shift = quantize_multipliers(a.astype(np.float64) * b.astype(np.float64)
+                                              / c.astype(np.float64))
+    assert np.array_equal(np.asarray(m), want_m)
+    assert np.array_equal(np.asarray(shift), want_shift)
+
+
+def test_traced_multipliers_round_as_static_ones() -> None:
+    """The rescalings given traced (m, shift), as a QAT step's re-quantized weights give
+    them, equal the static ones (right and left shifts)."""
+    x = X.astype(np.int32)[:500] >> 8
+    for real in (3e-5, 0.4, 1.7):
+        m, shift = quantize_multiplier(real)
+        for fn, extra in ((multiply_by_quantized_multiplier, ("away",)),
+                          (multiply_by_quantized_multiplier, ("up",)),
+                          (multiply_by_quantized_multiplier_single, ()),
+                          (multiply_by_quantized_multiplier_wide, ())):
+            if shift > 0 and fn is not multiply_by_quantized_multiplier:
+                continue  # LiteRT's 16-bit variants take multipliers below one
+            traced = jax.jit(lambda v, mm, ss: fn(v, mm, ss, *extra))  # noqa: B023
+            got = traced(x, jnp.int32(m), jnp.int32(shift))
+            assert np.array_equal(np.asarray(got), np.asarray(fn(x, m, shift, *extra)))

@@ -29,10 +29,16 @@ LiteRT, and here in a 64-bit pair of words built exactly from int32 matmuls of t
 bytes (:func:`_matmul_i64`), rescaled by LiteRT's int64 variant
 (:func:`~.fixed_point.multiply_by_quantized_multiplier_i64`). LiteRT has no uint8 or
 int8 x int16 kernel: refused.
+
+A weight may come as a :class:`~.params.Requantized` (quantization-aware training's integer
+forward, which re-quantizes the weights inside the traced step): its traced scales give
+traced multipliers, computed exactly as the double-precision ones
+(:func:`~.fixed_point.quantize_scale_ratio`), and its traced zero point is subtracted.
 """
 
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Any
 
 import jax.numpy as jnp
@@ -57,9 +63,10 @@ from .fixed_point import (
     multiply_by_quantized_multiplier_wide,
     quantize_multiplier,
     quantize_multipliers,
+    quantize_scale_ratio,
     saturate,
 )
-from .params import QParams, activation_range, as_int32, qparams
+from .params import QParams, Requantized, activation_range, as_int32, qparams
 
 Array = Any
 
@@ -141,8 +148,12 @@ def _bias_tensor(ctx: OpContext) -> Any:
     return ctx.inputs[bi] if bi < len(ctx.inputs) else None
 
 
-def _multipliers(x: QParams, w: QParams, y: QParams) -> tuple[np.ndarray, np.ndarray]:
-    """Per output channel (m, shift) of x_scale * w_scale[c] / y_scale, in double."""
+def _multipliers(x: QParams, w: QParams, y: QParams) -> tuple[Any, Any]:
+    """Per output channel (m, shift) of x_scale * w_scale[c] / y_scale, in double (traced
+    scales of re-quantized weights: :func:`~.fixed_point.quantize_scale_ratio`, exact)."""
+    if not isinstance(w.scale, np.ndarray):
+        m, shift = quantize_scale_ratio(np.float32(x.s), w.scale, np.float32(y.s))
+        return m.reshape(-1), shift.reshape(-1)
     real = np.float64(x.s) * w.scale.astype(np.float64) / np.float64(y.s)
     return quantize_multipliers(real.reshape(-1))
 
@@ -165,13 +176,24 @@ def _rescale(ctx: OpContext, acc: Array, b: Any, x: QParams, w: QParams, y: QPar
 def _offset(v: Any, q: QParams) -> Array:
     """``v - zero_point`` as int32 (per-tensor zero points; int8 weights have 0)."""
     v = as_int32(v)
+    if not isinstance(q.zero_point, np.ndarray):  # traced: a re-quantized weight's
+        return v - jnp.asarray(q.zero_point).reshape(-1)[0].astype(jnp.int32)
     return v - q.zp if q.zp else v
+
+
+def _weights(w: Any, q: QParams) -> tuple[Any, QParams]:
+    """A weight's integers and parameters: the file's, or those of a :class:`Requantized`
+    weight (QAT's integer forward)."""
+    if isinstance(w, Requantized):
+        return w.values, replace(q, scale=w.scale, zero_point=w.zero_point)
+    return w, q
 
 
 @register("CONV_2D", "DEPTHWISE_CONV_2D", check=check_weighted, integer=True)
 def spatial_conv(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
     """Integer CONV_2D / DEPTHWISE_CONV_2D (layouts and geometry as the float kernels)."""
     xq, wq, yq = _weight_params(ctx)
+    w, wq = _weights(w, wq)
     xs = _offset(x, xq)
     ws, g = spatial_geometry(ctx, xs, _offset(w, wq))
     return _rescale(ctx, conv(xs, ws, g), b, xq, wq, yq)
@@ -181,6 +203,7 @@ def spatial_conv(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
 def fully_connected(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
     """Integer FULLY_CONNECTED: rows of ``in`` values times weights [out, in]."""
     xq, wq, yq = _weight_params(ctx)
+    w, wq = _weights(w, wq)
     rows = dense_rows(ctx, _offset(x, xq), w)
     acc = lax.dot_general(rows, _offset(w, wq), (((rows.ndim - 1,), (1,)), ((), ())),
                           preferred_element_type=jnp.int32)
@@ -192,6 +215,7 @@ def transpose_conv(ctx: OpContext, output_shape: Any, w: Array, x: Array, b: Arr
                    ) -> Array:
     """Integer TRANSPOSE_CONV: inputs (output_shape, filter [O, H, W, I], input, bias?)."""
     xq, wq, yq = _weight_params(ctx)
+    w, wq = _weights(w, wq)
     xs = _offset(x, xq)
     g = transpose_geometry(ctx, xs, w, output_shape)
     return _rescale(ctx, transpose_conv_2d(xs, _offset(w, wq), g), b, xq, wq, yq)

@@ -152,6 +152,49 @@ def mbqm(x: int, m: int, shift: int) -> int:
 
 # ----------------------------------------------------------------------------- traced side
 
+def quantize_scale_ratio(a: Array, b: Array, c: Array) -> tuple[Array, Array]:
+    """:func:`quantize_multiplier` of ``double(a) * double(b) / double(c)`` for traced
+    float32 scales (normal, positive; a weight scale re-quantized inside a training step),
+    as int32 (m, shift) arrays, exactly: no float64 under JAX's 32-bit mode.
+
+    With ``a = ma * 2**ea`` (24-bit integer ``ma``) and likewise ``b``, ``c``, the ratio is
+    ``ma * mb / mc * 2**(ea + eb - ec)``. The long division ``floor(ma * mb * 2**32 / mc)``
+    (bytes of the 80-bit dividend, remainders below 2**24) gives the 54 leading bits ``Q``
+    of the ratio, ``X = Q / 2**23`` in [2**30, 2**31). Rounding the ratio to double (to
+    nearest even, 53 bits) and then ``frac * 2**31`` half away from zero (LiteRT's two
+    roundings) rounds up exactly when ``X >= n + 1/2 - 2**-23`` (the double that lies half
+    an ulp below a half-point is rounded onto it): ``m = floor((Q + 2**22 + 1) / 2**23)``.
+    """
+    def split(s: Array) -> tuple[Array, Array]:
+        bits = lax.bitcast_convert_type(jnp.asarray(s, jnp.float32), jnp.uint32)
+        exp = (bits >> 23).astype(jnp.int32) - 150
+        return (bits & jnp.uint32(0x7FFFFF)) | jnp.uint32(0x800000), exp
+
+    (ma, ea), (mb, eb), (mc, ec) = split(a), split(b), split(c)
+    ma, mb, mc = jnp.broadcast_arrays(ma, mb, mc)
+    p_hi, p_lo = _mul_u64(ma, mb)  # < 2**48
+    digits = [p_hi >> 8, p_hi & 0xFF, p_lo >> 24, (p_lo >> 16) & 0xFF, (p_lo >> 8) & 0xFF,
+              p_lo & 0xFF] + [jnp.zeros_like(p_lo)] * 4
+    rem = hi = lo = jnp.zeros_like(p_lo)
+    for d in digits:  # quotient < 2**57: (hi, lo) never overflows
+        cur = (rem << 8) | d
+        q = cur // mc
+        rem = cur - q * mc
+        hi, lo = (hi << 8) | (lo >> 24), (lo << 8) | q
+    top = 63 - lax.clz(hi).astype(jnp.int32)  # the leading bit: 54, 55 or 56
+    j = _u32(top - 53)
+    q_lo, q_hi = (lo >> j) | (hi << (32 - j)), hi >> j  # Q in [2**53, 2**54)
+    q_hi, q_lo = _add_u64(q_hi, q_lo, jnp.uint32(0), jnp.uint32((1 << 22) + 1))
+    m = ((q_hi << 9) | (q_lo >> 23)).astype(jnp.int32)  # may be 2**31: wraps negative
+    shift = top - 31 + (ea + eb - ec)
+    carry = m == jnp.int32(INT32_MIN)
+    m = jnp.where(carry, jnp.int32(1 << 30), m)
+    shift = shift + carry.astype(jnp.int32)
+    small = shift < -31
+    return jnp.where(small, 0, m), jnp.where(small, 0, shift)
+
+
+
 
 def _u32(x: Array) -> Array:
     return jnp.asarray(x).astype(jnp.uint32)
@@ -191,23 +234,27 @@ def rounding_doubling_high_mul(a: Array, m: Array) -> Array:
 def multiply_by_quantized_multiplier_single(x: Array, m: Any, shift: Any) -> Array:
     """``x * m * 2**(shift - 31)`` rounded once, to nearest with ties toward +infinity:
     ``(x * m + 2**(t-1)) >> t`` over 64 bits with ``t = 31 - shift`` (LiteRT's 16x8
-    FULLY_CONNECTED). Exact: the 62-bit product is formed from 16-bit halves."""
-    m = np.asarray(m, np.int64)
-    t = (31 - np.asarray(shift, np.int64))
-    if np.any(t < 1) or np.any(t > 62):
-        raise ValueError(f"shift {shift} is out of range")
+    FULLY_CONNECTED). Exact: the 62-bit product is formed from 16-bit halves. ``m`` and
+    ``shift`` static or traced."""
+    if _static(m, shift):
+        t = 31 - np.asarray(shift, np.int64)
+        if np.any(t < 1) or np.any(t > 62):
+            raise ValueError(f"shift {shift} is out of range")
+    t = jnp.clip(31 - jnp.asarray(shift, jnp.int32), 1, 62)
     x = jnp.asarray(x, jnp.int32)
     neg = x < 0
-    hi, lo = _mul_u64(_u32(jnp.where(neg, -x, x)), _u32(m.astype(np.uint32)))
+    m = np.asarray(m, np.int64).astype(np.uint32) if _static(m) else m
+    hi, lo = _mul_u64(_u32(jnp.where(neg, -x, x)), _u32(m))
     # floor((x*m + 2**(t-1)) / 2**t) = sign * floor((|x|*m + 2**(t-1) - [x<0]) / 2**t)
-    half = np.left_shift(np.int64(1), t - 1)
-    n_hi, n_lo = (half >> 32).astype(np.uint32), (half & 0xFFFFFFFF).astype(np.uint32)
-    m_hi, m_lo = ((half - 1) >> 32).astype(np.uint32), ((half - 1) & 0xFFFFFFFF).astype(
-        np.uint32)
+    e = t - 1  # 2**e as (hi, lo) words, and 2**e - 1
+    low = e < 32
+    n_hi = jnp.where(low, jnp.uint32(0), jnp.uint32(1) << _u32(jnp.clip(e - 32, 0, 31)))
+    n_lo = jnp.where(low, jnp.uint32(1) << _u32(jnp.clip(e, 0, 31)), jnp.uint32(0))
+    m_hi = jnp.where(low, jnp.uint32(0), n_hi - 1)
+    m_lo = jnp.where(low, n_lo - 1, jnp.uint32(0xFFFFFFFF))
     hi, lo = _add_u64(hi, lo, jnp.where(neg, m_hi, n_hi), jnp.where(neg, m_lo, n_lo))
-    tt = jnp.asarray(t.astype(np.int32))
-    low_part = (hi << _u32(jnp.clip(32 - tt, 0, 31))) | (lo >> _u32(jnp.clip(tt, 0, 31)))
-    q = jnp.where(tt >= 32, hi >> _u32(jnp.clip(tt - 32, 0, 31)), low_part).astype(jnp.int32)
+    low_part = (hi << _u32(jnp.clip(32 - t, 0, 31))) | (lo >> _u32(jnp.clip(t, 0, 31)))
+    q = jnp.where(t >= 32, hi >> _u32(jnp.clip(t - 32, 0, 31)), low_part).astype(jnp.int32)
     return jnp.where(neg, -q, q)
 
 
@@ -230,33 +277,48 @@ def rounding_divide_by_pot_up(x: Array, exponent: Array) -> Array:
     return (x >> e) + jnp.where(e > 0, half, 0)
 
 
+def _static(*values: Any) -> bool:
+    """Whether every value is a Python or numpy number (not traced)."""
+    return all(isinstance(v, (int, np.integer, np.ndarray)) for v in values)
+
+
 def multiply_by_quantized_multiplier(x: Array, m: Any, shift: Any, ties: str = "away"
                                      ) -> Array:
     """``x * m * 2**(shift - 31)`` with LiteRT's two roundings (int32 ``x``; ``m`` and
-    ``shift`` static ints or arrays broadcasting against ``x``). ``ties="up"``: the final
-    shift rounds ties toward +infinity, as ruy's x86 kernels do (LiteRT's GEMM-based
-    kernels, see ``conv.py``)."""
+    ``shift`` static ints or arrays, or traced int32 arrays, broadcasting against ``x``).
+    ``ties="up"``: the final shift rounds ties toward +infinity, as ruy's x86 kernels do
+    (LiteRT's GEMM-based kernels, see ``conv.py``)."""
+    x = jnp.asarray(x, jnp.int32)
+    divide = rounding_divide_by_pot_up if ties == "up" else rounding_divide_by_pot
+    if not _static(m, shift):
+        shift = jnp.asarray(shift, jnp.int32)
+        x = x * (jnp.int32(1) << jnp.maximum(shift, 0))
+        return divide(rounding_doubling_high_mul(x, _u32(m)), jnp.maximum(-shift, 0))
     m = np.asarray(m, np.int64)
     shift = np.asarray(shift, np.int64)
     left = np.maximum(shift, 0).astype(np.int32)
     right = np.maximum(-shift, 0).astype(np.int32)
-    x = jnp.asarray(x, jnp.int32)
     if np.any(left):
         x = x * (jnp.int32(1) << jnp.asarray(left))
     y = rounding_doubling_high_mul(x, m.astype(np.uint32))
     if not np.any(right):
         return y
-    return (rounding_divide_by_pot_up if ties == "up" else rounding_divide_by_pot)(y, right)
+    return divide(y, right)
 
 
 def multiply_by_quantized_multiplier_wide(x: Array, m: Any, shift: Any) -> Array:
     """LiteRT's int64-input variant on an int32 ``x``: ``(x * m15 + 2**(t-1)) >> t`` with
     ``m15`` the 15-bit multiplier and ``t = 15 - shift`` (round half up). Exact: the 47-bit
-    product is formed from 16-bit halves of ``x``."""
-    m15 = reduced_multiplier(m)
-    total = (15 - np.asarray(shift, np.int64)).astype(np.int32)
-    if np.any(total < 1) or np.any(total > 46):
-        raise ValueError(f"shift {shift} is out of LiteRT's range for 16-bit kernels")
+    product is formed from 16-bit halves of ``x``. ``m`` and ``shift`` static or traced."""
+    if _static(m, shift):
+        m15 = reduced_multiplier(m)
+        total = (15 - np.asarray(shift, np.int64)).astype(np.int32)
+        if np.any(total < 1) or np.any(total > 46):
+            raise ValueError(f"shift {shift} is out of LiteRT's range for 16-bit kernels")
+    else:
+        m = jnp.asarray(m, jnp.int32)  # in [0, 2**31): (m + 2**15) >> 16 without overflow
+        m15 = jnp.where(m < 0x7FFF0000, (m >> 16) + ((m >> 15) & 1), 0x7FFF)
+        total = jnp.clip(15 - jnp.asarray(shift, jnp.int32), 1, 46)
     x = jnp.asarray(x, jnp.int32)
     # x * m15 = xh * m15 * 2**16 + xl * m15, with xl in [0, 2**16) and |xh| < 2**15
     xh, xl = x >> 16, x & 0xFFFF

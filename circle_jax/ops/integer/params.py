@@ -8,7 +8,7 @@ gives a tensor's parameters, or a one-line refusal naming the tensor when it has
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, NamedTuple
 
 import numpy as np
 
@@ -55,6 +55,17 @@ class QParams:
     @property
     def np_dtype(self) -> np.dtype:
         return np.dtype(self.dtype)
+
+
+class Requantized(NamedTuple):
+    """A weight given to an integer kernel with parameters computed in the traced step (the
+    integer forward of quantization-aware training re-quantizes the weights from their
+    float masters at every step, `circle_jax.lower`): its integers and its traced scales and
+    zero points, which replace the file's."""
+
+    values: Any
+    scale: Any
+    zero_point: Any
 
 
 def qparams(ctx: OpContext, where: str, index: int = 0, *,
