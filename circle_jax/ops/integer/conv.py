@@ -80,14 +80,19 @@ _WIDE_LIMIT = (1 << 31) - 1
 
 def _ties(key: str, dtype: str) -> str:
     """How the final shift of the output rescaling rounds ties in LiteRT's default kernel:
-    toward +infinity in its 8-bit GEMMs (ruy's x86 kernels: CONV_2D, FULLY_CONNECTED,
-    TRANSPOSE_CONV) and its int8 depthwise kernel, away from zero elsewhere (uint8
-    DEPTHWISE_CONV_2D, BATCH_MATMUL, 16x8). Measured against LiteRT on ~75,000 outputs: the
-    other rule differs in 1 to 3 outputs per thousand."""
+    toward +infinity in its 8-bit GEMMs (ruy's x86 kernels: CONV_2D, FULLY_CONNECTED, uint8
+    TRANSPOSE_CONV) and its int8 depthwise kernel, away from zero elsewhere (int8
+    TRANSPOSE_CONV, which rescales after its col2im, uint8 DEPTHWISE_CONV_2D, BATCH_MATMUL,
+    16x8). Measured against LiteRT on ~75,000 outputs: the other rule differs in 1 to 3
+    outputs per thousand; TRANSPOSE_CONV on 100 random cases per type
+    (tests/ops/test_ops_integer_conv.py's case, seeds 0-99): int8 per tensor and per channel
+    "up" fails 10 and 8, "away" none; uint8 "away" fails 18, "up" none."""
     if dtype == "int16" or key == "BATCH_MATMUL":
         return "away"
     if key == "DEPTHWISE_CONV_2D":
         return "up" if dtype == "int8" else "away"
+    if key == "TRANSPOSE_CONV":
+        return "away" if dtype == "int8" else "up"
     return "up"
 
 
