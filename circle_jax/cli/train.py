@@ -278,7 +278,7 @@ class Reporter:
     """Prints each epoch's line as it ends; on a terminal, a "compiling…" line on stderr
     while the epochs compile, then a bar of the epochs (tqdm, stderr) that the epoch lines
     print above. The bar advances per epoch, from the host: the compiled epochs hold no
-    host callback, so a traced epoch is kept by the program cache in a terminal too."""
+    host callback, so a compiled epoch is kept by the program cache in a terminal too."""
 
     def __init__(self, run: TrainRun, epochs: int, clock: Clock, log: Log) -> None:
         self.run, self.epochs, self.clock, self.log = run, epochs, clock, log
@@ -340,7 +340,7 @@ class Reporter:
 def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,
          log: Log, cache: str) -> Any:
     """Train, printing epoch lines as they end; the fit result. With the compile cache on,
-    the traced epochs are kept beside it (`circle_jax.train.programs`)."""
+    the compiled programs are kept beside it (`circle_jax.train.programs`)."""
     from circle_jax.distributed import DataParallel
     from circle_jax.train import Trainer, fit
     from circle_jax.train.programs import ProgramCache

@@ -63,8 +63,9 @@ class Trainer:
         #: compute the steps' data-only work for a whole epoch before its loop
         #: (`circle_jax.hoisting`; set before the first epoch compiles)
         self.hoist = True
-        #: where traced epochs are kept between runs (`circle_jax.train.programs`; None:
-        #: traced every run). Used when no progress callback is set and on one device.
+        #: where compiled programs are kept between runs (`circle_jax.train.programs`;
+        #: None: traced and compiled every run). Used when no progress callback is set and
+        #: on one device.
         self.program_cache: ProgramCache | None = None
         self.placement = placement
         #: the platform the epochs run on ("cpu", "gpu", ...)
