@@ -9,10 +9,10 @@ the executable under a key that needs neither: the compiled program, serialized 
 keyed by the caller's description of the model and configuration, the program's name, the
 arguments' tree, shapes and dtypes, the JAX and jaxlib versions, the settings that change
 a trace (64-bit mode, default matmul precision), the device (backend, kind, platform
-version), ``XLA_FLAGS`` and circle_jax's own source. A run with the
-same key loads the executable: no trace, no lowering, no compile. An entry that cannot be
-read or loaded (damaged, or compiled for CPU features this machine lacks: XLA refuses such
-an executable) is compiled again and rewritten; a program that cannot be serialized is
+version), ``XLA_FLAGS`` and circle_jax's own source. A run with the same key loads the
+executable: no trace, no lowering, no compile. An entry that cannot be read or loaded
+(damaged; or compiled for CPU features this machine lacks, which XLA's CPU loader checks
+and refuses) is compiled again and rewritten; a program that cannot be serialized is
 compiled as usual and not kept. Programs with host callbacks (a progress bar) or sharded
 arguments are not cached (`Trainer` does not ask). An entry is machine code: a cache
 directory is as trusted as the code that reads it. Measurements: benchmarks/README.md.
