@@ -7,12 +7,18 @@ Each variant is the same ``fit`` epoch (categorical crossentropy, SGD at 0.01, o
 settings) compiled differently; the compiled epochs then run in alternating order, so that
 every variant meets the same machine state (the development VM switches between two speeds
 from one second to the next: see README.md). Prints, per variant, the median ms/step and
-the median of its per-epoch ratio to the first variant's epoch that ran just before it.
+the median of its per-epoch ratio to the first variant's epoch that ran just before it,
+and the wall time of its compile (compiled first to last, so run it twice in the other
+order before reading a difference in compile time).
 
 Variants:
 - ``default``: what ``fit`` compiles (``train.CPU_COMPILER_OPTIONS``, automatic lowerings);
 - ``mlir-emitters``: XLA's default (MLIR) fusion emitters instead of the classic ones;
-- ``conv-xla`` / ``conv-im2col``: every convolution forced to that lowering.
+- ``conv-xla`` / ``conv-im2col``: every convolution forced to that lowering;
+- ``llvm-cheap``: the default with ``xla_llvm_disable_expensive_passes`` (XLA skips LLVM's
+  costliest optimization passes), ``opt1`` / ``opt0``: the default at LLVM optimization
+  level 1 / 0 (``xla_backend_optimization_level``; XLA's default is 2), ``no-slp``: without
+  LLVM's SLP vectorizer: options that may cut compile time (and cost step time).
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -40,6 +46,11 @@ VARIANTS = {  # name -> (compiler options, forced convolution lowering)
     "mlir-emitters": ({}, None),
     "conv-xla": (train.CPU_COMPILER_OPTIONS, "xla"),
     "conv-im2col": (train.CPU_COMPILER_OPTIONS, "im2col"),
+    "llvm-cheap": ({**train.CPU_COMPILER_OPTIONS, "xla_llvm_disable_expensive_passes": True},
+                   None),
+    "opt1": ({**train.CPU_COMPILER_OPTIONS, "xla_backend_optimization_level": 1}, None),
+    "opt0": ({**train.CPU_COMPILER_OPTIONS, "xla_backend_optimization_level": 0}, None),
+    "no-slp": ({**train.CPU_COMPILER_OPTIONS, "xla_cpu_disable_slp_vectorizer": True}, None),
 }
 
 
@@ -61,8 +72,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=12)
     ap.add_argument("--variants", default="default,mlir-emitters,conv-xla")
+    ap.add_argument("--samples", type=int, default=0, help="train on the first N (0: all)")
     args = ap.parse_args()
     model, x, y = data(args.model)
+    if args.samples:
+        x, y = x[:args.samples], y[:args.samples]
     steps = len(y) // args.batch
     xs, ys = batched((jnp.asarray(x),), jnp.asarray(y), args.batch, steps)
     runs = []
@@ -73,10 +87,13 @@ def main() -> None:
         trainer = Trainer(variant, loss=2, optimizer=1, learning_rate=0.01,
                           batch_size=args.batch)
         state, frozen = trainer.init()
+        t = time.perf_counter()
         epoch = trainer._compiled_epoch(state, frozen, xs, ys)
+        compile_ms = (time.perf_counter() - t) * 1000
         state, m = epoch(state, frozen, xs, ys)  # first execution, not timed
         jax.block_until_ready(m)
-        runs.append({"name": name, "epoch": epoch, "state": state, "frozen": frozen, "ms": []})
+        runs.append({"name": name, "epoch": epoch, "state": state, "frozen": frozen, "ms": [],
+                     "compile_ms": compile_ms})
     for _ in range(args.epochs):
         for r in runs:
             t = time.perf_counter()
@@ -88,7 +105,7 @@ def main() -> None:
     for r in runs:
         ratio = statistics.median(a / b for a, b in zip(r["ms"], base))
         print(f"  {r['name']:14s} {statistics.median(r['ms']):.4f} ms/step   "
-              f"x{ratio:.3f} of {runs[0]['name']}")
+              f"x{ratio:.3f} of {runs[0]['name']}   compiled in {r['compile_ms']:.0f} ms")
 
 
 if __name__ == "__main__":

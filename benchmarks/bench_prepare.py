@@ -1,12 +1,13 @@
 """PREPARE of a first and a repeated ``circle-jax train`` run of every shared model.
 
-    python benchmarks/bench_prepare.py [--models NAME,...] [--runs 3]
+    python benchmarks/bench_prepare.py [--models NAME,...] [--runs 3] [--batch B]
                                        [--settings mse-sgd,cce-adam-val-metric,...|all]
 
 Per model and setting: one fresh cache directory (``--compile_cache DIR``: JAX's persistent
 compilation cache and circle-jax's traced programs), then ``--runs`` runs of ``circle-jax
 train MODEL --epoch 1 --batch_size B --learning_rate 1e-5`` with the setting's flags in new
-processes on 4 x B random samples (B: the model's declared batch; integer inputs are zeros;
+processes on 4 x B random samples (B: ``--batch``, default the model's declared batch;
+``--batch 32 --settings mse-sgd`` is the command line's defaults; integer inputs are zeros;
 one-hot targets for cce), each run's PREPARE (reading the data, tracing and compiling the
 epoch) read from its timing summary, and the run's whole-process CPU time (user + system:
 loading, PREPARE and the epoch; on a loaded machine a steadier figure than wall time).
@@ -45,8 +46,10 @@ ALL = [f"{loss}-{opt}{val}{metric}" for loss in ("mse", "cce") for opt in ("sgd"
        for val in ("", "-val") for metric in ("", "-metric")]
 
 
-def _data(path: str, name: str, tmp: str, onehot: bool) -> tuple[str, str, int]:
-    """(inputs .npz, expected .npy, batch) of random data for the model at ``path``."""
+def _data(path: str, name: str, tmp: str, onehot: bool, batch: int = 0
+          ) -> tuple[str, str, int]:
+    """(inputs .npz, expected .npy, batch) of random data for the model at ``path``
+    (``batch`` 0: the model's declared batch)."""
     import circle_jax as cj
 
     model = cj.load(path)
@@ -54,7 +57,7 @@ def _data(path: str, name: str, tmp: str, onehot: bool) -> tuple[str, str, int]:
     scalar = [s.name for s, shape in zip(model.inputs, shapes, strict=True) if not shape]
     if scalar:
         raise ValueError(f"scalar input {scalar[0]!r}: no batch axis to fill")
-    batch = max(1, shapes[0][0])
+    batch = batch or max(1, shapes[0][0])
     n = 4 * batch  # with validation: 3 x B train, B validate
     rng = np.random.default_rng(0)
     xs = {s.name: (rng.standard_normal((n, *shape[1:])) if "float" in s.dtype
@@ -72,13 +75,13 @@ def _data(path: str, name: str, tmp: str, onehot: bool) -> tuple[str, str, int]:
     return xf, yf, batch
 
 
-def measure(name: str, setting: str, runs: int, tmp: str
+def measure(name: str, setting: str, runs: int, tmp: str, batch: int = 0
             ) -> tuple[list[float], list[float]] | str:
     """(each run's PREPARE in ms, each run's whole-process CPU time in s), or why not."""
     path = os.path.join(SHARED_MODELS, name)
     words = setting.split("-")
     try:
-        xf, yf, batch = _data(path, name, tmp, "cce" in words)
+        xf, yf, batch = _data(path, name, tmp, "cce" in words, batch)
     except Exception as e:  # noqa: BLE001 - reported in the table
         return f"{type(e).__name__}: {e}"[:120]
     cache = tempfile.mkdtemp(dir=tmp)
@@ -103,6 +106,8 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--models", default="", help="comma-separated (default: all shared)")
     ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--batch", type=int, default=0,
+                    help="batch size (default: the model's declared batch)")
     ap.add_argument("--settings", default="mse-sgd",
                     help="comma-separated (e.g. cce-adam-val-metric), or all")
     args = ap.parse_args()
@@ -118,7 +123,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             for setting in settings:
-                r = measure(name, setting, args.runs, tmp)
+                r = measure(name, setting, args.runs, tmp, args.batch)
                 if isinstance(r, str):
                     print(f"| {name} | {setting} | not trained: {r} | |", flush=True)
                     continue

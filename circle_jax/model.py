@@ -107,10 +107,10 @@ class Model:
         #: the model's traced programs depend on besides their arguments
         self.digest: str | None = None
         self.param_keys: dict[str, ParamKey] = dict(self._lowered.params)
-        self.params: dict[str, jax.Array] = {
-            name: jnp.asarray(model.subgraphs[k].tensors[i].data)
-            for name, (k, i) in self.param_keys.items()
-        }
+        # one transfer for all of them (an eager op per param would compile per shape)
+        self.params: dict[str, jax.Array] = jax.device_put({
+            name: model.subgraphs[k].tensors[i].data for name, (k, i) in self.param_keys.items()
+        })
         self.param_roles: dict[str, ParamRole] = classify_params(
             model, self.param_keys, self.numerics.trainable_policy)
         sg = model.main

@@ -59,9 +59,10 @@ class Timing:
     """The phases of a run in milliseconds, and what they hold.
 
     ``prepare_ms`` covers reading the data and compiling the training epoch (``compile_ms``
-    of it); ``execute_ms`` the epochs (steps, validation, checkpoint writes), compile
-    excluded; ``epoch_ms`` each epoch; ``first_epoch_note`` what epoch 1 holds beyond
-    steady-state steps (e.g. compiling the validation pass), empty when nothing.
+    of it; ``loaded``: its compiled programs all came from the cache); ``execute_ms`` the
+    epochs (steps, validation, checkpoint writes), compile excluded; ``epoch_ms`` each
+    epoch; ``first_epoch_note`` what epoch 1 holds beyond steady-state steps (e.g.
+    compiling the validation pass), empty when nothing.
     """
 
     load_ms: float
@@ -71,6 +72,7 @@ class Timing:
     compile_ms: float = 0.0
     cache: str = "off"  # "off", or the persistent compilation cache's directory
     first_epoch_note: str = ""
+    loaded: bool = False
 
 
 def timing_summary(t: Timing) -> str:
@@ -83,7 +85,9 @@ def timing_summary(t: Timing) -> str:
         lines.append(f"- {'Epoch ' + str(i + 1):12} takes {ms:.4f} ms{note}")
     lines.append(RULE)
     cache = "persistent cache off" if t.cache == "off" else f"persistent cache {t.cache}"
-    lines.append(f"(PREPARE: data + XLA compile of the training epoch {t.compile_ms:.1f} ms, "
+    epoch = ("the training epoch loaded from the cache" if t.loaded
+             else "XLA compile of the training epoch")
+    lines.append(f"(PREPARE: data + {epoch} {t.compile_ms:.1f} ms, "
                  f"{cache}; EXECUTE: the {len(t.epoch_ms)} epochs' steps, validation and "
                  "checkpoints, compile excluded)")
     return "\n".join(lines)
@@ -147,9 +151,10 @@ class CompileNotice:
             self._shown = True
             print(f"\r\033[K{self.what}… {elapsed:.0f} s", end="", file=sys.stderr, flush=True)
 
-    def stop(self, measured_ms: float | None = None) -> None:
+    def stop(self, measured_ms: float | None = None, what: str | None = None) -> None:
         """End the notice; with ``-v`` say how long it took (``measured_ms`` when the
-        caller measured the compile itself, else the time since ``start``)."""
+        caller measured the compile itself, else the time since ``start``), naming it
+        ``what`` when that is not what was announced (a compile that turned out a load)."""
         if self._stopped:
             return
         self._stopped = True
@@ -160,4 +165,4 @@ class CompileNotice:
                 clear_line(sys.stderr)
         if self.verbose:
             ms = elapsed_ms if measured_ms is None else measured_ms
-            print(f"{self.what}: done in {ms:.1f} ms", file=sys.stderr, flush=True)
+            print(f"{what or self.what}: done in {ms:.1f} ms", file=sys.stderr, flush=True)

@@ -47,6 +47,8 @@ class Clock:
     marks: dict[str, float] = field(default_factory=dict)
     epoch_ends: list[float] = field(default_factory=list)
     rss_kb: dict[str, int] = field(default_factory=dict)
+    #: whether the training epoch's programs were all loaded from the cache (none compiled)
+    loaded: bool = False
 
     def mark(self, phase: str) -> None:
         """Note the time and, for onert's phase names, the resident memory now."""
@@ -276,7 +278,7 @@ class Reporter:
     """Prints each epoch's line as it ends; on a terminal, a "compiling…" line on stderr
     while the epochs compile, then a bar of the epochs (tqdm, stderr) that the epoch lines
     print above. The bar advances per epoch, from the host: the compiled epochs hold no
-    host callback, so a traced epoch is kept by the program cache in a terminal too."""
+    host callback, so a compiled epoch is kept by the program cache in a terminal too."""
 
     def __init__(self, run: TrainRun, epochs: int, clock: Clock, log: Log) -> None:
         self.run, self.epochs, self.clock, self.log = run, epochs, clock, log
@@ -285,14 +287,24 @@ class Reporter:
                                         run.verbosity >= 1)
         self.bar: Any = None
         self.warned = False
+        #: the trainer's program cache (None: off), which says whether the epoch compiled
+        self.programs: Any = None
         if self.terminal:
             from tqdm import tqdm
 
             self.tqdm = tqdm
             tqdm.get_lock()  # made now (a few ms), not in epoch 1
 
+    @property
+    def loaded(self) -> bool:
+        """Whether every compiled program came from the program cache (nothing compiled)."""
+        return self.programs is not None and self.programs.hits > 0 and \
+            self.programs.misses == 0
+
     def on_start(self, h: Any) -> None:
-        self.notice.stop(h.compile_ms)
+        self.clock.loaded = self.loaded
+        self.notice.stop(h.compile_ms, "loading the compiled training epoch from the cache"
+                         if self.loaded else None)
         self.clock.mark("PREPARE")
         if self.terminal:
             self.bar = self.tqdm(total=self.epochs, unit="epoch", leave=False, file=sys.stderr,
@@ -328,7 +340,7 @@ class Reporter:
 def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,
          log: Log, cache: str) -> Any:
     """Train, printing epoch lines as they end; the fit result. With the compile cache on,
-    the traced epochs are kept beside it (`circle_jax.train.programs`)."""
+    the compiled programs are kept beside it (`circle_jax.train.programs`)."""
     from circle_jax.distributed import DataParallel
     from circle_jax.train import Trainer, fit
     from circle_jax.train.programs import ProgramCache
@@ -337,6 +349,7 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
     if cache != "off":
         trainer.program_cache = ProgramCache(os.path.join(cache, "programs"))
     rep = Reporter(run, cfg.epochs, clock, log)
+    rep.programs = trainer.program_cache
     clock.mark("fit")
     rep.notice.start()
     o = run.outputs
@@ -374,7 +387,7 @@ def _timing(clock: Clock, history: Any, cache: str, chunked: bool) -> out.Timing
                       prepare_ms=(compiled - clock.marks["MODEL_LOAD"]) * 1000,
                       execute_ms=(clock.epoch_ends[-1] - compiled) * 1000,
                       epoch_ms=epoch_ms, compile_ms=history.compile_ms, cache=cache,
-                      first_epoch_note=note)
+                      first_epoch_note=note, loaded=clock.loaded)
 
 
 def _export(run: TrainRun, model: Any, result: Any, log: Log) -> None:

@@ -4,7 +4,7 @@ and ``fit``, the one loop around them.
 Modules: `config` (what a run is, resolved once), `state` (the values passed around),
 `data` (checks, validation split, batches), `trainer` (the step, its data flow, and the
 compiled epochs), `loop` (``fit``: epochs, chunks, callbacks, resumption), `programs`
-(traced epochs kept on disk between runs), `dispatch` (CPU programs run on the calling
+(compiled programs kept on disk between runs), `dispatch` (CPU programs run on the calling
 thread), `memory` (freed host memory kept for the next call).
 """
 

@@ -1,32 +1,38 @@
-"""Traced training programs kept on disk, so that a repeated run skips tracing.
+"""Compiled training programs kept on disk, so that a repeated run neither traces nor compiles.
 
-Compiling an epoch first traces the model's training step in Python (over a second for a
-MobileNet), then XLA compiles it; JAX's persistent compilation cache saves only the second
-part. A :class:`ProgramCache` keeps the first: the traced program, serialized by
-``jax.export`` (StableHLO), stored under a key of everything the trace depends on: the
-caller's description of the model and configuration, the program's name, the arguments'
-tree, shapes and dtypes, the JAX and jaxlib versions, the settings that change a trace
-(64-bit mode, default matmul precision), the backend and circle_jax's own source. A run
-with the same key deserializes the program instead of tracing it, and XLA's compile of it
-then comes from JAX's persistent cache. An entry that cannot be read is traced again and
-rewritten; a program ``jax.export`` refuses is compiled as usual and not kept. Programs
-with host callbacks (a progress bar) or sharded arguments are not cached (`Trainer` does
-not ask). Measurements: benchmarks/README.md.
+Compiling an epoch first traces the model's training step in Python and lowers it to
+StableHLO (over a second for a MobileNet), then XLA compiles it. JAX's persistent
+compilation cache keeps only the compiled executable, under the hash of the lowered
+program: finding it needs the trace and the lowering again. A :class:`ProgramCache` keeps
+the executable under a key that needs neither: the compiled program, serialized by
+``jax.experimental.serialize_executable`` with the structure of its arguments and result,
+keyed by the caller's description of the model and configuration, the program's name, the
+arguments' tree, shapes and dtypes, the JAX and jaxlib versions, the settings that change
+a trace (64-bit mode, default matmul precision), the device (backend, kind, platform
+version), ``XLA_FLAGS`` and circle_jax's own source. A run with the same key loads the
+executable: no trace, no lowering, no compile. An entry that cannot be read or loaded
+(damaged; or compiled for CPU features this machine lacks, which XLA's CPU loader checks
+and refuses) is compiled again and rewritten; a program that cannot be serialized is
+compiled as usual and not kept. Programs with host callbacks (a progress bar) or sharded
+arguments are not cached (`Trainer` does not ask). An entry is machine code: a cache
+directory is as trusted as the code that reads it. Measurements: benchmarks/README.md.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import functools
 import hashlib
 import json
 import os
-from collections.abc import Callable, Sequence
+import pickle
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
 import jax
-from jax import export
+from jax.experimental import serialize_executable
 
 from ..formats.atomic import atomic_write
 
@@ -60,45 +66,42 @@ def describe_config(config: Any) -> str:
 
 
 class ProgramCache:
-    """Traced programs in ``directory`` (created when first written)."""
+    """Compiled programs in ``directory`` (created when first written)."""
 
     def __init__(self, directory: str | os.PathLike) -> None:
         self.directory = Path(directory)
-        #: programs read from the cache / traced and written by this object
+        #: programs loaded from the cache / compiled and written by this object
         self.hits = self.misses = 0
 
     def compiled(self, key: Sequence[str], fn: Callable[..., Any], args: tuple,
-                 out_tree: Any, compile: Callable[[Any], Callable[..., Any]]
-                 ) -> Callable[..., Any]:
-        """``fn(*args)`` compiled by ``compile`` (a ``jax.stages.Lowered`` → executable) from
-        the cached program for ``key`` and these arguments, or traced and cached now.
-        ``out_tree`` is the structure of ``fn``'s result (the program returns its leaves).
-        Returns a function of arguments shaped like ``args``."""
+                 compile: Callable[[jax.stages.Lowered], jax.stages.Compiled]
+                 ) -> jax.stages.Compiled:
+        """``fn`` compiled by ``compile`` (a ``jax.stages.Lowered`` → executable; ``key``
+        names its compiler options) for arguments shaped like ``args``: loaded from the
+        entry for ``key`` and those arguments, or traced, compiled and written now."""
         leaves, in_tree = jax.tree.flatten(args)
-        path = self.directory / f"{self._digest(key, in_tree, leaves)}.jaxexport"
-        program = self._read(path)
-        if program is None:
-            self.misses += 1
-
-            def flat(*xs: Any) -> list:
-                return jax.tree.leaves(fn(*jax.tree.unflatten(in_tree, xs)))
-
-            try:
-                program = export.export(jax.jit(flat))(*leaves)
-                data = program.serialize()
-            except Exception:  # noqa: BLE001 - a program jax.export cannot take: not kept
-                return compile(jax.jit(fn).lower(*args))
-            self._write(path, data)
-        else:
+        path = self.directory / f"{self._digest(key, in_tree, leaves)}.jaxexec"
+        loaded = self._read(path, in_tree)
+        if loaded is not None:
             self.hits += 1
-        run = compile(jax.jit(program.call).lower(*leaves))
-        return lambda *a: jax.tree.unflatten(out_tree, run(*jax.tree.leaves(a)))
+            return loaded
+        self.misses += 1
+        with _persistent_cache_off():
+            compiled = compile(jax.jit(fn).lower(*args))
+        try:
+            data = pickle.dumps(serialize_executable.serialize(compiled))
+        except Exception:  # noqa: BLE001 - a program that cannot be serialized: not kept
+            return compiled
+        self._write(path, data)
+        return compiled
 
     @staticmethod
     def _digest(key: Sequence[str], in_tree: Any, leaves: list) -> str:
         h = hashlib.sha256()
+        device = jax.devices()[0]
         parts = [*key, str(in_tree), jax.__version__, jax.lib.__version__,
-                 jax.default_backend(), source_digest(),
+                 device.platform, device.device_kind, device.client.platform_version,
+                 os.environ.get("XLA_FLAGS", ""), source_digest(),
                  # JAX settings that change what a trace produces
                  f"x64={jax.config.jax_enable_x64}",
                  f"matmul={jax.config.jax_default_matmul_precision}",
@@ -109,15 +112,31 @@ class ProgramCache:
         return h.hexdigest()
 
     @staticmethod
-    def _read(path: Path) -> export.Exported | None:
+    def _read(path: Path, in_tree: Any) -> jax.stages.Compiled | None:
         try:
-            return export.deserialize(bytearray(path.read_bytes()))
-        except Exception:  # noqa: BLE001 - missing, truncated or from another JAX: trace again
+            data, stored_in, out_tree = pickle.loads(path.read_bytes())
+            if stored_in.children()[0] != in_tree:
+                return None
+            return serialize_executable.deserialize_and_load(data, stored_in, out_tree)
+        except Exception:  # noqa: BLE001 - missing, damaged, or not for this machine: compile
             return None
 
-    def _write(self, path: Path, data: bytes | bytearray) -> None:
+    def _write(self, path: Path, data: bytes) -> None:
         try:
             self.directory.mkdir(parents=True, exist_ok=True)
             atomic_write(path, data)
-        except OSError:  # a read-only cache only costs the next run its trace
+        except OSError:  # a read-only cache only costs the next run its compile
             pass
+
+
+@contextlib.contextmanager
+def _persistent_cache_off() -> Iterator[None]:
+    """JAX's persistent compilation cache off for the block (and as it was after): an
+    executable that cache loads serializes without its kernels, and such an entry would
+    fail at its first call (measured with JAX 0.10.2 on CPU: "Function ... not found")."""
+    before = jax.config.jax_enable_compilation_cache
+    jax.config.update("jax_enable_compilation_cache", False)
+    try:
+        yield
+    finally:
+        jax.config.update("jax_enable_compilation_cache", before)

@@ -63,8 +63,9 @@ class Trainer:
         #: compute the steps' data-only work for a whole epoch before its loop
         #: (`circle_jax.hoisting`; set before the first epoch compiles)
         self.hoist = True
-        #: where traced epochs are kept between runs (`circle_jax.train.programs`; None:
-        #: traced every run). Used when no progress callback is set and on one device.
+        #: where compiled programs are kept between runs (`circle_jax.train.programs`;
+        #: None: traced and compiled every run). Used when no progress callback is set and
+        #: on one device.
         self.program_cache: ProgramCache | None = None
         self.placement = placement
         #: the platform the epochs run on ("cpu", "gpu", ...)
@@ -140,7 +141,6 @@ class Trainer:
         self._score = jax.jit(self._score_impl)
         self._summary = jax.jit(_summary)
         self._permute = jax.jit(self._permuted)
-        self._fresh = jax.jit(self._fresh_state)
         self._cut = jax.jit(batched, static_argnums=(2, 3))
 
     # -- state -------------------------------------------------------------------------
@@ -156,10 +156,14 @@ class Trainer:
 
     def init(self, params: Mapping[str, Any] | None = None) -> tuple[TrainState, dict]:
         """A fresh state and the frozen params for ``params`` (default: the model's): one
-        compiled call and one transfer, whatever the number of params."""
+        compiled call (kept like the epochs, see `_compiled_for`) and one transfer,
+        whatever the number of params."""
         params = params if params is not None else self.model.params
-        frozen = jax.device_put({k: v for k, v in params.items() if k not in self.trainable})
-        return self._fresh({k: v for k, v in params.items() if k in self.trainable}), frozen
+        trainable, frozen = jax.device_put((
+            {k: v for k, v in params.items() if k in self.trainable},
+            {k: v for k, v in params.items() if k not in self.trainable}))
+        fresh = self._compiled_for(self._fresh_state, "fresh", (trainable,))
+        return fresh(trainable), frozen
 
     def _fresh_state(self, trainable: dict) -> TrainState:
         trainable = self.split_params(trainable)[0]
@@ -288,20 +292,25 @@ class Trainer:
                      val: tuple | None, first: jax.Array, *, count: int
                      ) -> tuple[TrainState, jax.Array]:
         """``count`` whole epochs from epoch ``first`` in one compiled call: per epoch what
-        `run_epoch` does (its batches, then the trailing batch ``tail``; with ``shuffle``,
-        ``data`` is all samples and both are cut from the epoch's permutation), then the
-        `_summary` and, given ``val`` (`_score`'s batches), the validation (loss, accuracy)
-        appended to it. Returns the state and the summaries stacked over the epochs (one
-        transfer for the whole run)."""
+        `run_epoch` does (its batches, then the trailing partial batch), then the `_summary`
+        and, given ``val``, the validation (loss, accuracy) appended to it. Returns the state
+        and the summaries stacked over the epochs (one transfer for the whole run).
+
+        On one device ``data`` and ``val`` are all their samples, cut into batches here
+        (no copy of the data, nothing compiled apart). On several (a ``placement``) they
+        come placed: ``data`` as the batches sharded on their batch axis (with ``shuffle``,
+        all samples), ``tail`` the trailing batch (a flag with ``shuffle``) and ``val``
+        `_score`'s batches."""
         b = self.config.batch_size
+        inside = self.placement is None
 
         def epoch(s: TrainState, e: jax.Array) -> tuple[TrainState, jax.Array]:
             (xs, ys), rest = data, tail
-            if self.config.shuffle:
-                x, y = self._permuted(*data, e)
+            if inside or self.config.shuffle:
+                x, y = self._permuted(*data, e) if self.config.shuffle else data
                 steps = y.shape[0] // b
                 xs, ys = batched(x, y, b, steps)
-                if rest is not None:
+                if not self.config.drop_remainder and y.shape[0] % b:
                     rest = trailing(x, y, b, steps)
             s, m = self._epoch_impl(s, frozen, xs, ys)
             if rest is not None:
@@ -309,7 +318,8 @@ class Trainer:
                 m = jax.tree.map(lambda a, z: jnp.concatenate([a, z[None]]), m, last)
             summary = _summary(m, s.params, s.loss_scale.loss_scale)
             if val is not None:
-                scores = self._score_impl(*self.split_params({**s.params, **frozen}), *val)
+                scored = _scoring_split(*val, b) if inside else val
+                scores = self._score_impl(*self.split_params({**s.params, **frozen}), *scored)
                 summary = jnp.concatenate([summary, jnp.stack(scores).astype(summary.dtype)])
             return s, summary
 
@@ -408,21 +418,25 @@ class Trainer:
     def _epochs_arguments(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                           y: jax.Array, first_epoch: int, val: tuple[tuple, jax.Array] | None
                           ) -> tuple:
+        """`_epochs_impl`'s arguments (see there)."""
         n, b = y.shape[0], self.config.batch_size
         steps = n // b
         if steps == 0:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
+        val = None if val is None or not val[1].shape[0] else (tuple(val[0]), val[1])
+        if self.placement is None:
+            return state, frozen, (tuple(x), y), None, val, np.int32(first_epoch)
         tail = None
         if not self.config.drop_remainder and n % b:
             tail = self.placed(trailing(x, y, b, steps))
         data = (self.placed((tuple(x), y), batch_axis=0) if self.config.shuffle
                 else self._batches(tuple(x), y))
-        scored = None if val is None or not val[1].shape[0] else self.scoring_batches(*val)
+        scored = None if val is None else self.scoring_batches(*val)
         return state, frozen, data, tail, scored, np.int32(first_epoch)
 
     def _compiled_epochs(self, args: tuple, count: int) -> Callable[..., Any]:
         return self._compiled_for(functools.partial(self._epochs_impl, count=count),
-                                  f"epochs{count}", args, (args[0], 0))
+                                  f"epochs{count}", args)
 
     def _ordered(self, x: Sequence[jax.Array], y: jax.Array, epoch: int
                  ) -> tuple[tuple, jax.Array]:
@@ -484,13 +498,12 @@ class Trainer:
         compiled ahead of time for these arguments' shapes (cached), so that compile time is
         measured apart from steady-state steps."""
         return self._compiled_for(self._shuffled_epoch_impl if shuffled else self._epoch_impl,
-                                  f"epoch shuffled={shuffled}", args,
-                                  (args[0], StepMetrics(0, 0, 0, 0, 0)))
+                                  f"epoch shuffled={shuffled}", args)
 
-    def _compiled_for(self, fn: Callable[..., Any], name: str, args: tuple, out: Any
+    def _compiled_for(self, fn: Callable[..., Any], name: str, args: tuple
                       ) -> Callable[..., Any]:
-        """``fn`` compiled ahead of time for ``args``' shapes (``out``: a value shaped like
-        its result), kept per trainer and, with a ``program_cache``, its trace on disk."""
+        """``fn`` compiled ahead of time for ``args``' shapes, kept per trainer and, with a
+        ``program_cache``, on disk (compiled once for every later run)."""
         leaves, tree = jax.tree.flatten(args)
         key = (name, tree, tuple((a.shape, a.dtype, getattr(a, "sharding", None))
                                  for a in leaves))
@@ -501,9 +514,10 @@ class Trainer:
                 # how many epochs a run trains is not in the programs (``name`` says how
                 # many one call runs), so runs of other lengths share them
                 config = describe_config(replace(self.config, epochs=0))
+                options = repr(CPU_COMPILER_OPTIONS) if self.platform == "cpu" else ""
                 self._compiled[key] = cache.compiled(
-                    (self.model.digest, name, config, str(self.hoist)),
-                    fn, args, jax.tree.structure(out), lambda low: _compile(low, self.platform))
+                    (self.model.digest, name, config, str(self.hoist), options),
+                    fn, args, lambda low: _compile(low, self.platform))
             else:
                 self._compiled[key] = _compile(jax.jit(fn).lower(*args), self.platform)
         return self._compiled[key]
@@ -532,11 +546,18 @@ class Trainer:
                         batch_size: int | None = None) -> tuple[Batch, Batch | None]:
         """`_score`'s arguments: the full batches of ``batch_size`` (default: the config's,
         at most all samples) and the partial batch left over (None when there is none)."""
-        n = y.shape[0]
-        b = min(batch_size or self.config.batch_size, n)
-        steps, rest = divmod(n, b)
-        tail = trailing(x, y, b, steps) if rest else None
-        return self.placed(batched(tuple(x), y, b, steps), batch_axis=1), self.placed(tail)
+        full, tail = _scoring_split(x, y, batch_size or self.config.batch_size)
+        return self.placed(full, batch_axis=1), self.placed(tail)
+
+
+def _scoring_split(x: Sequence[jax.Array], y: jax.Array, batch_size: int
+                   ) -> tuple[Batch, Batch | None]:
+    """The samples as full batches of ``batch_size`` (at most all samples) and the partial
+    batch left over (None when there is none)."""
+    n = y.shape[0]
+    b = min(batch_size, n)
+    steps, rest = divmod(n, b)
+    return batched(tuple(x), y, b, steps), (trailing(x, y, b, steps) if rest else None)
 
 
 #: XLA options for compiled epochs on CPU: classic fusion emitters (benchmarks/README.md).

@@ -281,8 +281,8 @@ def _script(name: str) -> str:
 
 def test_repeated_run_prepares_from_the_persistent_cache(files, tmp_path) -> None:
     """Two ``onert-train-jax`` processes, one cache: the second, in a terminal (stderr on a
-    pseudo-terminal: the epoch bar drawn), finds its traced epoch (``programs/``) and its
-    compiled one, and prints the same losses.
+    pseudo-terminal: the epoch bar drawn), loads its compiled programs (``programs/``: the
+    fresh state and the epoch), says so, and prints the same losses.
 
     The compile of this small CNN is about 0.8 s and its cached load about 0.3 s here; the
     assertion keeps a 25% margin for a shared machine.
@@ -290,16 +290,19 @@ def test_repeated_run_prepares_from_the_persistent_cache(files, tmp_path) -> Non
     env = {**os.environ, "CIRCLE_JAX_CACHE": str(tmp_path / "xla")}
     argv = [_script("onert-train-jax"), files["model"], *_data(files), "--epoch", "2",
             "--batch_size", "4"]
-    prepare, losses = [], []
+    prepare, losses, legends = [], [], []
     for terminal in (False, True):
         stdout, stderr = _run(argv, env, terminal)
+        legends.append(stdout.splitlines()[-1])
         prepare.append(float(re.search(r"^PREPARE +takes (\S+) ms$", stdout, re.M)[1]))
         losses.append(re.findall(r"loss: \[0\] (\S+)", stdout))
         assert f"persistent cache {tmp_path / 'xla'}" in stdout
     assert "/2 [" in stderr and "epoch" in stderr, stderr  # tqdm's bar, on the terminal only
     assert all(line.startswith(("Epoch", "=", "-", "MODEL_LOAD", "PREPARE", "EXECUTE", "("))
                for line in stdout.splitlines()[stdout.splitlines().index("=" * 24) + 1:])
-    assert len(os.listdir(tmp_path / "xla" / "programs")) == 1
+    assert len(os.listdir(tmp_path / "xla" / "programs")) == 2
+    assert "XLA compile of the training epoch" in legends[0], legends
+    assert "the training epoch loaded from the cache" in legends[1], legends
     assert prepare[1] < 0.75 * prepare[0], prepare
     assert losses[0] == losses[1] and len(losses[0]) == 2
 

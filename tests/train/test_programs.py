@@ -1,8 +1,11 @@
-"""Traced epochs kept on disk (`circle_jax.train.programs`): a second trainer reads the
-program instead of tracing it and trains to the same weights; the key follows the
-configuration; a damaged entry is traced again; a progress callback bypasses the cache."""
+"""Compiled programs kept on disk (`circle_jax.train.programs`): a second trainer loads
+them instead of tracing and compiling (its `fit` runs no trace and no XLA compile) and
+trains to the same weights; the key follows the configuration; a damaged entry is compiled
+again; a progress callback bypasses the cache."""
 
 from __future__ import annotations
+
+import collections
 
 import jax
 import numpy as np
@@ -31,8 +34,9 @@ def _fit(model, directory, **changes):
 def test_a_second_trainer_reads_the_program_and_trains_alike(model, tmp_path) -> None:
     first, c1 = _fit(model, tmp_path)
     second, c2 = _fit(model, tmp_path)
-    assert (c1.misses, c1.hits, c2.misses, c2.hits) == (1, 0, 0, 1)
-    assert len(list(tmp_path.iterdir())) == 1
+    # two programs: the fresh state and the two epochs
+    assert (c1.misses, c1.hits, c2.misses, c2.hits) == (2, 0, 0, 2)
+    assert len(list(tmp_path.iterdir())) == 2
     x, y = toy_data(20)
     plain = fit(model, x, y, **CFG)
     for k in plain.params:
@@ -43,10 +47,10 @@ def test_a_second_trainer_reads_the_program_and_trains_alike(model, tmp_path) ->
 
 def test_another_configuration_is_another_program(model, tmp_path) -> None:
     _fit(model, tmp_path)
-    _, cache = _fit(model, tmp_path, learning_rate=0.2)  # baked into the trace
-    assert cache.misses == 1 and len(list(tmp_path.iterdir())) == 2
+    _, cache = _fit(model, tmp_path, learning_rate=0.2)  # baked into both programs
+    assert cache.misses == 2 and len(list(tmp_path.iterdir())) == 4
     _, cache = _fit(model, tmp_path, epochs=3)  # three epochs in one call: another program
-    assert cache.misses == 1 and len(list(tmp_path.iterdir())) == 3
+    assert (cache.hits, cache.misses) == (1, 1) and len(list(tmp_path.iterdir())) == 5
     x, y = toy_data(20)
     trainer = Trainer(model, **{**CFG, "epochs": 5})
     trainer.program_cache = cache = ProgramCache(tmp_path)
@@ -54,34 +58,55 @@ def test_another_configuration_is_another_program(model, tmp_path) -> None:
     trainer = Trainer(model, **{**CFG, "epochs": 4})
     trainer.program_cache = again = ProgramCache(tmp_path)
     fit(model, x, y, trainer=trainer, on_epoch=lambda i, h: None)  # the same one-epoch program
-    assert (cache.misses, again.hits, again.misses) == (1, 1, 0)
+    assert (cache.misses, again.hits, again.misses) == (1, 2, 0)
 
 
 def test_64_bit_mode_is_another_program(model, tmp_path) -> None:
     _fit(model, tmp_path)
     with jax.enable_x64(True):
         _, cache = _fit(model, tmp_path)  # the same float32 arguments, another trace
-    assert cache.misses == 1 and len(list(tmp_path.iterdir())) == 2
+    assert cache.misses == 2 and len(list(tmp_path.iterdir())) == 4
 
 
-def test_a_damaged_entry_is_traced_again(model, tmp_path) -> None:
+def test_a_damaged_entry_is_compiled_again(model, tmp_path) -> None:
     _fit(model, tmp_path)
-    (entry,) = tmp_path.iterdir()
-    entry.write_bytes(entry.read_bytes()[:100])
+    for entry in tmp_path.iterdir():
+        entry.write_bytes(entry.read_bytes()[:100])
     result, cache = _fit(model, tmp_path)
-    assert cache.misses == 1 and np.isfinite(result.history.loss).all()
-    assert _fit(model, tmp_path)[1].hits == 1  # rewritten whole
+    assert cache.misses == 2 and np.isfinite(result.history.loss).all()
+    assert _fit(model, tmp_path)[1].hits == 2  # rewritten whole
 
 
-def test_a_program_export_refuses_is_compiled_as_usual(model, tmp_path, monkeypatch) -> None:
+def test_a_program_that_cannot_be_serialized_is_compiled_as_usual(model, tmp_path,
+                                                                  monkeypatch) -> None:
     def refuse(*args, **kwargs):
-        raise NotImplementedError("not exportable")
+        raise ValueError("Compilation does not support serialization")
 
-    monkeypatch.setattr(programs.export, "export", refuse)
+    monkeypatch.setattr(programs.serialize_executable, "serialize", refuse)
     result, cache = _fit(model, tmp_path)
-    assert cache.misses == 1 and not any(tmp_path.iterdir())
+    assert cache.misses == 2 and not any(tmp_path.iterdir())
     x, y = toy_data(20)
     assert result.history.loss == fit(model, x, y, **CFG).history.loss
+
+
+def test_a_cache_hit_traces_and_compiles_nothing(model, tmp_path) -> None:
+    """What a repeated command-line run saves: no Python trace, no XLA compile (JAX's
+    monitoring events, counted after JAX's in-memory caches are emptied)."""
+    _fit(model, tmp_path, validation_split=0.2)
+    jax.clear_caches()
+    seen = collections.Counter()
+
+    def count(event: str, seconds: float, **kwargs) -> None:
+        seen[event] += 1
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        _, cache = _fit(model, tmp_path, validation_split=0.2)
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
+    assert cache.hits == 2
+    assert seen["/jax/core/compile/jaxpr_trace_duration"] == 0, seen
+    assert seen["/jax/core/compile/backend_compile_duration"] == 0, seen
 
 
 def test_a_progress_callback_bypasses_the_cache(model, tmp_path) -> None:

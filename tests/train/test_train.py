@@ -385,8 +385,8 @@ def test_console_script_entry_point(cli_files) -> None:
 
 
 def test_epochs_compile_with_cpu_options_and_without_unknown_ones(monkeypatch) -> None:
-    """The epoch is compiled with CPU_COMPILER_OPTIONS; an XLA that lacks an option compiles
-    with its defaults and trains the same."""
+    """The epochs (and the fresh state) are compiled with CPU_COMPILER_OPTIONS; an XLA that
+    lacks an option compiles with its defaults and trains the same."""
     import circle_jax.train.trainer as train_module
 
     seen = []
@@ -402,9 +402,9 @@ def test_epochs_compile_with_cpu_options_and_without_unknown_ones(monkeypatch) -
     cfg = dict(epochs=2, batch_size=4, learning_rate=0.5, loss=2, optimizer=1)
     reference = fit(model, x, y, **cfg)
     on_cpu = jax.default_backend() == "cpu"
-    assert seen == [train_module.CPU_COMPILER_OPTIONS if on_cpu else None]
+    assert seen == [train_module.CPU_COMPILER_OPTIONS if on_cpu else None] * 2
     monkeypatch.setattr(train_module, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": True})
     again = fit(model, x, y, **cfg)
-    # on CPU: refused, then XLA's defaults
-    assert seen[1:] == ([{"xla_cpu_no_such_option": True}, None] if on_cpu else [None])
+    # on CPU: refused, then XLA's defaults (the fresh state, then the epochs)
+    assert seen[2:] == ([{"xla_cpu_no_such_option": True}, None] * 2 if on_cpu else [None] * 2)
     np.testing.assert_allclose(again.history.loss, reference.history.loss, rtol=1e-6)

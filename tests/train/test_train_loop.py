@@ -95,7 +95,8 @@ def test_epochs_in_one_compiled_call_equal_epoch_by_epoch(shuffle: bool) -> None
     stepwise = fit(model, x, y, on_epoch=lambda i, h: seen.append(i), **cfg)
     assert seen == [0, 1, 2]
     programs = [[name for name, *_ in r.trainer._compiled] for r in (fused, stepwise)]
-    assert programs == [["epochs3"], ["epochs1"]]  # one call for all, one call per epoch
+    # the fresh state, then one call for all epochs / one call per epoch
+    assert programs == [["fresh", "epochs3"], ["fresh", "epochs1"]]
     _same_run(fused, stepwise)
     h, g = fused.history, stepwise.history
     assert (h.accuracy, h.steps, h.skipped) == (g.accuracy, g.steps, g.skipped)
