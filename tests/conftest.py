@@ -24,17 +24,6 @@ from tests.paths import KERAS_DATA, SHARED_MODELS
 # directory; tests must not write there (tests of the cache give their own directory).
 os.environ.setdefault("CIRCLE_JAX_CACHE", "off")
 
-# XLA's compilation is most of the suite's time (the sweep compiles every model's forward,
-# gradients and training step), and its LLVM backend's optimization most of that: the suite
-# compiles at LLVM optimization level 0 (this process and the subprocesses it starts), which
-# halves it (tests/test_sweep.py on three models: 192 s -> 101 s). XLA's own HLO passes run
-# as always; float results can differ from the default level's in the last bits (the
-# floating-point instructions LLVM emits), below every tolerance the tests state; integer
-# kernels are bit-exact either way. CIRCLE_JAX_TEST_XLA=default runs the suite as users run.
-TEST_XLA_FLAGS = "" if os.environ.get("CIRCLE_JAX_TEST_XLA") == "default" else \
-    "--xla_backend_optimization_level=0"
-os.environ["XLA_FLAGS"] = f"{os.environ.get('XLA_FLAGS', '')} {TEST_XLA_FLAGS}".strip()
-
 
 @pytest.fixture
 def x64() -> Iterator[None]:

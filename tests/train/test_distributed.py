@@ -38,8 +38,8 @@ TIMEOUT_S = 240  # per subprocess run (the mesh run takes ~40 s on a busy 2-core
 
 
 def _env(xla_flags: str = "") -> dict[str, str]:
-    """This environment, this checkout first on the path, no compile cache, the suite's XLA
-    flags (tests/conftest.py) and ``xla_flags``."""
+    """This environment, this checkout first on the path, no compile cache, ``xla_flags``
+    added to the XLA flags it has."""
     return dict(os.environ, PYTHONPATH=str(REPO_ROOT), CIRCLE_JAX_CACHE="off",
                 XLA_FLAGS=f"{os.environ.get('XLA_FLAGS', '')} {xla_flags}".strip())
 
