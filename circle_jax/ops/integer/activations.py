@@ -52,10 +52,6 @@ from .tables import lut, round_away
 Array = Any
 
 
-def _f32(v: float) -> np.float32:
-    return np.float32(v)
-
-
 # ----------------------------------------------------------------------------- RELU family
 
 
@@ -69,7 +65,7 @@ def check_relu(ctx: OpContext) -> None:
 def _relu_range(lo: float, hi: float | None) -> Callable[[OpContext, Array], Array]:
     def relu(ctx: OpContext, x: Array) -> Array:
         xq, yq = same_type_params(ctx)
-        m = quantize_multiplier(float(_f32(xq.s) / _f32(yq.s)))
+        m = quantize_multiplier(float(np.float32(xq.s) / np.float32(yq.s)))
         out = multiply_by_quantized_multiplier(as_int32(x) - xq.zp, *m) + yq.zp
         qlo = max(yq.qmin, quantize_value(lo, yq))
         qhi = yq.qmax if hi is None else min(yq.qmax, quantize_value(hi, yq))
@@ -93,9 +89,9 @@ def check_leaky_relu(ctx: OpContext) -> None:
 def leaky_relu(ctx: OpContext, x: Array) -> Array:
     """Integer LEAKY_RELU: one multiplier for x' >= 0, another (times alpha) below."""
     xq, yq = same_type_params(ctx)
-    alpha = _f32(ctx.options.alpha or 0.0)
-    identity = quantize_multiplier(float(_f32(xq.s) / _f32(yq.s)))
-    scaled = quantize_multiplier(float(_f32(xq.s) * alpha / _f32(yq.s)))
+    alpha = np.float32(ctx.options.alpha or 0.0)
+    identity = quantize_multiplier(float(np.float32(xq.s) / np.float32(yq.s)))
+    scaled = quantize_multiplier(float(np.float32(xq.s) * alpha / np.float32(yq.s)))
     v = as_int32(x) - xq.zp
     out = jnp.where(v >= 0, multiply_by_quantized_multiplier(v, *identity),
                     multiply_by_quantized_multiplier(v, *scaled)) + yq.zp
@@ -108,7 +104,7 @@ def leaky_relu(ctx: OpContext, x: Array) -> Array:
 def _sigmoid32(v: np.ndarray) -> np.ndarray:
     """1 / (1 + exp(-v)) in float32 (exp correctly rounded from float64)."""
     e = np.exp(-v.astype(np.float64)).astype(np.float32)
-    return (_f32(1.0) / (_f32(1.0) + e)).astype(np.float32)
+    return (np.float32(1.0) / (np.float32(1.0) + e)).astype(np.float32)
 
 
 def _tanh32(v: np.ndarray) -> np.ndarray:
@@ -119,7 +115,7 @@ def checked_log2(x: float) -> int | None:
     """``round(log2(x))`` when x is a power of two to within 1e-3 in log2 (LiteRT's
     CheckedLog2, in float32), else None."""
     with np.errstate(divide="ignore"):
-        log2 = np.log(_f32(x)) * (_f32(1.0) / np.log(_f32(2.0)))
+        log2 = np.log(np.float32(x)) * (np.float32(1.0) / np.log(np.float32(2.0)))
     rounded = round_away(log2)
     return int(rounded) if abs(float(log2) - float(rounded)) < 1e-3 else None
 
@@ -127,7 +123,7 @@ def checked_log2(x: float) -> int | None:
 def int16_input_scaling(scale: float) -> tuple[int, int]:
     """(M, k) bringing an int16 input to the scale 1 / (3 * 4096): ``s * 12288`` (double
     from the float32 scale) doubled while at most 16383.5 (k at most 31), truncated."""
-    multiplier, shift = float(_f32(scale)) * 4096.0 * 3.0, 0
+    multiplier, shift = float(np.float32(scale)) * 4096.0 * 3.0, 0
     while multiplier <= 32767.0 / 2.0 and shift <= 30:
         shift += 1
         multiplier *= 2.0
@@ -216,9 +212,9 @@ def _int16_multiplier(real: np.float32) -> tuple[int, int]:
 
 
 def _hard_swish_multipliers(xq: QParams, yq: QParams) -> tuple[tuple[int, int], ...]:
-    hires = _f32(1.0 / 128.0) * _f32(xq.s)
-    return (_int16_multiplier(hires / _f32(yq.s)),
-            _int16_multiplier(hires / (_f32(3.0) / _f32(32768.0))))
+    hires = np.float32(1.0 / 128.0) * np.float32(xq.s)
+    return (_int16_multiplier(hires / np.float32(yq.s)),
+            _int16_multiplier(hires / (np.float32(3.0) / np.float32(32768.0))))
 
 
 def check_hard_swish(ctx: OpContext) -> None:

@@ -66,10 +66,6 @@ from .tables import lut16, lut16_lookup
 Array = Any
 
 
-def _f32(v: float) -> np.float32:
-    return np.float32(v)
-
-
 # ----------------------------------------------------------------------------- ADD / SUB
 
 
@@ -96,10 +92,10 @@ def check_add_sub(ctx: OpContext) -> None:
 def _add_sub(ctx: OpContext, x1: Array, x2: Array, sign: int) -> Array:
     a, b, y = qparams(ctx, "input", 0), qparams(ctx, "input", 1), qparams(ctx, "output", 0)
     left = 15 if a.dtype == "int16" else 20
-    twice_max = 2.0 * np.float64(max(_f32(a.s), _f32(b.s)))
+    twice_max = 2.0 * np.float64(max(np.float32(a.s), np.float32(b.s)))
     m1 = quantize_multiplier(np.float64(a.s) / twice_max)
     m2 = quantize_multiplier(np.float64(b.s) / twice_max)
-    mo = quantize_multiplier(twice_max / np.float64(_f32(1 << left) * _f32(y.s)))
+    mo = quantize_multiplier(twice_max / np.float64(np.float32(1 << left) * np.float32(y.s)))
     s1 = multiply_by_quantized_multiplier((as_int32(x1) - a.zp) * (1 << left), *m1)
     s2 = multiply_by_quantized_multiplier((as_int32(x2) - b.zp) * (1 << left), *m2)
     out = multiply_by_quantized_multiplier(s1 + sign * s2, *mo) + y.zp
@@ -134,7 +130,7 @@ def check_mul(ctx: OpContext) -> None:
 def mul(ctx: OpContext, x1: Array, x2: Array) -> Array:
     """Integer MUL (broadcasting)."""
     a, b, y = qparams(ctx, "input", 0), qparams(ctx, "input", 1), qparams(ctx, "output", 0)
-    m = quantize_multiplier(float(_f32(a.s) * _f32(b.s) / _f32(y.s)))
+    m = quantize_multiplier(float(np.float32(a.s) * np.float32(b.s) / np.float32(y.s)))
     prod = (as_int32(x1) - a.zp) * (as_int32(x2) - b.zp)
     out = multiply_by_quantized_multiplier(prod, *m) + y.zp
     lo, hi = activation_range(ctx.options.fused_activation_function, y)
@@ -146,8 +142,8 @@ def mul(ctx: OpContext, x1: Array, x2: Array) -> Array:
 
 def _squared_difference_multipliers(a: QParams, b: QParams, y: QParams
                                     ) -> tuple[tuple[int, int], ...]:
-    twice_max = np.float64(2 * max(_f32(a.s), _f32(b.s)))
-    out = twice_max * twice_max / np.float64(_f32(1 << 14) * _f32(y.s))
+    twice_max = np.float64(2 * max(np.float32(a.s), np.float32(b.s)))
+    out = twice_max * twice_max / np.float64(np.float32(1 << 14) * np.float32(y.s))
     if not out < 1.0:
         raise ValueError(f"int8 SQUARED_DIFFERENCE needs output scale above "
                          f"4 max(s1, s2)**2 / 2**14 = {float(out * y.s):.6g}, got {y.s} "
@@ -215,7 +211,7 @@ def rsqrt_table(xq: QParams, yq: QParams) -> np.ndarray:
     :func:`inv_sqrt_multiplier` on 20 extra bits, times ``1 / (sqrt(s_in) s_out)`` (float32
     product) with its shift less 20, ``+ y_zp``, clamped."""
     multiplier, shift = quantize_multiplier(
-        1.0 / float(np.sqrt(_f32(xq.s)) * _f32(yq.s)))
+        1.0 / float(np.sqrt(np.float32(xq.s)) * np.float32(yq.s)))
     out = []
     for q in range(xq.qmin, xq.qmax + 1):
         v = q - xq.zp
@@ -236,7 +232,7 @@ def rsqrt(ctx: OpContext, x: Array) -> Array:
     v = as_int32(x)
     if xq.dtype == "int8":
         return jnp.asarray(rsqrt_table(xq, yq))[v - xq.qmin]
-    out_max = np.float32(32767) * _f32(yq.s)
+    out_max = np.float32(32767) * np.float32(yq.s)
 
     def inv_sqrt(u: np.float32) -> np.float32:
         return out_max if u <= 0 else np.float32(1.0) / np.sqrt(u)
@@ -261,10 +257,10 @@ def softmax(ctx: OpContext, x: Array) -> Array:
     """Integer SOFTMAX over the last axis (LiteRT's float32 table kernel for 8-bit types,
     its fixed-point kernel for int16)."""
     xq, yq = same_type_params(ctx)
-    beta = _f32(ctx.options.beta if ctx.options.beta is not None else 1.0)
+    beta = np.float32(ctx.options.beta if ctx.options.beta is not None else 1.0)
     if xq.dtype == "int16":
         return _softmax_int16(as_int32(x), xq, beta)
-    scale = -_f32(xq.s) * beta
+    scale = -np.float32(xq.s) * beta
     d = np.arange(256, dtype=np.float32)
     table = np.exp((scale * d).astype(np.float64)).astype(np.float32)  # exp(-s beta d)
     v = as_int32(x)
@@ -298,7 +294,7 @@ _RANGE16 = 65535
 def _softmax_int16(v: Array, xq: QParams, beta: np.float32) -> Array:
     exp_table = lut16(np.exp, 10.0 / _RANGE16, 32767, 2.0 / _RANGE16, 0)
     recip_table = lut16(lambda u: 1.0 / (1.0 + u), 1.0 / _RANGE16, -32768, 2.0 / _RANGE16, 0)
-    m = quantize_multiplier(float(_f32(xq.s) * beta) / (10.0 / _RANGE16))
+    m = quantize_multiplier(float(np.float32(xq.s) * beta) / (10.0 / _RANGE16))
     diff = v - jnp.max(v, axis=-1, keepdims=True)
     scaled = multiply_by_quantized_multiplier(diff, *m) + 32767
     e = lut16_lookup(jnp.clip(scaled, -32768, 32767), exp_table)
