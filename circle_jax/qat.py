@@ -24,23 +24,18 @@ from typing import Any
 import numpy as np
 
 from .graph import ir
+from .graph.quantization import QParams
 from .ops import fake_quant as fq
 from .passes.edit import replace_subgraph
-from .passes.fake_quant import FakeQuantPlan, Grid
+from .passes.fake_quant import FakeQuantPlan
 
 
-def _quantization(scale: Any, zero: Any, axis: int) -> ir.Quantization:
-    scale = np.asarray(scale, np.float32).reshape(-1)
-    zero = np.asarray(zero).reshape(-1)
-    return ir.Quantization(tuple(float(s) for s in scale),
-                           tuple(int(z) for z in np.broadcast_to(zero, scale.shape)), axis)
-
-
-def _integers(t: ir.Tensor, q: Any, g: Grid) -> np.ndarray:
+def _written(t: ir.Tensor, q: Any, g: QParams) -> ir.Tensor:
+    """``t`` holding integers ``q`` (as floats) with parameters ``g``."""
     data = np.clip(np.asarray(q, np.float64), g.qmin, g.qmax)
     data = data.astype(ir.as_numpy_dtype(g.dtype)).reshape(t.shape)
     data.flags.writeable = False
-    return data
+    return replace(t, data=data, quantization=g.quantization())
 
 
 def integer_model(source: ir.Model, plan: FakeQuantPlan, params: Mapping[str, Any],
@@ -56,15 +51,13 @@ def integer_model(source: ir.Model, plan: FakeQuantPlan, params: Mapping[str, An
                 continue
             q, scale, zero = fq.quantize_weight(np.asarray(params[names[(k, i)]], np.float32), g)
             weights[(k, i)] = (scale, zero)
-            tensors[i] = replace(tensors[i], data=_integers(tensors[i], q, g),
-                                 quantization=_quantization(scale, zero, g.axis))
+            tensors[i] = _written(tensors[i], q, replace(g, scale=scale, zero_point=zero))
         for (k, i), b in plan.biases.items():
             if k != sg.index or (k, i) not in names or (k, b.weight) not in weights:
                 continue
             s_in = plan.activations[(k, b.input)].scale[0]
             scale = fq.bias_scale(s_in, weights[(k, b.weight)][0])
             q = fq.quantize_bias(np.asarray(params[names[(k, i)]], np.float32), scale, b.grid)
-            tensors[i] = replace(tensors[i], data=_integers(tensors[i], q, b.grid),
-                                 quantization=_quantization(scale, 0, b.grid.axis))
+            tensors[i] = _written(tensors[i], q, replace(b.grid, scale=scale, zero_point=0))
         source = replace_subgraph(source, sg.index, tensors=tuple(tensors))
     return source

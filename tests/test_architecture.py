@@ -105,7 +105,8 @@ def test_the_cycle_finder_finds_cycles() -> None:
 # __init__ imports nothing), not every module of it; ops.registry is the operator catalogue
 # the params policy reads (which inputs must be static), a table with no lowering in it.
 GRAPH_PACKAGE = {"circle_jax.graph"}
-IR = {"circle_jax.graph", "circle_jax.graph.ir", "circle_jax.errors"}
+IR = {"circle_jax.graph", "circle_jax.graph.ir", "circle_jax.graph.quantization",
+      "circle_jax.errors"}
 GRAPH = {*IR, "circle_jax.graph.checks", "circle_jax.graph.params_policy",
          "circle_jax.graph.aliases"}
 

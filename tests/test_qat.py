@@ -25,8 +25,8 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.formats.reader import read_model
+from circle_jax.graph.quantization import QParams
 from circle_jax.ops import fake_quant as fq
-from circle_jax.passes.fake_quant import Grid
 from tests.conformance import run_litert_all
 
 DATA = Path(__file__).parent / "data" / "quantized"
@@ -216,12 +216,12 @@ def test_fake_quant_rounds_and_passes_gradient_inside_only() -> None:
 
 def test_weights_requantized_with_the_files_scheme() -> None:
     w = np.array([[0.5, -1.0, 0.25], [0.1, 0.2, -0.05]], np.float32)
-    per_channel = Grid("int8", (0.01, 0.01), (0, 0), 0)
+    per_channel = QParams("int8", (0.01, 0.01), (0, 0), 0)
     q, scale, zero = fq.quantize_weight(jnp.asarray(w), per_channel)
     np.testing.assert_allclose(np.asarray(scale), [1.0 / 127, 0.2 / 127], rtol=1e-7)
     np.testing.assert_array_equal(np.asarray(q)[:, 1], [-127, 127])
     assert np.all(np.asarray(zero) == 0)
-    asymmetric = Grid("uint8", (0.01,), (128,), 0)
+    asymmetric = QParams("uint8", (0.01,), (128,), 0)
     q, scale, zero = fq.quantize_weight(jnp.asarray(w), asymmetric)
     np.testing.assert_allclose(float(scale), 1.5 / 255, rtol=1e-6)
     assert int(zero) == 170 and int(q.min()) == 0 and int(q.max()) == 255

@@ -7,37 +7,22 @@ estimator: 1 where ``x / scale + zero_point`` lies inside ``[qmin, qmax]``, 0 ou
 clamp passes no gradient). Scales and zero points are never differentiated.
 
 :func:`quantize_weight` re-quantizes a weight from its float value with the file's scheme
-(a ``Grid`` of `circle_jax.passes.fake_quant`: symmetric or asymmetric, per tensor or per
+(its `circle_jax.graph.quantization.QParams`: symmetric or asymmetric, per tensor or per
 channel); :func:`quantize_bias` a bias at ``s_input * s_weight``. Both return the integers
 and their parameters, so the simulation and the exported integer file hold the same values.
 """
 
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
+from ..graph.quantization import QParams, quantize, round_half_away
+
 Array = Any
-
-
-class Grid(Protocol):
-    """A tensor's quantization scheme (`circle_jax.passes.fake_quant.Grid`)."""
-
-    dtype: str
-    scale: tuple[float, ...]
-    axis: int
-
-    @property
-    def qmin(self) -> int: ...
-    @property
-    def qmax(self) -> int: ...
-    @property
-    def per_channel(self) -> bool: ...
-    @property
-    def symmetric(self) -> bool: ...
 
 
 def _xp(x: Array) -> Any:
@@ -52,9 +37,8 @@ def _constant(x: Array) -> Array:
 
 
 def _round(v: Array) -> Array:
-    """Round to nearest, ties away from zero."""
-    xp = _xp(v)
-    return xp.sign(v) * xp.floor(xp.abs(v) + np.float32(0.5))
+    """`circle_jax.graph.quantization`'s rule: to nearest, ties away from zero."""
+    return round_half_away(v, _xp(v))
 
 
 def _channels(values: Array, ndim: int, axis: int | None) -> Array:
@@ -78,7 +62,7 @@ def fake_quant(x: Array, scale: Array, zero_point: Array, qmin: float, qmax: flo
     return jnp.where(inside, x + jax.lax.stop_gradient(out - x), out)
 
 
-def weight_params(w: Array, g: Grid) -> tuple[Array, Array]:
+def weight_params(w: Array, g: QParams) -> tuple[Array, Array]:
     """(scales, zero points) of float weight ``w`` re-quantized with ``g``'s scheme: one per
     index of ``g.axis`` when the file has per-channel parameters, else one; a channel that is
     all zero keeps the file's scale."""
@@ -98,7 +82,7 @@ def weight_params(w: Array, g: Grid) -> tuple[Array, Array]:
     return xp.where(scale > 0, scale, file_scale), zero
 
 
-def quantize_weight(w: Array, g: Grid) -> tuple[Array, Array, Array]:
+def quantize_weight(w: Array, g: QParams) -> tuple[Array, Array, Array]:
     """(integers as floats, scales, zero points) of float weight ``w`` in ``g``'s scheme
     (symmetric weights use the narrow range ``[-qmax, qmax]``, as LiteRT's int8 weights).
     float32 operations on numpy or JAX arrays alike."""
@@ -111,7 +95,7 @@ def quantize_weight(w: Array, g: Grid) -> tuple[Array, Array, Array]:
     return q, scale, zero
 
 
-def fake_quant_weight(w: Array, g: Grid) -> tuple[Array, Array]:
+def fake_quant_weight(w: Array, g: QParams) -> tuple[Array, Array]:
     """(``w`` re-quantized and dequantized, with a straight-through gradient; its scales)."""
     q, scale, zero = quantize_weight(w, g)
     axis = g.axis if g.per_channel else None
@@ -124,14 +108,14 @@ def bias_scale(input_scale: Array, weight_scale: Array) -> Array:
     return _constant(np.float32(input_scale) * weight_scale)
 
 
-def quantize_bias(b: Array, scale: Array, g: Grid) -> Array:
+def quantize_bias(b: Array, scale: Array, g: QParams) -> Array:
     """Bias integers (as floats) at ``scale`` (zero point 0), clamped to int32 for an int32
     bias."""
     q = _round(_constant(b) / scale.reshape((-1,) if scale.ndim else ()))
     return _xp(q).clip(q, g.qmin, g.qmax) if g.dtype == "int32" else q
 
 
-def fake_quant_bias(b: Array, scale: Array, g: Grid) -> Array:
+def fake_quant_bias(b: Array, scale: Array, g: QParams) -> Array:
     """``b`` re-quantized at ``scale`` and dequantized, with a straight-through gradient."""
     real = quantize_bias(b, scale, g) * scale.reshape((-1,) if scale.ndim else ())
     return b + jax.lax.stop_gradient(real - b)
@@ -141,8 +125,7 @@ def to_integers(x: Array, scale: float, zero_point: int, qmin: int, qmax: int,
                 dtype: str) -> Array:
     """The integers of real values ``x`` (no gradient): ``clip(round(x / scale) + zp)`` in
     ``dtype``; exact for values on the grid, as the simulation's activations are."""
-    v = jax.lax.stop_gradient(x) / np.float32(scale)
-    return jnp.clip(_round(v) + np.float32(zero_point), qmin, qmax).astype(dtype)
+    return quantize(jax.lax.stop_gradient(x), scale, zero_point, qmin, qmax, jnp).astype(dtype)
 
 
 def from_integers(q: Array, scale: float, zero_point: int) -> Array:

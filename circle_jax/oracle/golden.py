@@ -37,6 +37,7 @@ import numpy as np
 
 from ..formats.atomic import atomic_write
 from ..graph import ir
+from ..graph.quantization import quantize
 from ..model import Model, load
 from ..train import TrainConfig, Trainer
 from .h5 import Entry, write_h5
@@ -144,10 +145,8 @@ def _quantized(x: np.ndarray, t: ir.Tensor) -> np.ndarray:
     q = t.quantization
     if q is None or t.dtype.startswith("float") or not np.issubdtype(x.dtype, np.floating):
         return x
-    v = x.astype(np.float32) / np.float32(q.scale[0])
     info = np.iinfo(ir.as_numpy_dtype(t.dtype))
-    return np.clip(np.trunc(v + np.copysign(np.float32(0.5), v)) + q.zero_point[0],
-                   info.min, info.max).astype(info.dtype)
+    return quantize(x, q.scale[0], q.zero_point[0], info.min, info.max).astype(info.dtype)
 
 
 def _cast(x: Any, dt: np.dtype) -> jax.Array:

@@ -34,6 +34,7 @@ import numpy as np
 
 from ..formats.schema import OPERATOR_CODES
 from ..graph import ir
+from ..graph.quantization import QParams, quantize
 from .edit import add_operator, add_tensor, record, replace_subgraph
 
 #: Integer types whose tensors carry affine quantization (as `circle_jax.graph.checks`
@@ -164,9 +165,10 @@ def requantize_weights(model: ir.Model, source: ir.Model,
     weight that was quantized or float16 in ``source`` written back in that layout: a weight
     still equal to its dequantized source is the source tensor again, bit for bit; a changed
     int8 weight is requantized symmetrically (zero point 0, ``scale = max|w| / 127`` per
-    tensor or per index of the source's quantized dimension, ``q = round(w / scale)`` to
-    nearest, ties to even); a changed float16 weight is rounded to float16; float16 weights
-    are read through a DEQUANTIZE again. ``copies`` maps tensors a later pass copied from a
+    tensor or per index of the source's quantized dimension, ``q = round(w / scale)`` in
+    float32 by `circle_jax.graph.quantization`'s rule, ties away from zero); a changed
+    float16 weight is rounded to float16; float16 weights are read through a DEQUANTIZE
+    again. ``copies`` maps tensors a later pass copied from a
     source weight (untied copies: ``copy name -> source name``) to it; they get the
     source's layout."""
     copies = dict(copies or {})
@@ -210,17 +212,15 @@ def _requantized(t: ir.Tensor, was: ir.Tensor, unchanged: bool) -> ir.Tensor:
         return replace(t, dtype="float16", data=data, quantization=None)
     q = was.quantization
     assert q is not None
-    w = np.asarray(t.data, np.float64)
+    w = np.asarray(t.data, np.float32)
     axis = q.quantized_dimension if len(q.scale) > 1 else None
     other = tuple(d for d in range(w.ndim) if d != axis)
-    peak = np.max(np.abs(w), axis=other, keepdims=True) if w.size else np.zeros(1)
-    scale = np.where(peak > 0, peak / 127.0, np.float64(np.float32(q.scale[0])))
-    scale = scale.astype(np.float32).astype(np.float64)  # the file stores float32 scales
-    data = np.clip(np.round(w / scale), -127, 127).astype(np.int8)
+    peak = np.max(np.abs(w), axis=other, keepdims=True) if w.size else np.zeros(1, np.float32)
+    scale = np.where(peak > 0, peak / np.float32(127), np.float32(q.scale[0]))
+    data = quantize(w, scale, 0, -127, 127).astype(np.int8)
     data.flags.writeable = False
-    quant = ir.Quantization(tuple(float(s) for s in scale.reshape(-1)),
-                            (0,) * scale.size, q.quantized_dimension)
-    return replace(t, dtype="int8", data=data, quantization=quant)
+    written = QParams("int8", tuple(scale.reshape(-1).tolist()), 0, q.quantized_dimension)
+    return replace(t, dtype="int8", data=data, quantization=written.quantization())
 
 
 def _read_through_dequantize(model: ir.Model, k: int, i: int,

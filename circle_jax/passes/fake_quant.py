@@ -29,43 +29,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-import numpy as np
-
 from ..formats.schema import OPERATOR_CODES
 from ..graph import ir
 from ..graph.params_policy import BIAS_POSITION
+from ..graph.quantization import QParams
 from .dequantize import dequantized_values, is_quantized
 from .edit import record, replace_subgraph
-
-#: Integer types with affine quantization, and their ranges.
-
-
-@dataclass(frozen=True)
-class Grid:
-    """One tensor's quantization in the source: its integer type's range, the file's
-    scales and zero points (one, or one per index of ``axis``)."""
-
-    dtype: str
-    scale: tuple[float, ...]
-    zero_point: tuple[int, ...]
-    axis: int
-
-    @property
-    def qmin(self) -> int:
-        return int(np.iinfo(self.dtype).min)
-
-    @property
-    def qmax(self) -> int:
-        return int(np.iinfo(self.dtype).max)
-
-    @property
-    def per_channel(self) -> bool:
-        return len(self.scale) > 1
-
-    @property
-    def symmetric(self) -> bool:
-        """Zero points all 0 on a signed type."""
-        return self.qmin < 0 and all(z == 0 for z in self.zero_point)
 
 
 @dataclass(frozen=True)
@@ -75,31 +44,23 @@ class Bias:
 
     input: int
     weight: int
-    grid: Grid
+    grid: QParams
 
 
 @dataclass(frozen=True)
 class FakeQuantPlan:
     """Where the simulation rounds, keyed by (subgraph, tensor index) of the source."""
 
-    activations: dict[tuple[int, int], Grid]
-    weights: dict[tuple[int, int], Grid]
+    activations: dict[tuple[int, int], QParams]
+    weights: dict[tuple[int, int], QParams]
     biases: dict[tuple[int, int], Bias]
-
-
-def grid(t: ir.Tensor) -> Grid:
-    """The :class:`Grid` of a quantized tensor."""
-    q = t.quantization
-    assert q is not None
-    zero = tuple(q.zero_point) or (0,) * len(q.scale)
-    return Grid(t.dtype, tuple(q.scale), zero, q.quantized_dimension)
 
 
 def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
     """The activations, weights and biases of ``source`` that :func:`fake_quantize`'s
     output rounds (see the module docstring)."""
-    acts: dict[tuple[int, int], Grid] = {}
-    weights: dict[tuple[int, int], Grid] = {}
+    acts: dict[tuple[int, int], QParams] = {}
+    weights: dict[tuple[int, int], QParams] = {}
     biases: dict[tuple[int, int], Bias] = {}
     for sg in source.subgraphs:
         for op in sg.operators:
@@ -107,12 +68,12 @@ def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
             if pos is not None and len(op.inputs) > pos and op.inputs[pos] >= 0:
                 b, x, w = (sg.tensors[op.inputs[j]] for j in (pos, 0, 1))
                 if all(map(is_quantized, (b, x, w))) and b.is_constant and w.is_constant:
-                    biases[(sg.index, b.index)] = Bias(x.index, w.index, grid(b))
+                    biases[(sg.index, b.index)] = Bias(x.index, w.index, QParams.of(b))
         for t in sg.tensors:
             key = (sg.index, t.index)
             if not is_quantized(t) or key in biases:
                 continue
-            (weights if t.is_constant else acts)[key] = grid(t)
+            (weights if t.is_constant else acts)[key] = QParams.of(t)
     return FakeQuantPlan(acts, weights, biases)
 
 

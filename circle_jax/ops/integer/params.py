@@ -7,54 +7,16 @@ gives a tensor's parameters, or a one-line refusal naming the tensor when it has
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any, NamedTuple
 
 import numpy as np
 
 from ...graph import ir
+from ...graph.quantization import QParams, quantize
 from ..registry import OpContext
 
 #: Value range of each quantized type.
 RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
-
-
-@dataclass(frozen=True)
-class QParams:
-    """One tensor's quantization: float32 scales (one per tensor, or per channel along
-    ``axis``), int zero points, its type and that type's range."""
-
-    name: str
-    dtype: str
-    scale: np.ndarray
-    zero_point: np.ndarray
-    axis: int
-
-    @property
-    def per_channel(self) -> bool:
-        return self.scale.size > 1
-
-    @property
-    def s(self) -> float:
-        """The per-tensor scale (float32 value, as a Python float)."""
-        return float(self.scale.reshape(-1)[0])
-
-    @property
-    def zp(self) -> int:
-        """The per-tensor zero point."""
-        return int(self.zero_point.reshape(-1)[0])
-
-    @property
-    def qmin(self) -> int:
-        return RANGES[self.dtype][0]
-
-    @property
-    def qmax(self) -> int:
-        return RANGES[self.dtype][1]
-
-    @property
-    def np_dtype(self) -> np.dtype:
-        return np.dtype(self.dtype)
 
 
 class Requantized(NamedTuple):
@@ -87,8 +49,7 @@ def qparams(ctx: OpContext, where: str, index: int = 0, *,
     if scale.size > 1 and not per_channel:
         raise NotImplementedError(f"{where} {index} {t.name[:60]!r} is quantized per channel; "
                                   "this kernel takes per-tensor parameters")
-    zero = np.asarray(q.zero_point or (0,) * scale.size, np.int64)
-    return QParams(t.name, t.dtype, scale, zero, q.quantized_dimension)
+    return QParams.of(t)
 
 
 def same_type_params(ctx: OpContext, dtypes: tuple[str, ...] = tuple(RANGES)
@@ -99,10 +60,9 @@ def same_type_params(ctx: OpContext, dtypes: tuple[str, ...] = tuple(RANGES)
     return x, qparams(ctx, "output", 0, dtypes=(x.dtype,))
 
 def quantize_value(value: float, q: QParams) -> int:
-    """``zero_point + round(value / scale)`` (float32 division, ties away from zero), as
-    LiteRT quantizes a real bound."""
-    v = np.float32(value) / np.float32(q.s)
-    return q.zp + int(np.trunc(v + np.copysign(np.float32(0.5), v)))
+    """``zero_point + round(value / scale)`` (`circle_jax.graph.quantization`'s rule,
+    unclamped), as LiteRT quantizes a real bound."""
+    return int(quantize(value, q.s, q.zp, -np.inf, np.inf))
 
 
 def activation_range(code: int | None, q: QParams) -> tuple[int, int]:
