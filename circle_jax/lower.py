@@ -27,6 +27,7 @@ from .errors import CircleFormatError, CircleJaxError, DataError, UnsupportedOpe
 from .graph import ir
 from .graph.checks import check_arity, check_graph, check_quantization
 from .graph.params_policy import BIAS_POSITION, param_table
+from .graph.quantization import QParams
 from .lowering import LoweringOptions, as_options, implementation
 from .ops import fake_quant as fq
 from .ops.common import check_padding
@@ -104,6 +105,24 @@ def _read_rows(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any], pos:
     read.defvjp(forward, backward)
     rows = args[pos]
     return read(rows.table, rows.squares, *(args[i] for i in dynamic))
+
+
+#: The key of a QAT model's params under which its moving activation ranges are given
+#: (``load(qat_ranges="ema")``): group name (`circle_jax.passes.fake_quant.moving_ranges`)
+#: -> float32 ``[min, max]``. Without it every activation keeps the file's parameters.
+RANGES = "(qat activation ranges)"
+
+
+def moving_parameters(plan: FakeQuantPlan, ranges: Mapping[str, Any]
+                      ) -> dict[int, tuple[QParams, Any, Any]]:
+    """Each main-subgraph activation of a moving range group: (its file parameters, the
+    scale and zero point of its group's range ``ranges[name]``, `fq.range_params`)."""
+    out = {}
+    for name, members in plan.moving.items():
+        for i in members:
+            g = plan.activations[(0, i)]
+            out[i] = (g, *fq.range_params(ranges[name], g))
+    return out
 
 
 class Lowered:
@@ -230,6 +249,24 @@ class Lowered:
             return "mapped"
         return "refused" if same_samples else "direct"
 
+    def observe(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, Any]:
+        """The ``[min, max]`` (float32) of each moving range group's real values before
+        rounding (`moving_parameters`) over these inputs: what ``qat_ranges="ema"`` moves
+        its ranges toward."""
+        groups = self.fake_quant.moving
+
+        def one(*xs: Any) -> dict[str, Any]:
+            seen = {i: None for members in groups.values() for i in members}
+            self.run(0, params, xs, keep=False, observed=seen)
+            return {name: jnp.stack([jnp.min(jnp.stack([seen[i][0] for i in members])),
+                                     jnp.max(jnp.stack([seen[i][1] for i in members]))])
+                    for name, members in groups.items()}
+
+        if self.batching(inputs) != "mapped":
+            return one(*inputs)
+        each = jax.vmap(lambda *x: one(*(v[None] for v in x)))(*inputs)
+        return {name: jnp.stack([r[:, 0].min(), r[:, 1].max()]) for name, r in each.items()}
+
     def per_sample(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
         """Subgraph 0 run on each sample alone (batch 1), mapped over the samples."""
         def one(*sample: Any) -> tuple[Any, ...]:
@@ -253,19 +290,27 @@ class Lowered:
 
     def run(
         self, k: int, params: Mapping[str, Any], inputs: Sequence[Any], keep: bool,
-        taps: Mapping[int, Any] | None = None,
+        taps: Mapping[int, Any] | None = None, observed: dict[int, Any] | None = None,
     ) -> tuple[tuple[Any, ...], dict[int, Any]]:
+        """Subgraph ``k``'s outputs (and every tensor when ``keep``). A QAT model's params
+        may hold moving activation ranges under :data:`RANGES` (`moving_parameters`);
+        ``observed``: tensor indices whose ``[min, max]`` before rounding is recorded there."""
         sg = self.model.subgraphs[k]
         if len(inputs) != len(sg.inputs):
             raise TypeError(f"subgraph {k} takes {len(sg.inputs)} inputs, got {len(inputs)}")
         taps = taps or {}
         plan = self.fake_quant
-        acts = {} if plan is None else {i: g for (j, i), g in plan.activations.items() if j == k}
+        acts = {} if plan is None else {i: (g, g.scale[0], g.zero_point[0])
+                                        for (j, i), g in plan.activations.items() if j == k}
+        if k == 0 and RANGES in params:  # moving ranges (qat_ranges="ema")
+            acts.update(moving_parameters(plan, params[RANGES]))
 
         def computed(i: int, x: Any) -> Any:
             if i in acts:
-                g = acts[i]
-                x = fq.fake_quant(x, g.scale[0], g.zero_point[0], g.qmin, g.qmax)
+                g, scale, zero = acts[i]
+                if observed is not None and i in observed:
+                    observed[i] = jnp.stack([jnp.min(x), jnp.max(x)]).astype(jnp.float32)
+                x = fq.fake_quant(x, scale, zero, g.qmin, g.qmax)
             return x + taps[i] if i in taps else x
 
         env: dict[int, Any] = {i: computed(i, x) for i, x in zip(sg.inputs, inputs)}
@@ -297,7 +342,8 @@ class Lowered:
             d, fn, ctx = self._ops[(k, op.index)]
             args = [value(i, pos in d.static_inputs) for pos, i in enumerate(op.inputs)]
             if plan is not None:
-                args = [self._fake_quant_bias(k, i, a, params) for i, a in zip(op.inputs, args)]
+                args = [self._fake_quant_bias(k, i, a, params, acts)
+                        for i, a in zip(op.inputs, args)]
             ctx = replace(ctx, run_subgraph=run_subgraph)
             try:
                 rows = next((p for p, a in enumerate(args) if isinstance(a, RowSquares)), None)
@@ -337,15 +383,17 @@ class Lowered:
         return outputs, (env if keep else {})
 
 
-    def _fake_quant_bias(self, k: int, i: int, b: Any, params: Mapping[str, Any]) -> Any:
+    def _fake_quant_bias(self, k: int, i: int, b: Any, params: Mapping[str, Any],
+                         acts: Mapping[int, tuple[Any, Any, Any]]) -> Any:
         """Bias ``b`` (tensor ``i`` of subgraph ``k``) re-quantized at ``s_input * s_weight``
-        with the weight's scales of this call; any other argument as it is."""
+        with the input's scale (``acts``: each activation's parameters, scale and zero
+        point) and the weight's scales of this call; any other argument as it is."""
         bias = self.fake_quant.biases.get((k, i)) if self.fake_quant is not None else None
         if bias is None:
             return b
         w = params[self._param_name[(k, bias.weight)]]
         weight = self.fake_quant.weights[(k, bias.weight)]
-        s_in = self.fake_quant.activations[(k, bias.input)].scale[0]
+        s_in = acts[bias.input][1]
         scale = fq.bias_scale(s_in, fq.weight_params(w, weight)[0])
         return fq.fake_quant_bias(b, scale, bias.grid)
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import os
 from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
@@ -19,9 +19,10 @@ from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
 from .graph.checks import check_graph, check_tensor_quantization
 from .graph.params_policy import ParamRole, classify_params, describe_roles
-from .lower import Lowered, ParamKey, param_table
+from .lower import RANGES, Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
+from .ops import fake_quant as fq
 from .passes import (
     adapter_names,
     bias_selection,
@@ -34,11 +35,18 @@ from .passes import (
     weight_only,
 )
 from .passes.dequantize import describe_quantization, is_quantized
-from .passes.fake_quant import fake_quant_plan, fake_quantize, quantized_activations
+from .passes.fake_quant import (
+    fake_quant_plan,
+    fake_quantize,
+    moving_ranges,
+    quantized_activations,
+)
 from .qat import integer_model
 
 #: How a QAT model's forward computes its values (``load(qat_forward=...)``).
 QAT_FORWARDS = ("integer", "fake_quant")
+#: Where a QAT model's activation ranges come from (``load(qat_ranges=...)``).
+QAT_RANGES = ("file", "ema")
 
 
 @dataclass(frozen=True)
@@ -82,14 +90,15 @@ class Model:
     layout export writes the weights back in (`circle_jax.passes.requantize_weights`).
     ``simulated``: the fully quantized model this one simulates by fake quantization
     (quantization-aware training: ``load(qat=True)``), which export writes; ``qat_forward``
-    how (see :func:`load`).
+    how, ``qat_ranges`` and ``qat_range_decay`` its activation ranges (see :func:`load`).
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
                  numerics: Numerics | str | None = None,
                  original: ir.Model | None = None, *,
                  quantized: ir.Model | None = None,
-                 simulated: ir.Model | None = None, qat_forward: str = "integer") -> None:
+                 simulated: ir.Model | None = None, qat_forward: str = "integer",
+                 qat_ranges: str = "file", qat_range_decay: float = 0.999) -> None:
         self.ir = model
         self.rewrites = Rewrites.of(model)
         self._original = original if self.rewrites else None
@@ -100,6 +109,11 @@ class Model:
         self.fake_quant = None if simulated is None else fake_quant_plan(simulated)
         #: "integer" or "fake_quant" for a QAT model (see `load`), else None
         self.qat_forward = None if simulated is None else qat_forward
+        #: "file" or "ema" for a QAT model (see `load`), else None; the moving average's decay
+        self.qat_ranges = None if simulated is None else qat_ranges
+        self.qat_range_decay = qat_range_decay
+        if self.qat_ranges == "ema":
+            self.fake_quant = replace(self.fake_quant, moving=moving_ranges(simulated))
         integer = simulated if self.qat_forward == "integer" else None
         self._lowered = Lowered(model, lowering, self.fake_quant, integer)
         self._variants: dict[tuple, Lowered] = {}
@@ -167,6 +181,24 @@ class Model:
         differentiating at zero taps gives the gradient with respect to each tensor."""
         return self._lowered.tensors(params, *(jnp.asarray(x) for x in inputs), taps=taps)
 
+    @property
+    def ranges(self) -> dict[str, np.ndarray]:
+        """A ``qat_ranges="ema"`` model's moving activation ranges as the file gives them
+        (group name -> float32 ``[min, max]``; `circle_jax.passes.fake_quant.moving_ranges`):
+        training's initial values, which it moves and gives ``apply`` and ``export`` in the
+        params under `circle_jax.lower.RANGES`. Empty for other models."""
+        plan = self.fake_quant
+        return {} if plan is None else {
+            name: fq.file_range(plan.activations[(0, members[0])])
+            for name, members in plan.moving.items()}
+
+    def observe(self, params: Mapping[str, Any], *inputs: Any, **changes: Any
+                ) -> dict[str, jax.Array]:
+        """Each moving range group's ``[min, max]`` over ``inputs`` before rounding
+        (`circle_jax.lower.Lowered.observe`), lowered with ``changes`` as `lowered`."""
+        lowered = self._lowered.with_options(**changes) if changes else self._lowered
+        return lowered.observe(params, *(jnp.asarray(x) for x in inputs))
+
     def __call__(self, *inputs: Any) -> tuple[jax.Array, ...]:
         """``apply`` with the model's own weights."""
         return self.apply(self.params, *inputs)
@@ -222,14 +254,17 @@ class Model:
         with symmetric scales, float16 ones rounded (`circle_jax.passes.requantize_weights`).
         """
         params = self.params if params is None else params
-        unknown = sorted(set(params) - set(self.param_keys))
+        unknown = sorted(set(params) - set(self.param_keys) - {RANGES})
         if unknown:
             raise ValueError(f"unknown param name(s) {unknown}")
         if self.simulated is not None:
             names = {key: name for name, key in self.param_keys.items()}
-            floats = {name: _finite(name, np.asarray(v)) for name, v in params.items()}
+            floats = {name: _finite(name, np.asarray(v)) for name, v in params.items()
+                      if name != RANGES}
+            ranges = {k: _finite(f"range {k}", np.asarray(v, np.float32))
+                      for k, v in params.get(RANGES, {}).items()}
             integer = integer_model(self.simulated, self.fake_quant, {**self.params, **floats},
-                                    names)
+                                    names, ranges)
             return write_model(integer, file_format, metadata)
         model, keys = self.ir, self.param_keys
         if self._original is not None and not self._rewrites_matter(params):
@@ -341,7 +376,9 @@ def load(
     lora_alpha: float | None = None,
     lora_targets: str | Iterable[str] = "all",
     qat: bool | None = None,
-    qat_forward: str = "integer",
+    qat_forward: str | None = None,
+    qat_ranges: str = "file",
+    qat_range_decay: float = 0.999,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -387,9 +424,27 @@ def load(
     LiteRT's values) and its gradients through the fake-quant float graph, operator by
     operator; "fake_quant" computes both in float (each operator within one step of its
     grid of the integer kernels', differences compounding through the layers).
+    ``qat_ranges``: "file" (the default) keeps the file's activation scales and zero points;
+    "ema" re-estimates them as TF's QAT does (tfmot's MovingAverageQuantizer): each training
+    step moves every range ``[min, max]`` toward the batch's, widened to hold 0, as
+    ``r * qat_range_decay + batch * (1 - qat_range_decay)`` (default decay 0.999, TF's),
+    the step's forward using the ranges before its update; export writes the scales and
+    zero points of the moved ranges (`circle_jax.passes.fake_quant.moving_ranges` says which
+    activations move, and which share a range). Moving ranges are traced values, which
+    only the fake-quant forward takes: ``qat_forward`` defaults to "integer" with "file"
+    ranges and to "fake_quant" with "ema" ranges ("integer" with "ema" is refused).
     """
+    if qat_forward is None:
+        qat_forward = "fake_quant" if qat_ranges == "ema" else "integer"
     if qat_forward not in QAT_FORWARDS:
         raise ValueError(f"qat_forward {qat_forward!r}: expected one of {QAT_FORWARDS}")
+    if qat_ranges not in QAT_RANGES:
+        raise ValueError(f"qat_ranges {qat_ranges!r}: expected one of {QAT_RANGES}")
+    if qat_ranges == "ema" and qat_forward == "integer":
+        raise ValueError("qat_ranges 'ema' moves the activation ranges, which the integer "
+                         "forward cannot take; use qat_forward='fake_quant'")
+    if not 0.0 <= qat_range_decay < 1.0:
+        raise ValueError(f"qat_range_decay {qat_range_decay!r}: expected a number in [0, 1)")
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights,
         add_missing_bias=None if add_missing_bias is None else bias_selection(add_missing_bias),
@@ -413,7 +468,8 @@ def load(
     original = run(selected, pipeline(dequantize=dq))
     if qat and quantized_activations(original):
         loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original,
-                       qat_forward=qat_forward)
+                       qat_forward=qat_forward, qat_ranges=qat_ranges,
+                       qat_range_decay=qat_range_decay)
     else:
         model = run(original, pipeline(untie=not prof.tie_shared_weights,
                                        add_bias=prof.add_missing_bias,
@@ -422,7 +478,7 @@ def load(
                        quantized=selected if dq and dequantize is None else None)
     digest = hashlib.sha256(data)
     digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat,
-                        loaded.qat_forward)).encode())
+                        loaded.qat_forward, loaded.qat_ranges, qat_range_decay)).encode())
     loaded.digest = digest.hexdigest()
     if new_head is not None or lora is not None:
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,

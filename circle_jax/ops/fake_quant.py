@@ -82,6 +82,29 @@ def weight_params(w: Array, g: QParams) -> tuple[Array, Array]:
     return xp.where(scale > 0, scale, file_scale), zero
 
 
+def file_range(g: QParams) -> np.ndarray:
+    """``[min, max]`` (float32) of the real values per-tensor parameters ``g`` represent."""
+    return np.float32(g.s) * (np.array([g.qmin, g.qmax], np.float32) - np.float32(g.zp))
+
+
+def range_params(lo_hi: Array, g: QParams) -> tuple[Array, Array]:
+    """(scale, zero point) of an activation whose real values span ``lo_hi`` (``[min,
+    max]``, widened to hold 0), in the scheme of its file parameters ``g`` as a weight is
+    re-quantized (`weight_params`: symmetric when the file's zero point is 0 on a signed
+    type, else asymmetric over the type's whole range)."""
+    return weight_params(lo_hi, g)
+
+
+def moving_average(ranges: Array, observed: Array, decay: float) -> Array:
+    """TF's moving min/max (tfmot's MovingAverageQuantizer): ``[min, max]`` ranges (any
+    leading shape) moved toward a batch's ``observed`` ones widened to hold 0:
+    ``r * decay + observed * (1 - decay)``."""
+    lo = jnp.minimum(observed[..., 0], 0.0)
+    hi = jnp.maximum(observed[..., 1], 0.0)
+    d = np.float32(decay)
+    return ranges * d + jnp.stack([lo, hi], -1) * (np.float32(1) - d)
+
+
 def quantize_weight(w: Array, g: QParams) -> tuple[Array, Array, Array]:
     """(integers as floats, scales, zero points) of float weight ``w`` in ``g``'s scheme
     (symmetric weights use the narrow range ``[-qmax, qmax]``, as LiteRT's int8 weights).
@@ -105,7 +128,8 @@ def fake_quant_weight(w: Array, g: QParams) -> tuple[Array, Array]:
 
 def bias_scale(input_scale: Array, weight_scale: Array) -> Array:
     """The bias scale ``s_input * s_weight`` (per output channel), float32."""
-    return _constant(np.float32(input_scale) * weight_scale)
+    xp = jnp if isinstance(input_scale, jax.Array) else _xp(weight_scale)
+    return _constant(xp.asarray(input_scale, np.float32) * weight_scale)
 
 
 def quantize_bias(b: Array, scale: Array, g: QParams) -> Array:

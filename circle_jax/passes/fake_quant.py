@@ -27,7 +27,8 @@ describes, from the :class:`FakeQuantPlan` of the source model (:func:`fake_quan
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from collections import Counter
+from dataclasses import dataclass, field, replace
 
 from ..formats.schema import OPERATOR_CODES
 from ..graph import ir
@@ -54,6 +55,8 @@ class FakeQuantPlan:
     activations: dict[tuple[int, int], QParams]
     weights: dict[tuple[int, int], QParams]
     biases: dict[tuple[int, int], Bias]
+    #: main-subgraph activations whose ranges move (`moving_ranges`; empty: the file's)
+    moving: dict[str, tuple[int, ...]] = field(default_factory=dict)
 
 
 def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
@@ -103,3 +106,51 @@ def quantized_activations(model: ir.Model) -> bool:
     :func:`fake_quantize` simulates), not only stores quantized constants."""
     return any(is_quantized(t) and not t.is_constant
                for sg in model.subgraphs for t in sg.tensors)
+
+
+#: Operators whose quantized output LiteRT's kernels give their input's parameters (they
+#: move or select integers): where the file's parameters agree, their tensors share one
+#: moving range.
+SAME_PARAMETERS = frozenset({
+    "RESHAPE", "SQUEEZE", "EXPAND_DIMS", "TRANSPOSE", "MAX_POOL_2D", "AVERAGE_POOL_2D", "PAD",
+    "PADV2", "STRIDED_SLICE", "SLICE", "GATHER", "CONCATENATION", "SPLIT", "SPLIT_V", "PACK",
+    "UNPACK", "MAXIMUM", "MINIMUM", "TILE", "BROADCAST_TO"})
+#: Operators whose quantized output has parameters the kernel fixes (e.g. 1/256 for SOFTMAX).
+FIXED_PARAMETERS = frozenset({"LOGISTIC", "SOFTMAX", "LOG_SOFTMAX", "TANH"})
+
+
+def moving_ranges(source: ir.Model) -> dict[str, tuple[int, ...]]:
+    """The activations of ``source``'s main subgraph whose ranges quantization-aware training
+    re-estimates (``load(qat_ranges="ema")``), in groups that share one range: name (its
+    first tensor's) -> tensor indices. The rule: the inputs and output of a
+    :data:`SAME_PARAMETERS` operator are one group where the file gives them equal scale and
+    zero point; a group keeps the file's parameters (and is left out) when it holds a graph
+    input (the model's interface) or the output of a :data:`FIXED_PARAMETERS` operator."""
+    sg = source.main
+    acts = {i for (k, i) in fake_quant_plan(source).activations if k == 0}
+    parent = {i: i for i in acts}
+
+    def root(i: int) -> int:
+        while parent[i] != i:
+            i = parent[i]
+        return i
+
+    fixed = set(sg.inputs)
+    for op in sg.operators:
+        outs = [i for i in op.outputs if i in acts]
+        if op.type in FIXED_PARAMETERS:
+            fixed.update(outs)
+        if op.type not in SAME_PARAMETERS:
+            continue
+        for y in outs:
+            for x in (i for i in op.inputs if i in acts):
+                qx, qy = sg.tensors[x].quantization, sg.tensors[y].quantization
+                if (qx.scale, qx.zero_point) == (qy.scale, qy.zero_point):
+                    parent[root(y)] = root(x)
+    groups: dict[int, list[int]] = {}
+    for i in sorted(acts):
+        groups.setdefault(root(i), []).append(i)
+    names = Counter(t.name for t in sg.tensors)
+    return {(t.name if names[t.name] == 1 else f"{t.name}@{t.index}"): tuple(members)
+            for members in groups.values() if not fixed.intersection(members)
+            for t in (sg.tensors[members[0]],)}

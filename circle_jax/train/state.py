@@ -3,12 +3,14 @@ history and what ``fit`` returns."""
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
-from ..optim import LossScale
+from ..optim import LossScale, all_finite
 
 
 class TrainState(NamedTuple):
@@ -19,12 +21,16 @@ class TrainState(NamedTuple):
       opt_state: the optax state (includes the accumulation state when accumulating).
       loss_scale: the loss-scale state (scale and growth counter are array leaves).
       step: int32 count of micro-steps taken (skipped ones included).
+      stats: statistics the steps keep besides the params: a QAT model's moving activation
+        ranges (``load(qat_ranges="ema")``: group name -> float32 ``[min, max]``, updated
+        every micro-step, `circle_jax.ops.fake_quant.moving_average`); empty otherwise.
     """
 
     params: dict[str, jax.Array]
     opt_state: Any
     loss_scale: LossScale
     step: jax.Array
+    stats: dict[str, jax.Array] = {}  # noqa: RUF012 (a NamedTuple default, never mutated)
 
 
 class StepMetrics(NamedTuple):
@@ -59,3 +65,21 @@ class History:
     #: tensor of the step turned non-finite first (`circle_jax.train.diagnose`); ``fit``
     #: also warns it (`circle_jax.LossScaleWarning`)
     overflow: str | None = None
+
+
+def epoch_summary(m: StepMetrics, params: dict, scale: jax.Array) -> jax.Array:
+    """An epoch's summary as one vector of the loss dtype, so that reading it is one
+    transfer: mean loss, loss scale, skipped steps, correct samples, all weights finite
+    (counts are exact below 2**24 in float32; beyond, off by less than one in 2**24);
+    `host_summary` reads it."""
+    return jnp.stack([jnp.mean(m.loss), scale, jnp.sum(m.skipped), jnp.sum(m.correct),
+                      all_finite(params)]).astype(m.loss.dtype)
+
+
+def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
+    """(mean loss, skipped steps, correct samples, all weights finite, loss scale) from a
+    `epoch_summary` vector as host numbers, and the validation (loss, accuracy) that follows it,
+    or None without it."""
+    loss, scale, skipped, right, finite, *validation = row
+    return ((loss, int(skipped), int(right), bool(finite), scale),
+            (tuple(validation) or None))

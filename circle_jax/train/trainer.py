@@ -26,14 +26,14 @@ from ..distributed import DataParallel
 from ..errors import DataError
 from ..hoisting import split_step
 from ..losses import Reduction, get_loss, get_reduction, loss_name
-from ..lower import RowSquares
+from ..lower import RANGES, RowSquares
 from ..model import Model
 from ..numerics_train import training_numerics
+from ..ops.fake_quant import moving_average
 from ..optim import (
     NoLossScale,
     Policy,
     accumulate,
-    all_finite,
     get_optimizer,
     get_policy,
     loss_scale_from_spec,
@@ -45,7 +45,7 @@ from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, output_index, select_trainable
 from .data import Batch, as_inputs, batched, correct, trailing
 from .programs import ProgramCache, describe_config
-from .state import StepMetrics, TrainState
+from .state import StepMetrics, TrainState, epoch_summary, host_summary
 
 
 class Trainer:
@@ -139,7 +139,7 @@ class Trainer:
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
         self._step = jax.jit(self.train_step)
         self._score = jax.jit(self._score_impl)
-        self._summary = jax.jit(_summary)
+        self._summary = jax.jit(epoch_summary)
         self._permute = jax.jit(self._permuted)
         self._cut = jax.jit(batched, static_argnums=(2, 3))
 
@@ -168,26 +168,30 @@ class Trainer:
     def _fresh_state(self, trainable: dict) -> TrainState:
         trainable = self.split_params(trainable)[0]
         return TrainState(trainable, self.tx.init(trainable),
-                          loss_scale_from_spec(self.config.loss_scale), jnp.zeros([], jnp.int32))
+                          loss_scale_from_spec(self.config.loss_scale), jnp.zeros([], jnp.int32),
+                          {k: jnp.asarray(v) for k, v in self.model.ranges.items()})
 
     def merge(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, jax.Array]:
-        """All params in the model's own dtypes (for ``model.apply`` and export)."""
+        """All params in the model's own dtypes (for ``model.apply`` and export), with a QAT
+        model's moving activation ranges (`circle_jax.lower.RANGES`)."""
         stored = {k: v.dtype for k, v in self.model.params.items()}
         out = {k: jnp.asarray(v, stored[k]) for k, v in state.params.items()}
         out.update(frozen)
-        return out
+        return {**out, RANGES: state.stats} if state.stats else out
 
     # -- the pure step -----------------------------------------------------------------
     def forward_params(self, trainable: dict, frozen: dict) -> dict:
         """The params the training forward reads: the trainable masters rounded to the param
         dtype, and the frozen params, in the compute dtype; with float32 weight gradients
         (`float32_weight_grads`) the trainable ones stay float32 and the lowering rounds
-        them to half at each operator that reads them (`LoweringOptions.half_weights`)."""
-        p = self.policy
+        them to half at each operator that reads them (`LoweringOptions.half_weights`).
+        Moving activation ranges in ``frozen`` stay float32."""
+        p, ranges = self.policy, {k: v for k, v in frozen.items() if k == RANGES}
+        frozen = {k: v for k, v in frozen.items() if k != RANGES}
         weights = p.cast_to_param(grad_cast(trainable, p.grad_dtype))
         if "half_weights" in self.lowering_changes:
-            return {**weights, **p.cast_to_compute(frozen)}
-        return p.cast_to_compute({**weights, **frozen})
+            return {**weights, **p.cast_to_compute(frozen), **ranges}
+        return {**p.cast_to_compute({**weights, **frozen}), **ranges}
 
     def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array],
                  in_loop: bool = False) -> jax.Array:
@@ -220,6 +224,8 @@ class Trainer:
         # in_loop: traced in a loop body (an epoch's scan, or the in-step micro-batch scan)
         differentiated = state.params if not self.row_squares else (state.params, {
             k: jnp.zeros_like(state.params[k]) for k in self.row_squares})
+        if state.stats:  # a QAT model's moving ranges: the forward reads them as params
+            frozen = {**frozen, RANGES: state.stats}
         r = self._grads[in_loop or self.micro_batches > 1](state.loss_scale, differentiated,
                                                            frozen, batch)
         if self.row_squares:  # Keras's sparse-gradient Adam (circle_jax.optim.adam_tf)
@@ -229,16 +235,29 @@ class Trainer:
         else:
             updates, opt_state = self.tx.update(r.grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        new = TrainState(params, opt_state, r.loss_scale, state.step + 1)
+        new = TrainState(params, opt_state, r.loss_scale, state.step + 1,
+                         self._moved_ranges(state, frozen, batch[0]))
         correct = jnp.sum(r.aux) if r.aux is not None else jnp.zeros([], jnp.int32)
         if isinstance(state.loss_scale, NoLossScale):  # static: the pytree's type
             zero = jnp.zeros([], jnp.int32)
             return new, StepMetrics(r.loss, correct, zero, zero, state.loss_scale.loss_scale)
-        kept = TrainState(state.params, state.opt_state, r.loss_scale, state.step + 1)
+        kept = TrainState(state.params, state.opt_state, r.loss_scale, state.step + 1,
+                          state.stats)
         new = select_tree(r.grads_finite, new, kept)
         metrics = StepMetrics(r.loss, correct, (~r.grads_finite).astype(jnp.int32),
                               r.n_overflows, state.loss_scale.loss_scale)
         return new, metrics
+
+    def _moved_ranges(self, state: TrainState, frozen: dict, x: Sequence[jax.Array]) -> dict:
+        """A QAT model's moving activation ranges moved toward this batch's (observed by a
+        forward of the step's params without gradient, `Model.observe`); else empty."""
+        if not state.stats:
+            return state.stats
+        params = self.forward_params(state.params, frozen)
+        seen = self.model.observe(params, *self.policy.cast_to_compute(tuple(x)),
+                                  **self.lowering_changes)
+        decay = self.model.qat_range_decay
+        return {k: moving_average(v, seen[k], decay) for k, v in state.stats.items()}
 
     def _epoch_impl(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array):
         steps = ys.shape[0]
@@ -292,7 +311,7 @@ class Trainer:
                      val: tuple | None, first: jax.Array, *, count: int
                      ) -> tuple[TrainState, jax.Array]:
         """``count`` whole epochs from epoch ``first`` in one compiled call: per epoch what
-        `run_epoch` does (its batches, then the trailing partial batch), then the `_summary`
+        `run_epoch` does (its batches, then the trailing partial batch), then the `epoch_summary`
         and, given ``val``, the validation (loss, accuracy) appended to it. Returns the state
         and the summaries stacked over the epochs (one transfer for the whole run).
 
@@ -316,7 +335,7 @@ class Trainer:
             if rest is not None:
                 s, last = self.train_step(s, frozen, rest)
                 m = jax.tree.map(lambda a, z: jnp.concatenate([a, z[None]]), m, last)
-            summary = _summary(m, s.params, s.loss_scale.loss_scale)
+            summary = epoch_summary(m, s.params, s.loss_scale.loss_scale)
             if val is not None:
                 scored = _scoring_split(*val, b) if inside else val
                 scores = self._score_impl(*self.split_params({**s.params, **frozen}), *scored)
@@ -574,21 +593,3 @@ def _compile(lowered: jax.stages.Lowered, platform: str) -> Callable[..., Any]:
             if "compile option" not in str(e):
                 raise
     return lowered.compile()
-
-
-def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> jax.Array:
-    """An epoch's summary as one vector of the loss dtype, so that reading it is one
-    transfer: mean loss, loss scale, skipped steps, correct samples, all weights finite
-    (counts are exact below 2**24 in float32; beyond, off by less than one in 2**24);
-    `host_summary` reads it."""
-    return jnp.stack([jnp.mean(m.loss), scale, jnp.sum(m.skipped), jnp.sum(m.correct),
-                      all_finite(params)]).astype(m.loss.dtype)
-
-
-def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
-    """(mean loss, skipped steps, correct samples, all weights finite, loss scale) from a
-    `_summary` vector as host numbers, and the validation (loss, accuracy) that follows it,
-    or None without it."""
-    loss, scale, skipped, right, finite, *validation = row
-    return ((loss, int(skipped), int(right), bool(finite), scale),
-            (tuple(validation) or None))
