@@ -210,10 +210,17 @@ def add_load_arguments(g: Any) -> None:
           "kernels",
           help="a fully quantized (integer) model trains by quantization-aware training and "
           "exports as an integer model (on), or trains dequantized in float (off)")
-    _flag(g, "--qat_forward", choices=["integer", "fake_quant"], default="integer",
+    _flag(g, "--qat_forward", choices=["integer", "fake_quant"],
+          default="integer; fake_quant with --qat_ranges ema",
           help="QAT's forward values: the integer kernels', what the exported file computes "
           "(integer), or the fake-quant float graph's (fake_quant); gradients are the "
           "fake-quant graph's either way")
+    _flag(g, "--qat_ranges", choices=["file", "ema"], default="file",
+          help="QAT's activation ranges: the file's scales and zero points (file), or "
+          "re-estimated each step by moving min/max as TF's QAT does (ema; needs the "
+          "fake_quant forward), which export writes")
+    _flag(g, "--qat_range_decay", type=float, metavar="D", default="0.999 (TF's)",
+          help="with --qat_ranges ema: range = range * D + batch range * (1 - D), D in [0, 1)")
 
 
 def add_personalize_arguments(g: Any, seed: bool = False) -> None:
