@@ -99,3 +99,75 @@ def test_ema_export_runs_in_litert_as_simulated(name: str) -> None:
         worst[t.name] = steps
     assert len(own) >= 10
     print(name, "worst per-operator steps", max(worst.values()))
+
+
+def test_resume_with_moving_ranges_is_bit_identical(tmp_path: Path) -> None:
+    """2 epochs == 1 epoch + checkpoint (ranges beside it) + resume 1 epoch: losses,
+    weights and ranges bit for bit; without the sidecar the resume is refused in one line."""
+    from circle_jax.checkpoints import fit_checkpointed
+    from circle_jax.checkpoints.ranges import ranges_path
+    from circle_jax.train import Trainer
+
+    model = cj.load(DATA / "full_int8_float_io.tflite", qat=True, qat_ranges="ema",
+                    qat_range_decay=0.9)
+    x, y = _digits(model, 32)
+    config = {"batch_size": 8, "learning_rate": 0.05, "optimizer": "adam",
+              "loss": "categorical_crossentropy", "shuffle": False}
+    whole = cj.fit(model, x, y, epochs=2, **config)
+    trainer = Trainer(model, epochs=1, **config)
+    path = tmp_path / "run.ckpt"
+    first = fit_checkpointed(model, x, y, trainer=trainer, save=path)
+    assert ranges_path(path).is_file()
+    second = fit_checkpointed(model, x, y, trainer=trainer, resume=path)
+    assert first.history.loss + second.history.loss == whole.history.loss
+    for k, v in whole.params.items():
+        if k != RANGES:
+            assert np.asarray(v).tobytes() == np.asarray(second.params[k]).tobytes(), k
+    got, want = second.params[RANGES], whole.params[RANGES]
+    assert got.keys() == want.keys()
+    assert all(np.asarray(got[k]).tobytes() == np.asarray(want[k]).tobytes() for k in want)
+    assert any(not np.array_equal(np.asarray(want[k]), v) for k, v in model.ranges.items())
+    ranges_path(path).unlink()
+    with pytest.raises(cj.DataError, match="ranges.json is missing") as e:
+        fit_checkpointed(model, x, y, trainer=trainer, resume=path)
+    assert "\n" not in str(e.value)
+
+
+def test_bad_range_options_are_refused_in_one_line(tmp_path: Path, capsys) -> None:
+    from circle_jax.cli import build_parser, main
+    from circle_jax.cli.config import load_options
+
+    path = DATA / "full_int8_float_io.tflite"
+    for kwargs, match in (({"qat_ranges": "minmax"}, "qat_ranges 'minmax'"),
+                          ({"qat_ranges": "ema", "qat_forward": "integer"}, "integer forward"),
+                          ({"qat_ranges": "ema", "qat_range_decay": 1.0}, "qat_range_decay"),
+                          ({"qat_ranges": "ema", "qat_range_decay": float("nan")},
+                           "qat_range_decay")):
+        with pytest.raises(ValueError, match=match) as e:
+            cj.load(path, qat=True, **kwargs)
+        assert "\n" not in str(e.value)
+    ns = build_parser().parse_args(["train", "m.circle", "--qat_ranges", "ema",
+                                    "--qat_range_decay", "0.99"])
+    assert load_options(ns)["qat_ranges"] == "ema" and load_options(ns)["qat_range_decay"] == 0.99
+    x = np.load(DATA / "inputs.npz")["x"].astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.eye(10, dtype=np.float32)[np.arange(len(x)) % 10])
+    base = ["train", str(path), "--load_input", str(tmp_path / "x.npy"), "--load_expected",
+            str(tmp_path / "y.npy"), "--loss", "cce", "--epoch", "1", "--batch_size", "4"]
+    out = tmp_path / "ema.tflite"
+    assert main([*base, "--qat_ranges", "ema", "--qat_range_decay", "0.5",
+                 "--export_tflite", str(out)]) == 0
+    capsys.readouterr()
+    a, b = read_model(path).main, read_model(out.read_bytes()).main
+    assert any(t.quantization != u.quantization for t, u in zip(a.tensors, b.tensors)
+               if t.data is None)
+    _litert(out.read_bytes(), x[:1])  # LiteRT runs it
+    for flags in (["--qat_ranges", "minmax"], ["--qat_ranges", "ema", "--qat_forward", "integer"],
+                  ["--qat_ranges", "ema", "--qat_range_decay", "2"]):
+        try:
+            status = main([*base, *flags])
+        except SystemExit as e:  # argparse's refusal
+            status = e.code
+        assert status not in (0, None), flags
+        err = capsys.readouterr().err.strip()
+        assert "Traceback" not in err and len(err.splitlines()) <= 2, err

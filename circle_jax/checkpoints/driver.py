@@ -65,7 +65,7 @@ def fit_checkpointed(
     state, epoch, step = None, 0, 0
     if resume is not None:
         ckpt, found = read_checkpoint(resume, model, params)
-        state, frozen = _restore(ckpt, found, model, trainer, params)
+        state, frozen = _restore(ckpt, found, model, trainer, params, resume)
         params = trainer.merge(state, frozen)
         # written inside an epoch (or at its last chunk): the updates go past cur_epoch epochs
         into = ckpt.step * _stream_k(trainer) - ckpt.epoch * steps

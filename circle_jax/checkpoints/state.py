@@ -37,7 +37,8 @@ continued run is bit-identical to an uninterrupted one. Not stored (onert's form
 place for them): loss-scale state (reset from the config), a partial gradient accumulation
 (saving mid-cycle is refused) and optimizer state other than Adam's moments (momentum,
 RMSprop: refused). Weights and moments are stored in the tensor's dtype, so a half-precision
-model resumes from rounded float32 masters.
+model resumes from rounded float32 masters. A QAT model's moving activation ranges are
+written beside the file (`circle_jax.checkpoints.ranges`).
 """
 
 from __future__ import annotations
@@ -64,6 +65,7 @@ from ..train import (
     TrainState,
 )
 from ._common import Source, _describe, _main_params, _nbytes, _stream_k, require_finite
+from .ranges import restore_ranges, save_ranges
 
 Order = str | Sequence[int]
 """A checkpoint entry order: "ascending", "onert", "auto" or the tensor index of each entry."""
@@ -219,6 +221,7 @@ def save_checkpoint(path: PathLike, model: Model, trainer: Trainer, state: Train
     """
     data = checkpoint_bytes(model, trainer, state, frozen, epoch=epoch, order=order)
     atomic_write(path, data, protect=protect)
+    save_ranges(path, state, protect)
 
 
 def onert_order(model: Model) -> tuple[int, ...]:
@@ -420,11 +423,11 @@ def load_checkpoint(source: Source, model: Model, trainer: Trainer,
     ``fit(..., state=state, params=trainer.merge(state, frozen))``.
     """
     ckpt, found = read_checkpoint(source, model, params, order)
-    return _restore(ckpt, found, model, trainer, params)
+    return _restore(ckpt, found, model, trainer, params, source)
 
 
 def _restore(ckpt: Checkpoint, order: Sequence[int], model: Model, trainer: Trainer,
-             params: Mapping[str, Any] | None) -> tuple[TrainState, dict]:
+             params: Mapping[str, Any] | None, source: Source) -> tuple[TrainState, dict]:
     params = model.params if params is None else params
     state, frozen = trainer.init(_entry_params(ckpt, model, order, params))
     names = _main_params(model)
@@ -460,7 +463,7 @@ def _restore(ckpt: Checkpoint, order: Sequence[int], model: Model, trainer: Trai
     opt = jax.tree.map(set_count, opt, is_leaf=lambda n: isinstance(n, AccumulateState))
     opt = jax.tree.map(set_count, opt, is_leaf=_has_count)
     step = jnp.asarray(ckpt.step * _stream_k(trainer), state.step.dtype)
-    return state._replace(opt_state=opt, step=step), frozen
+    return restore_ranges(source, model, state._replace(opt_state=opt, step=step)), frozen
 
 
 def _has_count(n: Any) -> bool:

@@ -163,7 +163,8 @@ class Trainer:
             {k: v for k, v in params.items() if k in self.trainable},
             {k: v for k, v in params.items() if k not in self.trainable}))
         fresh = self._compiled_for(self._fresh_state, "fresh", (trainable,))
-        return fresh(trainable), frozen
+        state = fresh(trainable)  # moving ranges given in the params (`merge`) continue
+        return (state._replace(stats=frozen.pop(RANGES)) if RANGES in frozen else state), frozen
 
     def _fresh_state(self, trainable: dict) -> TrainState:
         trainable = self.split_params(trainable)[0]
