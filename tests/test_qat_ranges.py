@@ -104,7 +104,7 @@ def test_ema_export_runs_in_litert_as_simulated(name: str) -> None:
 def test_resume_with_moving_ranges_is_bit_identical(tmp_path: Path) -> None:
     """2 epochs == 1 epoch + checkpoint (ranges beside it) + resume 1 epoch: losses,
     weights and ranges bit for bit; without the sidecar the resume is refused in one line."""
-    from circle_jax.checkpoints import fit_checkpointed
+    from circle_jax.checkpoints import checkpoint_params, fit_checkpointed
     from circle_jax.checkpoints.ranges import ranges_path
     from circle_jax.train import Trainer
 
@@ -127,6 +127,8 @@ def test_resume_with_moving_ranges_is_bit_identical(tmp_path: Path) -> None:
     assert got.keys() == want.keys()
     assert all(np.asarray(got[k]).tobytes() == np.asarray(want[k]).tobytes() for k in want)
     assert any(not np.array_equal(np.asarray(want[k]), v) for k, v in model.ranges.items())
+    # export from the checkpoint (`circle-jax export --checkpoint`) writes the saved ranges
+    assert model.export(checkpoint_params(path, model)) == model.export(first.params)
     ranges_path(path).unlink()
     with pytest.raises(cj.DataError, match="ranges.json is missing") as e:
         fit_checkpointed(model, x, y, trainer=trainer, resume=path)

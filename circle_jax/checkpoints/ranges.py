@@ -15,6 +15,7 @@ import os
 from pathlib import Path
 from typing import Any
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 
@@ -38,11 +39,11 @@ def save_ranges(checkpoint: PathLike, state: TrainState, protect: Any = None) ->
                  protect=protect)
 
 
-def restore_ranges(source: Any, model: Model, state: TrainState) -> TrainState:
-    """``state`` with the moving ranges saved beside checkpoint ``source`` (a path), for a
-    model that has them; DataError in one line when they cannot be read."""
+def read_ranges(source: Any, model: Model) -> dict[str, jax.Array]:
+    """The moving ranges saved beside checkpoint ``source`` (a path) for ``model``; empty
+    for a model without them; DataError in one line when they cannot be read."""
     if not model.ranges:
-        return state
+        return {}
     path = ranges_path(source) if isinstance(source, (str, os.PathLike)) else None
     if path is None or not path.is_file():
         raise DataError(f"the model moves its activation ranges (qat_ranges='ema') but "
@@ -50,9 +51,14 @@ def restore_ranges(source: Any, model: Model, state: TrainState) -> TrainState:
                         "checkpoint file whose ranges were saved beside it")
     try:
         saved = json.loads(path.read_text())
-        stats = {k: jnp.asarray(np.asarray(saved[k], np.float32).reshape(2))
-                 for k in model.ranges}
+        return {k: jnp.asarray(np.asarray(saved[k], np.float32).reshape(2))
+                for k in model.ranges}
     except (ValueError, KeyError, TypeError) as e:
         raise DataError(f"{path}: not the ranges of this model's activations "
                         f"({type(e).__name__}: {str(e)[:100]})") from None
-    return state._replace(stats=stats)
+
+
+def restore_ranges(source: Any, model: Model, state: TrainState) -> TrainState:
+    """``state`` with the moving ranges saved beside checkpoint ``source`` (`read_ranges`)."""
+    ranges = read_ranges(source, model)
+    return state._replace(stats=ranges) if ranges else state

@@ -58,6 +58,7 @@ from ..formats.reader import read_bytes
 from ..formats.writer import write_model
 from ..graph import ir
 from ..interop.onert import onert_checkpoint_order
+from ..lower import RANGES
 from ..model import Model
 from ..optim import AccumulateState, AdamTFState
 from ..train import (
@@ -65,7 +66,7 @@ from ..train import (
     TrainState,
 )
 from ._common import Source, _describe, _main_params, _nbytes, _stream_k, require_finite
-from .ranges import restore_ranges, save_ranges
+from .ranges import read_ranges, restore_ranges, save_ranges
 
 Order = str | Sequence[int]
 """A checkpoint entry order: "ascending", "onert", "auto" or the tensor index of each entry."""
@@ -406,10 +407,13 @@ def checkpoint_params(source: Source, model: Model, params: Mapping[str, Any] | 
     """All params of ``model`` (model dtypes) with the weights found in a checkpoint.
 
     ``params``: reference weights for matching (see :func:`read_checkpoint`) and the values
-    of params the checkpoint does not cover; default: the model's own.
+    of params the checkpoint does not cover; default: the model's own. A QAT model's
+    moving activation ranges saved beside it come with them (`circle_jax.lower.RANGES`).
     """
     ckpt, found = read_checkpoint(source, model, params, order)
-    return _entry_params(ckpt, model, found, model.params if params is None else params)
+    out = _entry_params(ckpt, model, found, model.params if params is None else params)
+    ranges = read_ranges(source, model)
+    return {**out, RANGES: ranges} if ranges else out
 
 
 def load_checkpoint(source: Source, model: Model, trainer: Trainer,
