@@ -209,7 +209,8 @@ class Lowered:
                     for key, (d, _, ctx) in self._ops.items()}
         return new
 
-    def apply(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
+    def apply(self, params: Mapping[str, Any], *inputs: Any,
+              observed: dict[str, Any] | None = None) -> tuple[Any, ...]:
         """Run subgraph 0: the model's outputs, in order, as a tuple.
 
         Given N samples where the inputs declare a batch of D (their common dimension 0), the
@@ -218,16 +219,25 @@ class Lowered:
         over the samples (``jax.vmap``), each output the N single-sample outputs
         concatenated on axis 0, and when D is not 1 the batch is refused in one line.
         Either way a batch of N gives what N single-sample runs give.
+
+        ``observed``: a dict that gets, for a QAT model with moving ranges, each range
+        group's (min, max) of this forward's real values before rounding (:meth:`observe`).
         """
         mode = self.batching(inputs)
         if mode == "mapped":
-            return self.per_sample(params, *inputs)
+            return self.per_sample(params, *inputs, observed=observed)
         if mode == "refused":
             shapes = [list(self.model.main.tensors[i].shape) for i in self.model.main.inputs]
             raise DataError(f"inputs of shapes {[list(np.shape(x)) for x in inputs]}: the "
                             f"model runs only at its declared batch ({shapes}), because "
                             f"{self.batch_blocker}")
-        return self.run(0, params, inputs, keep=False)[0]
+        groups = {} if observed is None or self.fake_quant is None else self.fake_quant.moving
+        seen: dict[int, Any] = {i: None for members in groups.values() for i in members}
+        outputs = self.run(0, params, inputs, keep=False, observed=seen or None)[0]
+        for name, members in groups.items():
+            observed[name] = (jnp.min(jnp.stack([seen[i][0] for i in members])),
+                              jnp.max(jnp.stack([seen[i][1] for i in members])))
+        return outputs
 
     def batching(self, inputs: Sequence[Any]) -> str:
         """How :meth:`apply` runs ``inputs``: "mapped" (the batch-1 graph over the samples),
@@ -250,29 +260,24 @@ class Lowered:
         return "refused" if same_samples else "direct"
 
     def observe(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, Any]:
-        """The ``[min, max]`` (float32) of each moving range group's real values before
+        """The (min, max) (float32) of each moving range group's real values before
         rounding (`moving_parameters`) over these inputs: what ``qat_ranges="ema"`` moves
         its ranges toward."""
-        groups = self.fake_quant.moving
+        seen: dict[str, Any] = {}
+        self.apply(params, *inputs, observed=seen)
+        return seen
 
-        def one(*xs: Any) -> dict[str, Any]:
-            seen = {i: None for members in groups.values() for i in members}
-            self.run(0, params, xs, keep=False, observed=seen)
-            return {name: jnp.stack([jnp.min(jnp.stack([seen[i][0] for i in members])),
-                                     jnp.max(jnp.stack([seen[i][1] for i in members]))])
-                    for name, members in groups.items()}
+    def per_sample(self, params: Mapping[str, Any], *inputs: Any,
+                   observed: dict[str, Any] | None = None) -> tuple[Any, ...]:
+        """Subgraph 0 run on each sample alone (batch 1), mapped over the samples
+        (``observed``: as :meth:`apply`'s, over all samples)."""
+        def one(*sample: Any) -> tuple[tuple[Any, ...], dict[str, Any] | None]:
+            seen = None if observed is None else {}
+            return self.apply(params, *(x[None] for x in sample), observed=seen), seen
 
-        if self.batching(inputs) != "mapped":
-            return one(*inputs)
-        each = jax.vmap(lambda *x: one(*(v[None] for v in x)))(*inputs)
-        return {name: jnp.stack([r[:, 0].min(), r[:, 1].max()]) for name, r in each.items()}
-
-    def per_sample(self, params: Mapping[str, Any], *inputs: Any) -> tuple[Any, ...]:
-        """Subgraph 0 run on each sample alone (batch 1), mapped over the samples."""
-        def one(*sample: Any) -> tuple[Any, ...]:
-            return self.run(0, params, tuple(x[None] for x in sample), keep=False)[0]
-
-        outs = jax.vmap(one)(*inputs)
+        outs, seen = jax.vmap(one)(*inputs)
+        if observed is not None:
+            observed.update({name: (lo.min(), hi.max()) for name, (lo, hi) in seen.items()})
         return tuple(o.reshape((-1, *o.shape[2:])) for o in outs)
 
     def intermediates(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, Any]:
@@ -309,7 +314,7 @@ class Lowered:
             if i in acts:
                 g, scale, zero = acts[i]
                 if observed is not None and i in observed:
-                    observed[i] = jnp.stack([jnp.min(x), jnp.max(x)]).astype(jnp.float32)
+                    observed[i] = (jnp.min(x).astype(jnp.float32), jnp.max(x).astype(jnp.float32))
                 x = fq.fake_quant(x, scale, zero, g.qmin, g.qmax)
             return x + taps[i] if i in taps else x
 

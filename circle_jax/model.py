@@ -131,9 +131,11 @@ class Model:
         self.inputs = tuple(_spec(sg.tensors[i]) for i in sg.inputs)
         self.outputs = tuple(_spec(sg.tensors[i]) for i in sg.outputs)
 
-    def apply(self, params: Mapping[str, Any], *inputs: Any) -> tuple[jax.Array, ...]:
-        """The model's outputs for ``inputs``, in the model's output order."""
-        return self._lowered.apply(params, *(jnp.asarray(x) for x in inputs))
+    def apply(self, params: Mapping[str, Any], *inputs: Any, **observed: Any
+              ) -> tuple[jax.Array, ...]:
+        """The model's outputs for ``inputs``, in the model's output order (``observed=``:
+        see `circle_jax.lower.Lowered.apply`)."""
+        return self._lowered.apply(params, *(jnp.asarray(x) for x in inputs), **observed)
 
     @property
     def batch_blocker(self) -> str | None:
@@ -164,8 +166,9 @@ class Model:
             self._variants[key] = self._lowered.with_options(**changes)
         variant = self._variants[key]
 
-        def apply(params: Mapping[str, Any], *inputs: Any) -> tuple[jax.Array, ...]:
-            return variant.apply(params, *(jnp.asarray(x) for x in inputs))
+        def apply(params: Mapping[str, Any], *inputs: Any, **observed: Any
+                  ) -> tuple[jax.Array, ...]:
+            return variant.apply(params, *(jnp.asarray(x) for x in inputs), **observed)
 
         return apply
 
@@ -192,12 +195,10 @@ class Model:
             name: fq.file_range(plan.activations[(0, members[0])])
             for name, members in plan.moving.items()}
 
-    def observe(self, params: Mapping[str, Any], *inputs: Any, **changes: Any
-                ) -> dict[str, jax.Array]:
-        """Each moving range group's ``[min, max]`` over ``inputs`` before rounding
-        (`circle_jax.lower.Lowered.observe`), lowered with ``changes`` as `lowered`."""
-        lowered = self._lowered.with_options(**changes) if changes else self._lowered
-        return lowered.observe(params, *(jnp.asarray(x) for x in inputs))
+    def observe(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, Any]:
+        """Each moving range group's (min, max) over ``inputs`` before rounding
+        (`circle_jax.lower.Lowered.observe`)."""
+        return self._lowered.observe(params, *(jnp.asarray(x) for x in inputs))
 
     def __call__(self, *inputs: Any) -> tuple[jax.Array, ...]:
         """``apply`` with the model's own weights."""

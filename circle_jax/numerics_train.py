@@ -86,8 +86,8 @@ def softmax_logits_apply(model: Model, output: int = 0, **changes: Any
     if changes:
         lowered = lowered.with_options(**changes)
 
-    def apply(params: Any, *inputs: Any) -> tuple[Any, ...]:
-        outs = list(lowered.apply(params, *inputs))
+    def apply(params: Any, *inputs: Any, **observed: Any) -> tuple[Any, ...]:
+        outs = list(lowered.apply(params, *inputs, **observed))
         if beta != 1.0:
             outs[output] = outs[output] * beta
         return tuple(outs)

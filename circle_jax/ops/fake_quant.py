@@ -95,14 +95,13 @@ def range_params(lo_hi: Array, g: QParams) -> tuple[Array, Array]:
     return weight_params(lo_hi, g)
 
 
-def moving_average(ranges: Array, observed: Array, decay: float) -> Array:
-    """TF's moving min/max (tfmot's MovingAverageQuantizer): ``[min, max]`` ranges (any
-    leading shape) moved toward a batch's ``observed`` ones widened to hold 0:
-    ``r * decay + observed * (1 - decay)``."""
-    lo = jnp.minimum(observed[..., 0], 0.0)
-    hi = jnp.maximum(observed[..., 1], 0.0)
+def moving_average(r: Array, lo: Array, hi: Array, decay: float) -> Array:
+    """TF's moving min/max (tfmot's MovingAverageQuantizer): range ``r = [min, max]`` moved
+    toward a batch's ``[min(lo), max(hi)]`` (of all elements given) widened to hold 0:
+    ``r * decay + batch * (1 - decay)``, float32."""
+    batch = jnp.stack([jnp.minimum(jnp.min(lo), 0.0), jnp.maximum(jnp.max(hi), 0.0)])
     d = np.float32(decay)
-    return ranges * d + jnp.stack([lo, hi], -1) * (np.float32(1) - d)
+    return r * d + batch.astype(jnp.float32) * (np.float32(1) - d)
 
 
 def quantize_weight(w: Array, g: QParams) -> tuple[Array, Array, Array]:

@@ -15,9 +15,9 @@ from .data import batched, split_validation
 from .dispatch import inline_cpu_dispatch
 from .loop import Callback, FitResult, fit, prepare_data, record_epoch
 from .memory import retain_host_memory
-from .programs import ProgramCache
+from .programs import CPU_COMPILER_OPTIONS, ProgramCache
 from .state import History, StepMetrics, TrainState
-from .trainer import CPU_COMPILER_OPTIONS, Trainer
+from .trainer import Trainer
 
 __all__ = [
     "CPU_COMPILER_OPTIONS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",

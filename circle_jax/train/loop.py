@@ -252,7 +252,7 @@ def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState,
     x_val, y_val = val
     if y_val.shape[0]:
         _record_validation(hist, epoch,
-                           *trainer.evaluate({**state.params, **frozen}, x_val, y_val))
+                           *trainer.evaluate(trainer.masters(state, frozen), x_val, y_val))
 
 
 def _record(cfg: TrainConfig, hist: History, epoch: int, unscaled: bool, summary: tuple,

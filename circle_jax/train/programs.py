@@ -140,3 +140,19 @@ def _persistent_cache_off() -> Iterator[None]:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", before)
+
+
+#: XLA options for compiled epochs on CPU: classic fusion emitters (benchmarks/README.md).
+CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
+
+
+def compile_for(lowered: jax.stages.Lowered, platform: str) -> Callable[..., Any]:
+    """Compile with ``CPU_COMPILER_OPTIONS`` for CPU devices; without them where this XLA
+    lacks one."""
+    if platform == "cpu":
+        try:
+            return lowered.compile(compiler_options=CPU_COMPILER_OPTIONS)
+        except Exception as e:  # XLA's runtime error type moved between jaxlib versions
+            if "compile option" not in str(e):
+                raise
+    return lowered.compile()

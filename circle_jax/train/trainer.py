@@ -44,7 +44,7 @@ from ..optim import (
 from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, output_index, select_trainable
 from .data import Batch, as_inputs, batched, correct, trailing
-from .programs import ProgramCache, describe_config
+from .programs import CPU_COMPILER_OPTIONS, ProgramCache, compile_for, describe_config
 from .state import StepMetrics, TrainState, epoch_summary, host_summary
 
 
@@ -148,7 +148,8 @@ class Trainer:
         """(trainable masters in ``master_dtype``, frozen params as stored)."""
         trainable = {k: jnp.asarray(v, self.master_dtype) if self._master(v) else jnp.asarray(v)
                      for k, v in params.items() if k in self.trainable}
-        frozen = {k: jnp.asarray(v) for k, v in params.items() if k not in self.trainable}
+        frozen = {k: v if k == RANGES else jnp.asarray(v) for k, v in params.items()
+                  if k not in self.trainable}
         return trainable, frozen
 
     def _master(self, v: Any) -> bool:
@@ -171,6 +172,10 @@ class Trainer:
         return TrainState(trainable, self.tx.init(trainable),
                           loss_scale_from_spec(self.config.loss_scale), jnp.zeros([], jnp.int32),
                           {k: jnp.asarray(v) for k, v in self.model.ranges.items()})
+
+    def masters(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, Any]:
+        """All params, the trainable ones as their masters, and the moving ranges."""
+        return {**state.params, **frozen, **({RANGES: state.stats} if state.stats else {})}
 
     def merge(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, jax.Array]:
         """All params in the model's own dtypes (for ``model.apply`` and export), with a QAT
@@ -195,7 +200,7 @@ class Trainer:
         return {**p.cast_to_compute({**weights, **frozen}), **ranges}
 
     def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array],
-                 in_loop: bool = False) -> jax.Array:
+                 in_loop: bool = False, observed: dict | None = None) -> jax.Array:
         p = self.policy
         trainable, squares = trainable if isinstance(trainable, tuple) else (trainable, {})
         params = self.forward_params(trainable, frozen)
@@ -204,14 +209,17 @@ class Trainer:
         params.update({k: p.cast_to_compute(RowSquares(params[k], s))
                        for k, s in squares.items()})
         apply = self.numerics.apply_in_loop if in_loop else self.numerics.apply
-        out = apply(params, *p.cast_to_compute(tuple(x)))[self.loss_output]
+        seen = {} if observed is None else {"observed": observed}  # moving ranges' batch
+        out = apply(params, *p.cast_to_compute(tuple(x)), **seen)[self.loss_output]
         return p.cast_to_output(out).astype(self.loss_dtype)
 
     def _loss(self, trainable: dict, frozen: dict, batch: Batch,
               in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
         x, y = batch
-        out = self._forward(trainable, frozen, x, in_loop)
-        return self.loss_fn(out, y), correct(out, y, self.config.ignore_index)
+        seen = {} if RANGES in frozen else None  # a QAT model's moving ranges: observed too
+        out = self._forward(trainable, frozen, x, in_loop, seen)
+        right = correct(out, y, self.config.ignore_index)
+        return self.loss_fn(out, y), right if seen is None else (right, seen)
 
     def train_step(self, state: TrainState, frozen: dict, batch: Batch, in_loop: bool = False
                    ) -> tuple[TrainState, StepMetrics]:
@@ -236,9 +244,11 @@ class Trainer:
         else:
             updates, opt_state = self.tx.update(r.grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
-        new = TrainState(params, opt_state, r.loss_scale, state.step + 1,
-                         self._moved_ranges(state, frozen, batch[0]))
-        correct = jnp.sum(r.aux) if r.aux is not None else jnp.zeros([], jnp.int32)
+        right, seen = (r.aux, {}) if not state.stats else r.aux
+        stats = {k: moving_average(v, *seen[k], self.model.qat_range_decay)
+                 for k, v in state.stats.items()}  # over micro-batches too: their min, max
+        new = TrainState(params, opt_state, r.loss_scale, state.step + 1, stats)
+        correct = jnp.sum(right) if right is not None else jnp.zeros([], jnp.int32)
         if isinstance(state.loss_scale, NoLossScale):  # static: the pytree's type
             zero = jnp.zeros([], jnp.int32)
             return new, StepMetrics(r.loss, correct, zero, zero, state.loss_scale.loss_scale)
@@ -248,17 +258,6 @@ class Trainer:
         metrics = StepMetrics(r.loss, correct, (~r.grads_finite).astype(jnp.int32),
                               r.n_overflows, state.loss_scale.loss_scale)
         return new, metrics
-
-    def _moved_ranges(self, state: TrainState, frozen: dict, x: Sequence[jax.Array]) -> dict:
-        """A QAT model's moving activation ranges moved toward this batch's (observed by a
-        forward of the step's params without gradient, `Model.observe`); else empty."""
-        if not state.stats:
-            return state.stats
-        params = self.forward_params(state.params, frozen)
-        seen = self.model.observe(params, *self.policy.cast_to_compute(tuple(x)),
-                                  **self.lowering_changes)
-        decay = self.model.qat_range_decay
-        return {k: moving_average(v, seen[k], decay) for k, v in state.stats.items()}
 
     def _epoch_impl(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array):
         steps = ys.shape[0]
@@ -339,7 +338,7 @@ class Trainer:
             summary = epoch_summary(m, s.params, s.loss_scale.loss_scale)
             if val is not None:
                 scored = _scoring_split(*val, b) if inside else val
-                scores = self._score_impl(*self.split_params({**s.params, **frozen}), *scored)
+                scores = self._score_impl(*self.split_params(self.masters(s, frozen)), *scored)
                 summary = jnp.concatenate([summary, jnp.stack(scores).astype(summary.dtype)])
             return s, summary
 
@@ -537,9 +536,9 @@ class Trainer:
                 options = repr(CPU_COMPILER_OPTIONS) if self.platform == "cpu" else ""
                 self._compiled[key] = cache.compiled(
                     (self.model.digest, name, config, str(self.hoist), options),
-                    fn, args, lambda low: _compile(low, self.platform))
+                    fn, args, lambda low: compile_for(low, self.platform))
             else:
-                self._compiled[key] = _compile(jax.jit(fn).lower(*args), self.platform)
+                self._compiled[key] = compile_for(jax.jit(fn).lower(*args), self.platform)
         return self._compiled[key]
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
@@ -578,19 +577,3 @@ def _scoring_split(x: Sequence[jax.Array], y: jax.Array, batch_size: int
     b = min(batch_size, n)
     steps, rest = divmod(n, b)
     return batched(tuple(x), y, b, steps), (trailing(x, y, b, steps) if rest else None)
-
-
-#: XLA options for compiled epochs on CPU: classic fusion emitters (benchmarks/README.md).
-CPU_COMPILER_OPTIONS = {"xla_cpu_use_fusion_emitters": False}
-
-
-def _compile(lowered: jax.stages.Lowered, platform: str) -> Callable[..., Any]:
-    """Compile with ``CPU_COMPILER_OPTIONS`` for CPU devices; without them where this XLA
-    lacks one."""
-    if platform == "cpu":
-        try:
-            return lowered.compile(compiler_options=CPU_COMPILER_OPTIONS)
-        except Exception as e:  # XLA's runtime error type moved between jaxlib versions
-            if "compile option" not in str(e):
-                raise
-    return lowered.compile()
