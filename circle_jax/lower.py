@@ -307,7 +307,7 @@ class Lowered:
         plan = self.fake_quant
         acts = {} if plan is None else {i: (g, g.scale[0], g.zero_point[0])
                                         for (j, i), g in plan.activations.items() if j == k}
-        if k == 0 and RANGES in params:  # moving ranges (qat_ranges="ema")
+        if k == 0 and plan is not None and RANGES in params:  # qat_ranges="ema"
             acts.update(moving_parameters(plan, params[RANGES]))
 
         def computed(i: int, x: Any) -> Any:

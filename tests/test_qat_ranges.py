@@ -45,6 +45,8 @@ def test_ema_ranges_move_toward_the_data_and_file_ranges_stay() -> None:
     model = cj.load(DATA / "full_int8_float_io.tflite", qat=True, qat_ranges="ema",
                     qat_range_decay=0.5)
     assert model.qat_forward == "fake_quant" and len(model.ranges) >= 5
+    # the initial ranges (the file's) give back the file's scales and zero points
+    assert model.export({**model.params, RANGES: model.ranges}) == model.export()
     x, _ = _digits(model, 8)
     start = {k: jnp.asarray(v) for k, v in model.ranges.items()}
     seen = jax.jit(model.observe)({**model.params, RANGES: start}, x)

@@ -83,8 +83,11 @@ def weight_params(w: Array, g: QParams) -> tuple[Array, Array]:
 
 
 def file_range(g: QParams) -> np.ndarray:
-    """``[min, max]`` (float32) of the real values per-tensor parameters ``g`` represent."""
-    return np.float32(g.s) * (np.array([g.qmin, g.qmax], np.float32) - np.float32(g.zp))
+    """``[min, max]`` (float32) of the real values per-tensor parameters ``g`` represent
+    (symmetric ones: ``[-qmax, qmax]`` steps), which `range_params` maps back to ``g``'s
+    scale and zero point (within an ulp of the scale)."""
+    lo = -g.qmax if g.symmetric else g.qmin
+    return np.float32(g.s) * (np.array([lo, g.qmax], np.float32) - np.float32(g.zp))
 
 
 def range_params(lo_hi: Array, g: QParams) -> tuple[Array, Array]:
