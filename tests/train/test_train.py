@@ -387,7 +387,7 @@ def test_console_script_entry_point(cli_files) -> None:
 def test_epochs_compile_with_cpu_options_and_without_unknown_ones(monkeypatch) -> None:
     """The epochs (and the fresh state) are compiled with CPU_COMPILER_OPTIONS; an XLA that
     lacks an option compiles with its defaults and trains the same."""
-    import circle_jax.train.trainer as train_module
+    import circle_jax.train.programs as train_module  # where the options and compile live
 
     seen = []
     original = jax.stages.Lowered.compile
