@@ -175,3 +175,20 @@ def test_bad_range_options_are_refused_in_one_line(tmp_path: Path, capsys) -> No
         assert status not in (0, None), flags
         err = capsys.readouterr().err.strip()
         assert "Traceback" not in err and len(err.splitlines()) <= 2, err
+
+
+def test_micro_batches_observe_the_whole_batch() -> None:
+    """With in-step gradient accumulation the step's observed range is the min and max
+    over its micro-batches: the same ranges as one batch (weights unchanged, lr 0), all
+    but the logits' bit for bit."""
+    model = cj.load(DATA / "full_int8_float_io.tflite", qat=True, qat_ranges="ema",
+                    qat_range_decay=0.5)
+    x, y = _digits(model, 8)
+    config = {"epochs": 1, "batch_size": 8, "learning_rate": 0.0, "optimizer": "sgd",
+              "loss": "categorical_crossentropy"}
+    whole = cj.fit(model, x, y, **config).params[RANGES]
+    split = cj.fit(model, x, y, accumulate=2, accumulate_mode="in_step", **config)
+    for k, v in whole.items():
+        # the logits' range within an ulp: XLA's float sums differ between batch shapes
+        np.testing.assert_allclose(np.asarray(split.params[RANGES][k]), np.asarray(v),
+                                   rtol=3e-7, err_msg=k)
