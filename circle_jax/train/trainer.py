@@ -508,19 +508,48 @@ class Trainer:
         key = (name, tree, tuple((a.shape, a.dtype, getattr(a, "sharding", None))
                                  for a in leaves))
         if key not in self._compiled:
-            cache = self.program_cache
-            if cache is not None and self.progress is None and self.placement is None \
-                    and self.model.digest is not None:
-                # how many epochs a run trains is not in the programs (``name`` says how
-                # many one call runs), so runs of other lengths share them
-                config = describe_config(replace(self.config, epochs=0))
-                options = repr(CPU_COMPILER_OPTIONS) if self.platform == "cpu" else ""
-                self._compiled[key] = cache.compiled(
-                    (self.model.digest, name, config, str(self.hoist), options),
-                    fn, args, lambda low: _compile(low, self.platform))
+            cached = self._cache_key(name)
+            if cached is not None:
+                self._compiled[key] = self.program_cache.compiled(
+                    cached, fn, args, lambda low: _compile(low, self.platform))
             else:
                 self._compiled[key] = _compile(jax.jit(fn).lower(*args), self.platform)
         return self._compiled[key]
+
+    def _cache_key(self, name: str) -> tuple[str, ...] | None:
+        """The `ProgramCache` key of program ``name``, or None where it is not kept."""
+        if self.program_cache is None or self.progress is not None \
+                or self.placement is not None or self.model.digest is None:
+            return None
+        # how many epochs a run trains is not in the programs (``name`` says how many one
+        # call runs), so runs of other lengths share them
+        config = describe_config(replace(self.config, epochs=0))
+        options = repr(CPU_COMPILER_OPTIONS) if self.platform == "cpu" else ""
+        return (self.model.digest, name, config, str(self.hoist), options)
+
+    def prefetch_epochs(self, params: Mapping[str, Any] | None, x: Sequence[jax.Array],
+                        y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None
+                        ) -> None:
+        """Start loading, from the program cache, the `run_epochs` program of ``count``
+        epochs that a fresh state from ``params`` (`init`) will train, while `init` makes
+        that state: its shapes come from the kept fresh-state program (no trace). Nothing
+        without a cache or its entries."""
+        fresh, epochs = self._cache_key("fresh"), self._cache_key(f"epochs{count}")
+        if fresh is None or epochs is None:
+            return
+        params = params if params is not None else self.model.params
+
+        def shaped(tree: dict) -> dict:  # as `jax.device_put` places them
+            return {k: jax.ShapeDtypeStruct(np.shape(v), jax.dtypes.canonicalize_dtype(
+                v.dtype if hasattr(v, "dtype") else np.result_type(v))) for k, v in tree.items()}
+
+        trainable = shaped({k: v for k, v in params.items() if k in self.trainable})
+        state = self.program_cache.result_shapes(fresh, (trainable,))
+        if state is None:
+            return
+        frozen = shaped({k: v for k, v in params.items() if k not in self.trainable})
+        self.program_cache.prefetch(epochs, self._epochs_arguments(state, frozen, x, y, 0,
+                                                                    val))
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
                  batch_size: int | None = None) -> tuple[float, float]:
