@@ -33,7 +33,6 @@ from ..optim import (
     NoLossScale,
     Policy,
     accumulate,
-    all_finite,
     get_optimizer,
     get_policy,
     loss_scale_from_spec,
@@ -43,9 +42,11 @@ from ..optim import (
 )
 from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, output_index, select_trainable
-from .data import Batch, as_inputs, batched, correct, trailing
+from .data import Batch, as_inputs, batched, correct, scoring_split, trailing
 from .programs import ProgramCache, describe_config
 from .state import StepMetrics, TrainState
+from .summary import epoch_summary as _summary
+from .summary import host_summary
 
 
 class Trainer:
@@ -318,7 +319,7 @@ class Trainer:
                 m = jax.tree.map(lambda a, z: jnp.concatenate([a, z[None]]), m, last)
             summary = _summary(m, s.params, s.loss_scale.loss_scale)
             if val is not None:
-                scored = _scoring_split(*val, b) if inside else val
+                scored = scoring_split(*val, b) if inside else val
                 scores = self._score_impl(*self.split_params({**s.params, **frozen}), *scored)
                 summary = jnp.concatenate([summary, jnp.stack(scores).astype(summary.dtype)])
             return s, summary
@@ -575,18 +576,8 @@ class Trainer:
                         batch_size: int | None = None) -> tuple[Batch, Batch | None]:
         """`_score`'s arguments: the full batches of ``batch_size`` (default: the config's,
         at most all samples) and the partial batch left over (None when there is none)."""
-        full, tail = _scoring_split(x, y, batch_size or self.config.batch_size)
+        full, tail = scoring_split(x, y, batch_size or self.config.batch_size)
         return self.placed(full, batch_axis=1), self.placed(tail)
-
-
-def _scoring_split(x: Sequence[jax.Array], y: jax.Array, batch_size: int
-                   ) -> tuple[Batch, Batch | None]:
-    """The samples as full batches of ``batch_size`` (at most all samples) and the partial
-    batch left over (None when there is none)."""
-    n = y.shape[0]
-    b = min(batch_size, n)
-    steps, rest = divmod(n, b)
-    return batched(tuple(x), y, b, steps), (trailing(x, y, b, steps) if rest else None)
 
 
 #: XLA options for compiled epochs on CPU: classic fusion emitters (benchmarks/README.md).
@@ -603,31 +594,3 @@ def _compile(lowered: jax.stages.Lowered, platform: str) -> Callable[..., Any]:
             if "compile option" not in str(e):
                 raise
     return lowered.compile()
-
-
-def _summary(m: StepMetrics, params: dict, scale: jax.Array) -> jax.Array:
-    """An epoch's summary as one vector of the loss dtype, so that reading it is one
-    transfer: mean loss, loss scale, skipped steps, correct samples, all weights finite
-    (counts are exact below 2**24 in float32; beyond, off by less than one in 2**24);
-    `host_summary` reads it."""
-    return jnp.stack([jnp.mean(m.loss), scale, jnp.sum(m.skipped), jnp.sum(m.correct),
-                      _all_finite_flat(params)]).astype(m.loss.dtype)
-
-
-def _all_finite_flat(params: dict) -> jax.Array:
-    """`all_finite` of the params as one reduction over all of them (their concatenation,
-    exact in the widest float dtype), not one per param: the same answer in a smaller
-    program (a MobileNet's summary: about 300 fewer XLA instructions to load)."""
-    floats = [x.ravel() for x in jax.tree.leaves(params) if jnp.issubdtype(x.dtype, jnp.floating)]
-    if len(floats) < 2:
-        return all_finite(params)
-    return jnp.all(jnp.isfinite(jnp.concatenate(floats)))
-
-
-def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
-    """(mean loss, skipped steps, correct samples, all weights finite, loss scale) from a
-    `_summary` vector as host numbers, and the validation (loss, accuracy) that follows it,
-    or None without it."""
-    loss, scale, skipped, right, finite, *validation = row
-    return ((loss, int(skipped), int(right), bool(finite), scale),
-            (tuple(validation) or None))
