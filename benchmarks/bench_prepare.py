@@ -18,7 +18,8 @@ optionally ``val`` (``--validation_split 0.25``) and ``metric`` (``--metric 0``)
 Models this random data does not fit (inputs or outputs without a batch axis, dynamic
 shapes) are listed with the command line's or the script's reason.
 
-Not a test: numbers depend on the machine and its load. Prints a Markdown table.
+Not a test: numbers depend on the machine and its load. Prints a Markdown table; its last
+column is the 1-minute load average when the row's runs ended.
 """
 
 from __future__ import annotations
@@ -118,19 +119,20 @@ def main() -> int:
     names = [n for n in args.models.split(",") if n] or sorted(
         f for f in os.listdir(SHARED_MODELS) if f.endswith((".tflite", ".circle")))
     print("| model | setting | PREPARE first run (ms) | repeated runs (ms) | process CPU s, "
-          "first / repeated |")
-    print("|---|---|---|---|---|")
+          "first / repeated | load |")
+    print("|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             for setting in settings:
                 r = measure(name, setting, args.runs, tmp, args.batch)
                 if isinstance(r, str):
-                    print(f"| {name} | {setting} | not trained: {r} | |", flush=True)
+                    print(f"| {name} | {setting} | not trained: {r} | | | |", flush=True)
                     continue
                 (first, *later), (cpu, *cpu_later) = r
                 print(f"| {name} | {setting} | {first:.0f} | "
                       f"{', '.join(f'{t:.0f}' for t in later)} | {cpu:.1f} / "
-                      f"{', '.join(f'{t:.1f}' for t in cpu_later)} |", flush=True)
+                      f"{', '.join(f'{t:.1f}' for t in cpu_later)} | "
+                      f"{os.getloadavg()[0]:.1f} |", flush=True)
     return 0
 
 

@@ -94,11 +94,17 @@ def adam_tf(
             sq = g * g if sq is None else sq.astype(v.dtype)
             return v + (sq - v) * (one - b2_)
 
+        alphas: dict = {}
+
+        def alpha(dt):  # once per dtype, not per leaf (the same operations: the same bits)
+            if dt not in alphas:
+                one, b1_, b2_ = consts(dt)
+                tt = t.astype(dt)
+                alphas[dt] = lr.astype(dt) * jnp.sqrt(one - b2_**tt) / (one - b1_**tt)
+            return alphas[dt]
+
         def step(m, v):
-            one, b1_, b2_ = consts(m.dtype)
-            tt = t.astype(m.dtype)
-            alpha = lr.astype(m.dtype) * jnp.sqrt(one - b2_**tt) / (one - b1_**tt)
-            return -(alpha * m / (jnp.sqrt(v) + jnp.asarray(eps, m.dtype)))
+            return -(alpha(m.dtype) * m / (jnp.sqrt(v) + jnp.asarray(eps, m.dtype)))
 
         m = jax.tree.map(new_m, updates, state.mu)
         v = (jax.tree.map(new_v, updates, state.nu) if squares is None

@@ -73,3 +73,13 @@ def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tup
         raise ValueError(f"validation_split must be in [0, 1), got {fraction}")
     cut = y.shape[0] - int(y.shape[0] * fraction)
     return tuple(a[:cut] for a in x), y[:cut], tuple(a[cut:] for a in x), y[cut:]
+
+
+def scoring_split(x: Sequence[jax.Array], y: jax.Array, batch_size: int
+                  ) -> tuple[Batch, Batch | None]:
+    """The samples as full batches of ``batch_size`` (at most all samples) and the partial
+    batch left over (None when there is none)."""
+    n = y.shape[0]
+    b = min(batch_size, n)
+    steps, rest = divmod(n, b)
+    return batched(tuple(x), y, b, steps), (trailing(x, y, b, steps) if rest else None)

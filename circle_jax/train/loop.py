@@ -135,8 +135,6 @@ def fit(
     # line keeps it for good (see memory); the process-wide setting is undone on leaving
     with host_memory_kept() if trainer.platform == "cpu" else contextlib.nullcontext():
         x_tr, y_tr, val = prepare_data(trainer, x, y)
-        fresh, frozen = trainer.init(params)
-        state, frozen = trainer.placed((fresh if state is None else state, frozen))
         hist = History()
         n_train = int(y_tr.shape[0])
         # Whole epochs (not in chunks, at least one full batch) run as `Trainer.run_epochs`;
@@ -144,6 +142,10 @@ def fit(
         whole = every_steps is None and n_train >= cfg.batch_size
         fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None
                  and not initial_step)
+        if whole and state is None:  # a kept program loads while the fresh state is made
+            trainer.prefetch_epochs(params, x_tr, y_tr, epochs if fused else 1, val)
+        fresh, frozen = trainer.init(params)
+        state, frozen = trainer.placed((fresh if state is None else state, frozen))
         t0 = time.perf_counter()
         if whole:
             trainer.compile_epochs(state, frozen, x_tr, y_tr, epochs if fused else 1, val)

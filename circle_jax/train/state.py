@@ -3,14 +3,12 @@ history and what ``fit`` returns."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
-import jax.numpy as jnp
 
-from ..optim import LossScale, all_finite
+from ..optim import LossScale
 
 
 class TrainState(NamedTuple):
@@ -65,21 +63,3 @@ class History:
     #: tensor of the step turned non-finite first (`circle_jax.train.diagnose`); ``fit``
     #: also warns it (`circle_jax.LossScaleWarning`)
     overflow: str | None = None
-
-
-def epoch_summary(m: StepMetrics, params: dict, scale: jax.Array) -> jax.Array:
-    """An epoch's summary as one vector of the loss dtype, so that reading it is one
-    transfer: mean loss, loss scale, skipped steps, correct samples, all weights finite
-    (counts are exact below 2**24 in float32; beyond, off by less than one in 2**24);
-    `host_summary` reads it."""
-    return jnp.stack([jnp.mean(m.loss), scale, jnp.sum(m.skipped), jnp.sum(m.correct),
-                      all_finite(params)]).astype(m.loss.dtype)
-
-
-def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
-    """(mean loss, skipped steps, correct samples, all weights finite, loss scale) from a
-    `epoch_summary` vector as host numbers, and the validation (loss, accuracy) that follows it,
-    or None without it."""
-    loss, scale, skipped, right, finite, *validation = row
-    return ((loss, int(skipped), int(right), bool(finite), scale),
-            (tuple(validation) or None))

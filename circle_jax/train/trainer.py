@@ -43,9 +43,10 @@ from ..optim import (
 )
 from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, output_index, select_trainable
-from .data import Batch, as_inputs, batched, correct, trailing
+from .data import Batch, as_inputs, batched, correct, scoring_split, trailing
 from .programs import CPU_COMPILER_OPTIONS, ProgramCache, compile_for, describe_config
-from .state import StepMetrics, TrainState, epoch_summary, host_summary
+from .state import StepMetrics, TrainState
+from .summary import epoch_summary, host_summary
 
 
 class Trainer:
@@ -337,7 +338,7 @@ class Trainer:
                 m = jax.tree.map(lambda a, z: jnp.concatenate([a, z[None]]), m, last)
             summary = epoch_summary(m, s.params, s.loss_scale.loss_scale)
             if val is not None:
-                scored = _scoring_split(*val, b) if inside else val
+                scored = scoring_split(*val, b) if inside else val
                 scores = self._score_impl(*self.split_params(self.masters(s, frozen)), *scored)
                 summary = jnp.concatenate([summary, jnp.stack(scores).astype(summary.dtype)])
             return s, summary
@@ -527,19 +528,48 @@ class Trainer:
         key = (name, tree, tuple((a.shape, a.dtype, getattr(a, "sharding", None))
                                  for a in leaves))
         if key not in self._compiled:
-            cache = self.program_cache
-            if cache is not None and self.progress is None and self.placement is None \
-                    and self.model.digest is not None:
-                # how many epochs a run trains is not in the programs (``name`` says how
-                # many one call runs), so runs of other lengths share them
-                config = describe_config(replace(self.config, epochs=0))
-                options = repr(CPU_COMPILER_OPTIONS) if self.platform == "cpu" else ""
-                self._compiled[key] = cache.compiled(
-                    (self.model.digest, name, config, str(self.hoist), options),
-                    fn, args, lambda low: compile_for(low, self.platform))
+            cached = self._cache_key(name)
+            if cached is not None:
+                self._compiled[key] = self.program_cache.compiled(
+                    cached, fn, args, lambda low: compile_for(low, self.platform))
             else:
                 self._compiled[key] = compile_for(jax.jit(fn).lower(*args), self.platform)
         return self._compiled[key]
+
+    def _cache_key(self, name: str) -> tuple[str, ...] | None:
+        """The `ProgramCache` key of program ``name``, or None where it is not kept."""
+        if self.program_cache is None or self.progress is not None \
+                or self.placement is not None or self.model.digest is None:
+            return None
+        # how many epochs a run trains is not in the programs (``name`` says how many one
+        # call runs), so runs of other lengths share them
+        config = describe_config(replace(self.config, epochs=0))
+        options = repr(CPU_COMPILER_OPTIONS) if self.platform == "cpu" else ""
+        return (self.model.digest, name, config, str(self.hoist), options)
+
+    def prefetch_epochs(self, params: Mapping[str, Any] | None, x: Sequence[jax.Array],
+                        y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None
+                        ) -> None:
+        """Start loading, from the program cache, the `run_epochs` program of ``count``
+        epochs that a fresh state from ``params`` (`init`) will train, while `init` makes
+        that state: its shapes come from the kept fresh-state program (no trace). Nothing
+        without a cache or its entries."""
+        fresh, epochs = self._cache_key("fresh"), self._cache_key(f"epochs{count}")
+        if fresh is None or epochs is None:
+            return
+        params = params if params is not None else self.model.params
+
+        def shaped(tree: dict) -> dict:  # as `jax.device_put` places them
+            return {k: jax.ShapeDtypeStruct(np.shape(v), jax.dtypes.canonicalize_dtype(
+                v.dtype if hasattr(v, "dtype") else np.result_type(v))) for k, v in tree.items()}
+
+        trainable = shaped({k: v for k, v in params.items() if k in self.trainable})
+        state = self.program_cache.result_shapes(fresh, (trainable,))
+        if state is None:
+            return
+        frozen = shaped({k: v for k, v in params.items() if k not in self.trainable})
+        self.program_cache.prefetch(epochs, self._epochs_arguments(state, frozen, x, y, 0,
+                                                                    val))
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
                  batch_size: int | None = None) -> tuple[float, float]:
@@ -565,15 +595,5 @@ class Trainer:
                         batch_size: int | None = None) -> tuple[Batch, Batch | None]:
         """`_score`'s arguments: the full batches of ``batch_size`` (default: the config's,
         at most all samples) and the partial batch left over (None when there is none)."""
-        full, tail = _scoring_split(x, y, batch_size or self.config.batch_size)
+        full, tail = scoring_split(x, y, batch_size or self.config.batch_size)
         return self.placed(full, batch_axis=1), self.placed(tail)
-
-
-def _scoring_split(x: Sequence[jax.Array], y: jax.Array, batch_size: int
-                   ) -> tuple[Batch, Batch | None]:
-    """The samples as full batches of ``batch_size`` (at most all samples) and the partial
-    batch left over (None when there is none)."""
-    n = y.shape[0]
-    b = min(batch_size, n)
-    steps, rest = divmod(n, b)
-    return batched(tuple(x), y, b, steps), (trailing(x, y, b, steps) if rest else None)

@@ -1,11 +1,13 @@
 """Compiled programs kept on disk (`circle_jax.train.programs`): a second trainer loads
-them instead of tracing and compiling (its `fit` runs no trace and no XLA compile) and
-trains to the same weights; the key follows the configuration; a damaged entry is compiled
-again; a progress callback bypasses the cache."""
+them instead of tracing and compiling (its `fit` runs no trace and no XLA compile, and
+loads the epochs while it makes the fresh state) and trains to the same weights; the key
+follows the configuration; a damaged entry is compiled again; a progress callback
+bypasses the cache."""
 
 from __future__ import annotations
 
 import collections
+import threading
 
 import jax
 import numpy as np
@@ -107,6 +109,27 @@ def test_a_cache_hit_traces_and_compiles_nothing(model, tmp_path) -> None:
     assert cache.hits == 2
     assert seen["/jax/core/compile/jaxpr_trace_duration"] == 0, seen
     assert seen["/jax/core/compile/backend_compile_duration"] == 0, seen
+
+
+def test_a_cache_hit_loads_the_epochs_while_the_fresh_state_is_made(model, tmp_path,
+                                                                    monkeypatch) -> None:
+    """The epochs' entry, found from the fresh-state program's kept result shapes (no
+    trace), loads on a thread of its own, and `compiled` takes it from there."""
+    _fit(model, tmp_path, validation_split=0.2)
+    threads = []
+    load = programs._load
+
+    def spy(path):
+        threads.append(threading.current_thread().name)
+        return load(path)
+
+    monkeypatch.setattr(programs, "_load", spy)
+    result, cache = _fit(model, tmp_path, validation_split=0.2)
+    assert (cache.hits, cache.misses) == (2, 0) and not cache._loading
+    assert sorted(threads) == ["MainThread", "circle-jax program load"]
+    x, y = toy_data(20)
+    assert result.history.val_loss == fit(model, x, y, **CFG, validation_split=0.2
+                                          ).history.val_loss
 
 
 def test_a_progress_callback_bypasses_the_cache(model, tmp_path) -> None:
