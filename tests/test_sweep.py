@@ -3,7 +3,9 @@
 it matches LiteRT at its declared shape; a batch of 3 gives what 3 single-sample runs give
 (and the last sample what LiteRT gives on it); float64 gradients of a sum-loss at batch 2
 (default lowering) are the sums of the per-sample gradients of the reference lowering
-(`circle_jax.ops`), which checks batching and the fast kernels' derivatives at once; one
+(`circle_jax.ops`), and its float64 outputs the reference lowering's, which checks batching
+and the fast kernels' values and derivatives at once (``tests/ops/test_lowering.py`` compares
+the lowerings' outputs on the models this test does not run); one
 epoch at batch 4 trains under the float16 policy at loss scale 1 without a skipped step (a
 model dropped into ../shared/models is covered without writing a test). A model that cannot
 do one of these must refuse it in one line naming the reason; the refusals of known models
@@ -14,9 +16,10 @@ single-sample one, so float32 outputs differ by rounding (measured at most 1.1e-
 of magnitude 38, the face detector's scores): rtol 1e-5 and atol 1e-5 times the output's
 scale (max |output|, at least 1). LiteRT: rtol 1e-4, atol 1e-4 times the scale, as in
 LiteRT's reference kernels (float32 through tens of layers rounds differently from XLA).
-float64 gradients: 1e-9 of each param's largest gradient (the two lowerings and the two
-batch sizes differ by summation order only; DeepLab v3's earliest layers' gradients differ
-by 0.4% of their largest value in float32 and by 7e-15 in float64).
+float64 gradients and outputs: 1e-9 of each param's largest gradient and of each output's
+scale (the two lowerings and the two batch sizes differ by summation order only; DeepLab
+v3's earliest layers' gradients differ by 0.4% of their largest value in float32 and by
+7e-15 in float64).
 """
 
 from __future__ import annotations
@@ -166,17 +169,22 @@ def test_float64_gradients_at_batch_2_are_sums_of_reference_per_sample_ones(name
 
     def grad(m: cj.Model) -> Callable:
         def loss(p, feeds, ws):
-            return sum(jnp.sum(o * w) for o, w in zip(m.apply(p, *feeds), ws)
-                       if jnp.issubdtype(o.dtype, jnp.floating))
-        return jax.jit(jax.grad(loss))
+            outs = m.apply(p, *feeds)
+            return sum(jnp.sum(o * w) for o, w in zip(outs, ws)
+                       if jnp.issubdtype(o.dtype, jnp.floating)), outs
+        return jax.jit(jax.grad(loss, has_aux=True))
 
-    got = grad(model)(_wide(model.params), xs, weights)
+    got, outs = grad(model)(_wide(model.params), xs, weights)
     single = grad(reference)
     parts = [single(_wide(reference.params), [x[i:i + 1] for x in xs],
                     [w[i:i + 1] for w in weights]) for i in range(n)]
-    assert got.keys() == parts[0].keys()
+    for k, out in enumerate(outs):  # the two lowerings' outputs, sample by sample
+        want = np.concatenate([np.asarray(p[1][k]) for p in parts])
+        scale = max(float(np.max(np.abs(want))), 1.0)
+        np.testing.assert_allclose(out, want, rtol=1e-9, atol=1e-9 * scale, err_msg=f"{k}")
+    assert got.keys() == parts[0][0].keys()
     for k, g in got.items():
-        want = sum(np.asarray(p[k]) for p in parts)
+        want = sum(np.asarray(p[0][k]) for p in parts)
         scale = float(np.max(np.abs(want))) or 1.0
         np.testing.assert_allclose(g, want, rtol=1e-9, atol=1e-9 * scale, err_msg=k)
 
