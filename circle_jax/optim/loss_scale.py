@@ -263,14 +263,22 @@ def all_finite(tree: Any) -> jax.Array:
     return jnp.all(jnp.stack(checks))
 
 
-def select_tree(pred: jax.Array, on_true: Any, on_false: Any) -> Any:
+def select_tree(pred: jax.Array, on_true: Any, on_false: Any, *, branch: bool = False) -> Any:
     """Leaf-wise ``where(pred, on_true, on_false)`` for two pytrees of one structure.
 
     Use it to keep the old weights, optimizer state and accumulation state on a skipped step.
+    ``branch=True`` chooses with one conditional instead (the same values). For XLA CPU: a
+    predicate that combines many leaves' tests (`all_finite`) is cheap, so XLA fuses its
+    whole computation into every leaf's select, and the program grows with the square of the
+    leaves (a DeepLab v3 Adam step, 330 selects of a 110-leaf test: 98,000 optimized HLO
+    lines against 25,000, compiled in 23 s against 9 s). Not for GPUs, where a conditional
+    reads its predicate on the host.
     """
     if jax.tree.structure(on_true) != jax.tree.structure(on_false):
         raise ValueError("select_tree needs two pytrees of the same structure")
     pred = jnp.asarray(pred, bool)
+    if branch:
+        return lax.cond(pred, lambda: on_true, lambda: on_false)
     return jax.tree.map(lambda a, b: jnp.where(pred, a, b), on_true, on_false)
 
 

@@ -255,7 +255,7 @@ class Trainer:
             return new, StepMetrics(r.loss, correct, zero, zero, state.loss_scale.loss_scale)
         kept = TrainState(state.params, state.opt_state, r.loss_scale, state.step + 1,
                           state.stats)
-        new = select_tree(r.grads_finite, new, kept)
+        new = select_tree(r.grads_finite, new, kept, branch=self.platform == "cpu")
         metrics = StepMetrics(r.loss, correct, (~r.grads_finite).astype(jnp.int32),
                               r.n_overflows, state.loss_scale.loss_scale)
         return new, metrics

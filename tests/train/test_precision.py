@@ -154,6 +154,27 @@ def test_skip_reports_overflow_and_backs_off():
     jax.tree.map(np.testing.assert_array_equal, taken, new)
 
 
+@pytest.mark.parametrize("finite", [True, False])
+def test_select_as_one_branch_is_the_same_in_a_program_linear_in_the_leaves(finite):
+    """`select_tree(branch=True)` (what the trainer uses on CPU) keeps or takes the same
+    values as the leaf-wise selects, and its program does not repeat the predicate's
+    combined test in every leaf (measured: 64 leaves, 1,932 optimized HLO lines against
+    10,400)."""
+    new = {f"w{i}": jnp.full((i + 1,), i + 1.0) for i in range(64)}
+    new["w3"] = new["w3"].at[0].set(jnp.float32(1.0) if finite else jnp.inf)
+    old = {k: jnp.zeros_like(v) for k, v in new.items()}
+
+    def compiled(branch):
+        fn = jax.jit(lambda a, b: optim.select_tree(optim.all_finite(a), a, b, branch=branch))
+        return fn.lower(new, old).compile()
+
+    leafwise, branched = compiled(False), compiled(True)
+    jax.tree.map(np.testing.assert_array_equal, branched(new, old), leafwise(new, old))
+    jax.tree.map(np.testing.assert_array_equal, branched(new, old), new if finite else old)
+    lines = [c.as_text().count("\n") for c in (leafwise, branched)]
+    assert lines[1] * 3 < lines[0], lines
+
+
 def test_retry_terminates_with_finite_grads():
     params, x = _params()
     fn = jax.jit(optim.scaled_value_and_grad(_loss_fn, on_overflow="retry"))
