@@ -117,14 +117,11 @@ def test_common_models_keep_the_batched_graph() -> None:
     assert cj.load(branching_cnn().to_bytes("circle")).batch_blocker is None
 
 
-def test_face_detector_runs_and_trains_at_batch_8() -> None:
+def test_face_detector_runs_at_batch_8() -> None:
     """Its RESHAPEs to [1, -1, 16] keep each sample's 896 x 16 at batch 8 (they made one
-    sample of 7168 x 16 before)."""
+    sample of 7168 x 16 before). Its training at batch 4, and its batch rows against single
+    samples and LiteRT: `tests/test_sweep.py`."""
     model = cj.load(shared_model("mediapipe_face_detection_short_range_fp16w.tflite"))
     x = np.random.default_rng(2).uniform(-1, 1, (8, 128, 128, 3)).astype(np.float32)
-    out = jax.jit(model.apply)(model.params, x)
-    assert [o.shape for o in out] == [(8, 896, 16), (8, 896, 1)]
-    y = np.random.default_rng(3).uniform(0, 1, (8, 896, 16)).astype(np.float32)
-    r = cj.fit(model, x, y, epochs=1, batch_size=8, loss="mse", optimizer="sgd",
-               learning_rate=1e-4)
-    assert np.isfinite(r.history.loss[0])
+    assert [o.shape for o in jax.eval_shape(model.apply, model.params, x)] == [
+        (8, 896, 16), (8, 896, 1)]
