@@ -125,3 +125,31 @@ def test_face_detector_runs_at_batch_8() -> None:
     x = np.random.default_rng(2).uniform(-1, 1, (8, 128, 128, 3)).astype(np.float32)
     assert [o.shape for o in jax.eval_shape(model.apply, model.params, x)] == [
         (8, 896, 16), (8, 896, 1)]
+
+
+_COMPILES: list[float] = []
+jax.monitoring.register_event_duration_secs_listener(
+    lambda event, seconds, **_: _COMPILES.append(seconds)
+    if event == "/jax/core/compile/backend_compile_duration" else None)
+
+
+def test_apply_outside_a_trace_compiles_once_per_input_shape() -> None:
+    """`Model.apply` runs compiled: one program for a new shape (at most 2 compiles, the
+    other the inputs' conversion; operator by operator the example compiles 19 primitives),
+    a repeated shape compiles nothing more, another shape compiles again, and the values
+    are the operator-by-operator run's."""
+    model = cj.load(branching_cnn().to_bytes("circle"))
+    x = np.random.default_rng(4).uniform(0, 1, (5, 8, 8, 1)).astype(np.float32)
+    before = len(_COMPILES)
+    first = model(x[:2])
+    assert 1 <= len(_COMPILES) - before <= 2
+    before = len(_COMPILES)
+    again = model(x[2:4])
+    assert len(_COMPILES) == before
+    model(x)
+    assert len(_COMPILES) > before
+    with jax.disable_jit():
+        eager = model(x[:2])
+    for a, b in zip(first, eager):
+        np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
+    assert again[0].shape == first[0].shape
