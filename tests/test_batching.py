@@ -134,8 +134,8 @@ jax.monitoring.register_event_duration_secs_listener(
 
 
 def test_apply_outside_a_trace_compiles_once_per_input_shape() -> None:
-    """`Model.apply` runs compiled: one program for a new shape (at most 2 compiles, the
-    other the inputs' conversion; operator by operator the example compiles 19 primitives),
+    """`Model.apply` runs compiled: one program for a new shape (at most 2 compiles;
+    operator by operator the example compiles 19 primitives),
     a repeated shape compiles nothing more, another shape compiles again, and the values
     are the operator-by-operator run's."""
     model = cj.load(branching_cnn().to_bytes("circle"))
