@@ -7,6 +7,8 @@ test):
 - ``file``: the integer file as converted, run by LiteRT on the test set;
 - ``qat``: ``load(qat=True)`` trained with ``fit``, exported, and the exported integer
   model run by LiteRT (what a device runs);
+- ``qat`` with moving ranges: the same with ``qat_ranges="ema"`` (TF's moving min/max,
+  decay 0.999; the export carries the moved activation scales and zero points);
 - ``float``: ``load(qat=False)`` (the dequantized float model) trained the same way, run
   by circle-jax in float32.
 
@@ -32,6 +34,12 @@ import circle_jax as cj
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "tests" / "data" / "quantized"
+
+
+#: each trained run's name in the table -> its load options
+RUNS = {"QAT, exported (LiteRT)": dict(qat=True),
+        "QAT, moving ranges, exported (LiteRT)": dict(qat=True, qat_ranges="ema"),
+        "float (circle-jax)": dict(qat=False)}
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
@@ -110,15 +118,15 @@ def main() -> None:
         data = (DATA / f"{name}.tflite").read_bytes()
         loss, acc = scores(run_litert(data, xv), yv)
         print(f"| {name} | file (LiteRT) | {loss:.4f} | {acc:.4f} | |", flush=True)
-        for qat in (True, False):
-            model = cj.load(data, qat=qat)
+        for run, options in RUNS.items():
+            model = cj.load(data, **options)
             t = time.perf_counter()
             r = cj.fit(model, xt, yt, **hyper)
             took = time.perf_counter() - t
-            if qat:
-                pred, run = run_litert(model.export(r.params), xv), "QAT, exported (LiteRT)"
+            if options["qat"]:
+                pred = run_litert(model.export(r.params), xv)
             else:
-                pred, run = np.asarray(model.apply(r.params, xv)[0]), "float (circle-jax)"
+                pred = np.asarray(model.apply(r.params, xv)[0])
             loss, acc = scores(pred, yv)
             print(f"| {name} | {run} | {loss:.4f} | {acc:.4f} | {took:.0f} |", flush=True)
 
