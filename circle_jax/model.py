@@ -141,7 +141,7 @@ class Model:
 
         Called outside a trace it runs compiled (``jax.jit``, once per input shape): operator
         by operator JAX would compile each primitive on its first call (a MobileNet's first
-        call 7 s against 0.8 s). Operator by operator run: a model with WHILE or IF (concrete
+        call 7 s against 1.0 s). Operator by operator run: a model with WHILE or IF (concrete
         conditions stay Python booleans, `circle_jax.ops.control`), a call without inputs
         (outputs folded from constants stay numpy, int64 included), and a call that raises
         a `CircleJaxError` (raised again there, without JAX's note on traced frames)."""
