@@ -18,7 +18,7 @@ from .formats.writer import with_weights, write_model
 from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
 from .graph.checks import check_graph, check_tensor_quantization
-from .graph.params_policy import ParamRole, classify_params, describe_roles
+from .graph.params_policy import CONTROL_FLOW, ParamRole, classify_params, describe_roles
 from .lower import RANGES, Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
@@ -118,7 +118,7 @@ class Model:
         self._lowered = Lowered(model, lowering, self.fake_quant, integer)
         self._variants: dict[tuple, Lowered] = {}
         self._compiled_apply = jax.jit(self._lowered.apply)
-        self._control_flow = any(op.type in ("WHILE", "IF") for sg in model.subgraphs
+        self._control_flow = any(op.type in CONTROL_FLOW for sg in model.subgraphs
                                  for op in sg.operators)
         #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
         #: the model's traced programs depend on besides their arguments

@@ -127,12 +127,6 @@ def test_face_detector_runs_at_batch_8() -> None:
         (8, 896, 16), (8, 896, 1)]
 
 
-_COMPILES: list[float] = []
-jax.monitoring.register_event_duration_secs_listener(
-    lambda event, seconds, **_: _COMPILES.append(seconds)
-    if event == "/jax/core/compile/backend_compile_duration" else None)
-
-
 def test_apply_outside_a_trace_compiles_once_per_input_shape() -> None:
     """`Model.apply` runs compiled: one program for a new shape (at most 2 compiles;
     operator by operator the example compiles 19 primitives),
@@ -140,14 +134,23 @@ def test_apply_outside_a_trace_compiles_once_per_input_shape() -> None:
     are the operator-by-operator run's."""
     model = cj.load(branching_cnn().to_bytes("circle"))
     x = np.random.default_rng(4).uniform(0, 1, (5, 8, 8, 1)).astype(np.float32)
-    before = len(_COMPILES)
-    first = model(x[:2])
-    assert 1 <= len(_COMPILES) - before <= 2
-    before = len(_COMPILES)
-    again = model(x[2:4])
-    assert len(_COMPILES) == before
-    model(x)
-    assert len(_COMPILES) > before
+    compiles = []
+
+    def count(event: str, seconds: float, **kwargs) -> None:
+        if event == "/jax/core/compile/backend_compile_duration":
+            compiles.append(seconds)
+
+    jax.monitoring.register_event_duration_secs_listener(count)
+    try:
+        first = model(x[:2])
+        assert 1 <= len(compiles) <= 2
+        before = len(compiles)
+        again = model(x[2:4])
+        assert len(compiles) == before
+        model(x)
+        assert len(compiles) > before
+    finally:
+        jax.monitoring.unregister_event_duration_listener(count)
     with jax.disable_jit():
         eager = model(x[:2])
     for a, b in zip(first, eager):

@@ -67,7 +67,8 @@ WEIGHT_INPUTS: dict[str, dict[int, str]] = {
 _TABLE_READERS = ("GATHER", "GATHER_ND")
 _PER_CHANNEL = {"MUL": "per-channel scale", "ADD": "per-channel shift",
                 "SUB": "per-channel shift"}
-_CONTROL = ("WHILE", "IF")
+#: The control-flow operators (they run other subgraphs on run-time conditions).
+CONTROL_FLOW = ("WHILE", "IF")
 
 #: The operators that take an optional bias, and the bias's input position.
 BIAS_POSITION = {"FULLY_CONNECTED": 2, "CONV_2D": 2, "DEPTHWISE_CONV_2D": 2, "CONV_3D": 2,
@@ -138,7 +139,7 @@ def role_of_read(sg: ir.Subgraph, t: ir.Tensor, op: ir.Operator, pos: int,
 
 def _frozen_reason(sg: ir.Subgraph, t: ir.Tensor, reads: list[tuple[ir.Operator, int]]) -> str:
     where = ", ".join(dict.fromkeys(f"{op.key} #{op.index}" for op, _ in reads)) or "no operator"
-    if any(op.type in _CONTROL for op, _ in reads):
+    if any(op.type in CONTROL_FLOW for op, _ in reads):
         return f"initial value passed to {where} (loop-carried state)"
     if t.data is not None and t.data.size <= 1:
         return f"scalar ({where})"
