@@ -88,15 +88,23 @@ class SplitStep:
         return jax.tree.unflatten(self.out_tree, outs)
 
 
+def _over_limits(step_bytes: int, steps: int) -> bool:
+    return step_bytes > MAX_STEP_BYTES or step_bytes * steps > MAX_HOISTED_BYTES
+
+
 def split_step(step: Callable, carry: Any, invariant: Any, batch: Any,
-               steps: int) -> SplitStep | None:
+               steps: int, needed: Any = ()) -> SplitStep | None:
     """Split ``step(carry, invariant, batch)`` (``batch`` one step's) for ``steps`` steps.
 
     None when nothing depends on the batch alone, when the precomputed values would exceed
     ``MAX_STEP_BYTES`` per step or ``MAX_HOISTED_BYTES`` in all, or when this JAX cannot
-    partially evaluate the step.
+    partially evaluate the step. ``needed``: parts of ``batch`` that the state-dependent
+    part is known to need whole (a dense loss's targets: its gradient reads every one of
+    them): when they alone exceed the limits, None at once, without tracing the step (the
+    analysis costs about what a first trace of the step does).
     """
-    if partial_eval_jaxpr_nounits is None:
+    if partial_eval_jaxpr_nounits is None or \
+            _over_limits(_nbytes(jax.tree.leaves(needed)), steps):
         return None
     closed, out_shape = jax.make_jaxpr(step, return_shape=True)(carry, invariant, batch)
     n_carry, n_inv, n_batch = (len(jax.tree.leaves(t)) for t in (carry, invariant, batch))
@@ -108,8 +116,7 @@ def split_step(step: Callable, carry: Any, invariant: Any, batch: Any,
     except Exception:  # noqa: BLE001 - an internal API: any failure means "do not split"
         return None
     hoisted = [a for a, b in zip(residuals, from_batch, strict=True) if b]
-    size = _nbytes(hoisted)
-    if not hoisted or size > MAX_STEP_BYTES or size * steps > MAX_HOISTED_BYTES:
+    if not hoisted or _over_limits(_nbytes(hoisted), steps):
         return None
     work = _nbytes(v.aval for e in batch_part.jaxpr.eqns for v in e.outvars)
     return SplitStep(state_part, invariant_part, batch_part, tuple(from_batch),

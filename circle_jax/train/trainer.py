@@ -273,8 +273,10 @@ class Trainer:
             s, m = self.train_step(s, fr, batch, in_loop=True)
             return s, m[:2] if constant else m
 
-        split = split_step(step, state, frozen, jax.tree.map(lambda a: a[0], (xs, ys)),
-                           steps) if self.hoist else None
+        first = jax.tree.map(lambda a: a[0], (xs, ys))
+        dense = loss_name(self.config.loss) != "sparse_categorical_crossentropy"
+        split = split_step(step, state, frozen, first, steps,
+                           needed=first[1] if dense else ()) if self.hoist else None
         if split is None:
             data, run = (xs, ys), step
         else:  # the batches' data-only work, for all of them at once (see hoisting)

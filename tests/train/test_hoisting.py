@@ -134,3 +134,37 @@ def test_without_partial_evaluation_epochs_run_the_plain_step(monkeypatch) -> No
     assert _split_example(batch=2, steps=3)[0] is None
     plain = _epochs(CONFIGS["sgd batch 1"], x, y, hoist=True, epochs=1)
     jax.tree.map(np.testing.assert_array_equal, split[1], plain[1])
+
+
+DENSE = [name for name, kw in CONFIGS.items() if kw["loss"] != "sparse_cce"]
+
+
+@pytest.mark.parametrize("name", DENSE)
+@pytest.mark.parametrize("source", ["example", "keras branching cnn"])
+def test_a_dense_loss_precomputes_at_least_its_targets(monkeypatch, name: str,
+                                                       source: str) -> None:
+    """The premise of ``split_step``'s ``needed``: with a dense loss the state part reads
+    every target, so the precomputed values of a step hold at least the targets' bytes, and
+    targets over the limits rule the split out, as the full analysis would. Checked on the
+    bundled example and on a model TF's converter wrote, for every dense configuration."""
+    model = cj.load(branching_cnn(channels=4).to_bytes()) if source == "example" else \
+        cj.load("tests/data/keras/branching_cnn.tflite")
+    monkeypatch.setattr(hoisting, "MAX_STEP_BYTES", 1 << 40)
+    monkeypatch.setattr(hoisting, "MAX_HOISTED_BYTES", 1 << 40)
+    trainer = Trainer(model, **CONFIGS[name])
+    state, frozen = trainer.init()
+    b, k = trainer.config.batch_size, model.outputs[0].shape[-1]
+    rng = np.random.default_rng(0)
+    x = rng.standard_normal((b, *model.inputs[0].shape[1:])).astype(np.float32)
+    y = jnp.asarray(np.eye(k, dtype=np.float32)[rng.integers(0, k, b)])
+    split = hoisting.split_step(trainer.train_step, state, frozen, ((jnp.asarray(x),), y), 1)
+    assert split is not None
+    values = split.precompute(frozen, jax.tree.map(lambda a: a[None], ((jnp.asarray(x),), y)))
+    assert sum(v[0].nbytes for v in values) >= y.nbytes
+
+    monkeypatch.setattr(hoisting, "MAX_STEP_BYTES", y.nbytes - 1)
+    assert hoisting.split_step(trainer.train_step, state, frozen, ((jnp.asarray(x),), y),
+                               1) is None
+    monkeypatch.setattr(jax, "make_jaxpr", None)  # decided without tracing the step
+    assert hoisting.split_step(trainer.train_step, state, frozen, ((jnp.asarray(x),), y), 1,
+                               needed=y) is None
