@@ -147,8 +147,8 @@ def fit(
         fresh, frozen = trainer.init(params)
         state, frozen = trainer.placed((fresh if state is None else state, frozen))
         t0 = time.perf_counter()
-        if whole:
-            trainer.compile_epochs(state, frozen, x_tr, y_tr, epochs if fused else 1, val)
+        if whole:  # compiled here, looked up once
+            run = trainer.epochs_runner(state, frozen, x_tr, y_tr, epochs if fused else 1, val)
         else:
             trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
         hist.compile_ms = (time.perf_counter() - t0) * 1000
@@ -156,13 +156,12 @@ def fit(
         if on_start is not None:
             on_start(hist)
         if fused:
-            state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, initial_epoch,
-                                  epochs)
+            state = _whole_epochs(trainer, run, hist, state, y_tr, initial_epoch, epochs)
             warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
         for i in range(0 if fused else epochs):
             epoch = initial_epoch + i
             if whole and not (i == 0 and initial_step):
-                state = _whole_epochs(trainer, hist, state, frozen, x_tr, y_tr, val, epoch, 1)
+                state = _whole_epochs(trainer, run, hist, state, y_tr, epoch, 1)
             else:
                 t = time.perf_counter()
 
@@ -184,15 +183,14 @@ def fit(
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 
 
-def _whole_epochs(trainer: Trainer, hist: History, state: TrainState, frozen: dict,
-                  x: tuple, y: jax.Array, val: tuple, first_epoch: int, count: int
-                  ) -> TrainState:
-    """``count`` whole epochs in one compiled call (`Trainer.run_epochs`: validation
-    included, one transfer), each appended to ``hist`` as `record_epoch` does; the final
-    state."""
+def _whole_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainState,
+                  y: jax.Array, first_epoch: int, count: int) -> TrainState:
+    """``count`` whole epochs in one compiled call (``run``, a `Trainer.epochs_runner` of
+    that many: validation included, one transfer), each appended to ``hist`` as
+    `record_epoch` does; the final state."""
     cfg, n = trainer.config, int(y.shape[0])
     t = time.perf_counter()
-    state, summaries = trainer.run_epochs(state, frozen, x, y, first_epoch, count, val)
+    state, summaries = run(state, first_epoch)
     steps = n // cfg.batch_size + (not cfg.drop_remainder and n % cfg.batch_size > 0)
     ms = (time.perf_counter() - t) * 1000 / (count * steps)
     unscaled = isinstance(state.loss_scale, NoLossScale)

@@ -427,15 +427,23 @@ class Trainer:
         between them); the same steps as `run_epoch` ``count`` times. Returns the state and,
         per epoch, (the `summarize_epoch` values, the validation (loss, accuracy) over
         ``val``, or None without validation samples): one transfer to the host in all."""
-        args = self._epochs_arguments(state, frozen, x, y, first_epoch, val)
-        state, summaries = self._compiled_epochs(args, count)(*args)
-        return state, [host_summary(row) for row in np.asarray(summaries).tolist()]
+        return self.epochs_runner(state, frozen, x, y, count, val)(state, first_epoch)
 
-    def compile_epochs(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
-                       y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
-                       ) -> None:
-        """Compile what `run_epochs` runs, before it runs (compile time measured apart)."""
-        self._compiled_epochs(self._epochs_arguments(state, frozen, x, y, 0, val), count)
+    def epochs_runner(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
+                      y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
+                      ) -> Callable[[TrainState, int], tuple[TrainState, list]]:
+        """`run_epochs` on this data as ``runner(state, first_epoch)``, for states laid out
+        as ``state`` (the ones it returns are): its program is looked up once, not at every
+        call (``fit``'s epoch-by-epoch loop calls it once an epoch)."""
+        args = self._epochs_arguments(state, frozen, x, y, 0, val)
+        compiled = self._compiled_epochs(args, count)
+        fixed = args[1:-1]
+
+        def runner(state: TrainState, first_epoch: int) -> tuple[TrainState, list]:
+            state, summaries = compiled(state, *fixed, np.int32(first_epoch))
+            return state, [host_summary(row) for row in np.asarray(summaries).tolist()]
+
+        return runner
 
     def _epochs_arguments(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                           y: jax.Array, first_epoch: int, val: tuple[tuple, jax.Array] | None
