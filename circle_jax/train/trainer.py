@@ -219,8 +219,9 @@ class Trainer:
         x, y = batch
         seen = {} if RANGES in frozen else None  # a QAT model's moving ranges: observed too
         out = self._forward(trainable, frozen, x, in_loop, seen)
+        loss = self.loss_fn(out, y)  # first: it checks the output against the targets
         right = correct(out, y, self.config.ignore_index)
-        return self.loss_fn(out, y), right if seen is None else (right, seen)
+        return loss, right if seen is None else (right, seen)
 
     def train_step(self, state: TrainState, frozen: dict, batch: Batch, in_loop: bool = False
                    ) -> tuple[TrainState, StepMetrics]:

@@ -15,6 +15,7 @@ import pytest
 
 from circle_jax.cli import build_parser, main
 from circle_jax.oracle.compare import CompareReport, nearer
+from tests.paths import shared_model
 from tests.toy_models import cnn, digits16
 
 UNWRITABLE = "/proc/circle-jax-test/x"  # no file can be created under /proc
@@ -158,6 +159,23 @@ def test_wrong_data_is_one_line_saying_what_is_wrong(files, capsys, x, message) 
 
     assert main(_train(files, x)) == 1
     assert re.search(message, _one_error(capsys))
+
+
+def test_an_output_without_a_sample_axis_is_one_line(tmp_path, capsys) -> None:
+    """TF's converter made aeq_branching_conv_fc's [3, 4, 4, 1] -> [48]: at its declared
+    batch the loss output has no row per sample. The loss's shape check says so before the
+    per-sample accuracy is taken (which broadcast [48] against [3]: an internal error)."""
+    import re
+
+    x = np.random.default_rng(0).standard_normal((12, 4, 4, 1)).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    np.save(tmp_path / "y.npy", np.zeros(12, np.float32))
+    argv = ["train", shared_model("aeq_branching_conv_fc.tflite"), "--load_input",
+            str(tmp_path / "x.npy"), "--load_expected", str(tmp_path / "y.npy"),
+            "--batch_size", "3", "--epoch", "1", "--loss", "1", "--compile_cache", "off"]
+    assert main(argv) == 1
+    assert re.search(r"mean_squared_error: prediction shape \(48,\) != target shape \(3,\)",
+                     _one_error(capsys))
 
 
 def test_raw_bytes_that_read_as_nan_are_named_as_a_dtype_guess(files, tmp_path,
