@@ -137,7 +137,7 @@ def fit(
         x_tr, y_tr, val = prepare_data(trainer, x, y)
         hist = History()
         n_train = int(y_tr.shape[0])
-        # Whole epochs (not in chunks, at least one full batch) run as `Trainer.run_epochs`;
+        # Whole epochs (not in chunks, at least one full batch) run as `Trainer.epochs_runner`;
         # when nothing needs the host between epochs, all of them in one compiled call.
         whole = every_steps is None and n_train >= cfg.batch_size
         fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None

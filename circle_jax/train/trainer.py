@@ -420,28 +420,18 @@ class Trainer:
             return state, parts[0]
         return state, jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
 
-    def run_epochs(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
-                   y: jax.Array, first_epoch: int, count: int,
-                   val: tuple[tuple, jax.Array] | None = None
-                   ) -> tuple[TrainState, list[tuple[tuple, tuple | None]]]:
-        """``count`` epochs from ``first_epoch`` in one compiled call (nothing needs the host
-        between them); the same steps as `run_epoch` ``count`` times. Returns the state and,
-        per epoch, (the `summarize_epoch` values, the validation (loss, accuracy) over
-        ``val``, or None without validation samples): one transfer to the host in all."""
-        return self.epochs_runner(state, frozen, x, y, count, val)(state, first_epoch)
-
     def epochs_runner(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                       y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
                       ) -> Callable[[TrainState, int], tuple[TrainState, list]]:
-        """`run_epochs` on this data as ``runner(state, first_epoch)``, for states laid out
-        as ``state`` (the ones it returns are): its program is looked up once, not at every
-        call (``fit``'s epoch-by-epoch loop calls it once an epoch)."""
+        """``runner(state, first_epoch)``: ``count`` epochs (`run_epoch`'s steps) in one
+        compiled call, compiled or looked up here once, for states laid out as ``state``;
+        returns the state and per epoch (the `summarize_epoch` values, the validation (loss,
+        accuracy) over ``val`` or None): one transfer to the host."""
         args = self._epochs_arguments(state, frozen, x, y, 0, val)
         compiled = self._compiled_epochs(args, count)
-        fixed = args[1:-1]
 
         def runner(state: TrainState, first_epoch: int) -> tuple[TrainState, list]:
-            state, summaries = compiled(state, *fixed, np.int32(first_epoch))
+            state, summaries = compiled(state, *args[1:-1], np.int32(first_epoch))
             return state, [host_summary(row) for row in np.asarray(summaries).tolist()]
 
         return runner
@@ -561,7 +551,7 @@ class Trainer:
     def prefetch_epochs(self, params: Mapping[str, Any] | None, x: Sequence[jax.Array],
                         y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None
                         ) -> None:
-        """Start loading, from the program cache, the `run_epochs` program of ``count``
+        """Start loading, from the program cache, the `epochs_runner` program of ``count``
         epochs that a fresh state from ``params`` (`init`) will train, while `init` makes
         that state: its shapes come from the kept fresh-state program (no trace). Nothing
         without a cache or its entries."""
