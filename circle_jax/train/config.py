@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from ..losses import LossFn, Reduction, get_loss, loss_name
 from ..model import Model
 from ..passes import lora_frozen
 
@@ -143,3 +144,20 @@ def output_index(model: Model, spec: int | str) -> int:
         return spec
     raise ValueError(f"no model output {spec!r}: the outputs are "
                      + ", ".join(f"{k} {n!r}" for k, n in enumerate(names)))
+
+
+def loss_function(config: TrainConfig, reduction: Reduction, from_logits: bool, clip: Any
+                  ) -> LossFn:
+    """The configuration's loss with ``reduction``; a crossentropy also reads the output as
+    ``from_logits`` says and clips as ``clip`` says (the numerics profile's choices);
+    ``ignore_index`` applies to sparse CCE alone."""
+    name = loss_name(config.loss)
+    kwargs: dict[str, Any] = {"reduction": reduction}
+    if name != "mean_squared_error":
+        kwargs.update(from_logits=from_logits, clip=clip)
+    if config.ignore_index is not None:
+        if name != "sparse_categorical_crossentropy":
+            raise ValueError(f"ignore_index applies to sparse_categorical_crossentropy "
+                             f"(integer labels); the loss is {name}")
+        kwargs["ignore_index"] = int(config.ignore_index)
+    return get_loss(config.loss, **kwargs)

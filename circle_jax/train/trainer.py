@@ -25,7 +25,7 @@ from jax import lax
 from ..distributed import DataParallel
 from ..errors import DataError
 from ..hoisting import split_step
-from ..losses import Reduction, get_loss, get_reduction, loss_name
+from ..losses import Reduction, get_reduction, loss_name
 from ..lower import RANGES, RowSquares
 from ..model import Model
 from ..numerics_train import training_numerics
@@ -42,7 +42,7 @@ from ..optim import (
     select_tree,
 )
 from ..optim.precision import float32_weight_grads, grad_cast
-from .config import TrainConfig, output_index, select_trainable
+from .config import TrainConfig, loss_function, output_index, select_trainable
 from .data import Batch, as_inputs, batched, correct, scoring_split, trailing
 from .programs import CPU_COMPILER_OPTIONS, ProgramCache, compile_for, describe_config
 from .state import StepMetrics, TrainState
@@ -88,16 +88,8 @@ class Trainer:
             model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,
             config.from_logits, config.clip, dict(config.optimizer_kwargs), lowering,
             self.loss_output)
-        loss_kwargs: dict[str, Any] = {"reduction": reduction}
-        if loss_name(config.loss) != "mean_squared_error":
-            loss_kwargs["from_logits"] = self.numerics.from_logits
-            loss_kwargs["clip"] = self.numerics.clip
-        if config.ignore_index is not None:
-            if loss_name(config.loss) != "sparse_categorical_crossentropy":
-                raise ValueError(f"ignore_index applies to sparse_categorical_crossentropy "
-                                 f"(integer labels); the loss is {loss_name(config.loss)}")
-            loss_kwargs["ignore_index"] = int(config.ignore_index)
-        self.loss_fn = get_loss(config.loss, **loss_kwargs)
+        self.loss_fn = loss_function(config, reduction, self.numerics.from_logits,
+                                     self.numerics.clip)
         inner = get_optimizer(config.optimizer, config.learning_rate, self.numerics.optimizers,
                               **self.numerics.optimizer_kwargs)
         if self.numerics.sum_gradients and reduction is Reduction.SUM_OVER_BATCH_SIZE:
