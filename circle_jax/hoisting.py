@@ -100,8 +100,7 @@ def split_step(step: Callable, carry: Any, invariant: Any, batch: Any,
     ``MAX_STEP_BYTES`` per step or ``MAX_HOISTED_BYTES`` in all, or when this JAX cannot
     partially evaluate the step. ``needed``: parts of ``batch`` that the state-dependent
     part is known to need whole (a dense loss's targets: its gradient reads every one of
-    them): when they alone exceed the limits, None at once, without tracing the step (the
-    analysis costs about what a first trace of the step does).
+    them): when they alone exceed the limits, None at once, without tracing the step.
     """
     if partial_eval_jaxpr_nounits is None or \
             _over_limits(_nbytes(jax.tree.leaves(needed)), steps):

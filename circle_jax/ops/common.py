@@ -16,8 +16,8 @@ def clip_tf(x: jax.Array, lo: float, hi: float) -> jax.Array:
     """Clip to [lo, hi] with TF's gradient rule: 1 strictly inside, 0 at and beyond the bounds.
 
     Written with `jax.lax` primitives: ``jnp.where`` and ``jnp.clip`` are jitted functions
-    that trace again for every new shape, and a model applies its fused activation at
-    every layer's own shape (a first trace of MobileNet's step spent about 0.1 s there)."""
+    that trace again for every new shape, and a model applies its fused activations at
+    every layer's own shape (measured in benchmarks/README.md)."""
     x = jnp.asarray(x)
     low, high = lax.full_like(x, lo), lax.full_like(x, hi)
     inside = lax.bitwise_and(lax.gt(x, low), lax.lt(x, high))
