@@ -419,33 +419,33 @@ class Trainer:
         compiled call, compiled or looked up here once, for states laid out as ``state``;
         returns the state and per epoch (the `summarize_epoch` values, the validation (loss,
         accuracy) over ``val`` or None): one transfer to the host."""
-        args = self._epochs_arguments(state, frozen, x, y, 0, val)
+        args = self._epochs_arguments(state, frozen, x, y, val)
         compiled = self._compiled_epochs(args, count)
+        fixed = args[1:-1]  # all but the state and the first epoch
 
         def runner(state: TrainState, first_epoch: int) -> tuple[TrainState, list]:
-            state, summaries = compiled(state, *args[1:-1], np.int32(first_epoch))
+            state, summaries = compiled(state, *fixed, np.int32(first_epoch))
             return state, [host_summary(row) for row in np.asarray(summaries).tolist()]
 
         return runner
 
     def _epochs_arguments(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
-                          y: jax.Array, first_epoch: int, val: tuple[tuple, jax.Array] | None
-                          ) -> tuple:
-        """`_epochs_impl`'s arguments (see there)."""
+                          y: jax.Array, val: tuple[tuple, jax.Array] | None) -> tuple:
+        """`_epochs_impl`'s arguments (see there), from epoch 0."""
         n, b = y.shape[0], self.config.batch_size
         steps = n // b
         if steps == 0:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
         val = None if val is None or not val[1].shape[0] else (tuple(val[0]), val[1])
         if self.placement is None:
-            return state, frozen, (tuple(x), y), None, val, np.int32(first_epoch)
+            return state, frozen, (tuple(x), y), None, val, np.int32(0)
         tail = None
         if not self.config.drop_remainder and n % b:
             tail = self.placed(trailing(x, y, b, steps))
         data = (self.placed((tuple(x), y), batch_axis=0) if self.config.shuffle
                 else self._batches(tuple(x), y))
         scored = None if val is None else self.scoring_batches(*val)
-        return state, frozen, data, tail, scored, np.int32(first_epoch)
+        return state, frozen, data, tail, scored, np.int32(0)
 
     def _compiled_epochs(self, args: tuple, count: int) -> Callable[..., Any]:
         return self._compiled_for(functools.partial(self._epochs_impl, count=count),
@@ -561,8 +561,7 @@ class Trainer:
         if state is None:
             return
         frozen = shaped({k: v for k, v in params.items() if k not in self.trainable})
-        self.program_cache.prefetch(epochs, self._epochs_arguments(state, frozen, x, y, 0,
-                                                                    val))
+        self.program_cache.prefetch(epochs, self._epochs_arguments(state, frozen, x, y, val))
 
     def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
                  batch_size: int | None = None) -> tuple[float, float]:

@@ -157,14 +157,13 @@ def test_a_dense_loss_precomputes_at_least_its_targets(monkeypatch, name: str,
     rng = np.random.default_rng(0)
     x = rng.standard_normal((b, *model.inputs[0].shape[1:])).astype(np.float32)
     y = jnp.asarray(np.eye(k, dtype=np.float32)[rng.integers(0, k, b)])
-    split = hoisting.split_step(trainer.train_step, state, frozen, ((jnp.asarray(x),), y), 1)
+    batch = ((jnp.asarray(x),), y)
+    split = hoisting.split_step(trainer.train_step, state, frozen, batch, 1)
     assert split is not None
-    values = split.precompute(frozen, jax.tree.map(lambda a: a[None], ((jnp.asarray(x),), y)))
+    values = split.precompute(frozen, jax.tree.map(lambda a: a[None], batch))
     assert sum(v[0].nbytes for v in values) >= y.nbytes
 
     monkeypatch.setattr(hoisting, "MAX_STEP_BYTES", y.nbytes - 1)
-    assert hoisting.split_step(trainer.train_step, state, frozen, ((jnp.asarray(x),), y),
-                               1) is None
+    assert hoisting.split_step(trainer.train_step, state, frozen, batch, 1) is None
     monkeypatch.setattr(jax, "make_jaxpr", None)  # decided without tracing the step
-    assert hoisting.split_step(trainer.train_step, state, frozen, ((jnp.asarray(x),), y), 1,
-                               needed=y) is None
+    assert hoisting.split_step(trainer.train_step, state, frozen, batch, 1, needed=y) is None
