@@ -154,17 +154,18 @@ def make_checkpoint(model: Model, trainer: Trainer, state: TrainState,
     stored. ``step`` is the number of optimizer updates; ``epoch`` is written as
     ``cur_epoch`` (completed epochs).
     """
-    bad = _unstorable(state.opt_state)
+    opt_state = trainer.per_weight_state(state)
+    bad = _unstorable(opt_state)
     if bad:
         raise TrainingError(
             f"the optimizer state has {len(bad)} array(s) besides Adam's m and v (such as "
             f"{bad[0]}), which an onert checkpoint cannot hold; use --optimizer sgd or adam")
-    acc = _accumulate_nodes(state.opt_state)
+    acc = _accumulate_nodes(opt_state)
     if acc and int(acc[0].mini_step):
         raise TrainingError(
             f"cannot checkpoint in the middle of a gradient accumulation cycle "
             f"({int(acc[0].mini_step)} micro-batches accumulated); save after a real update")
-    moments = _moment_nodes(state.opt_state)
+    moments = _moment_nodes(opt_state)
     if len(moments) > 1:
         raise TrainingError(f"the optimizer state holds {len(moments)} Adam states; an onert "
                             "checkpoint holds one")
@@ -436,8 +437,8 @@ def _restore(ckpt: Checkpoint, order: Sequence[int], model: Model, trainer: Trai
     state, frozen = trainer.init(_entry_params(ckpt, model, order, params))
     names = _main_params(model)
     sg = model.ir.main
-    mu: dict[str, jax.Array] = {}
-    nu: dict[str, jax.Array] = {}
+    mu: dict[str, np.ndarray] = {}
+    nu: dict[str, np.ndarray] = {}
     if ckpt.is_adam:
         for e, i in enumerate(order):
             name = names.get(i)
@@ -445,16 +446,16 @@ def _restore(ckpt: Checkpoint, order: Sequence[int], model: Model, trainer: Trai
                 t = sg.tensors[i]
                 dt = ir.as_numpy_dtype(t.dtype)
                 master = state.params[name].dtype
-                mu[name] = jnp.asarray(as_array(ckpt.adam_m[e], dt, t.shape), master)
-                nu[name] = jnp.asarray(as_array(ckpt.adam_v[e], dt, t.shape), master)
+                mu[name] = np.asarray(as_array(ckpt.adam_m[e], dt, t.shape), master)
+                nu[name] = np.asarray(as_array(ckpt.adam_v[e], dt, t.shape), master)
     updates = ckpt.step if ckpt.is_adam or not _moment_nodes(state.opt_state) else 0
 
     def set_moments(n: Any) -> Any:
         if not isinstance(n, _MOMENTS):
             return n
         # fresh zeros where the file has no state (never one buffer for two leaves: donated)
-        return n._replace(mu={k: mu[k] if k in mu else jnp.zeros_like(v) for k, v in n.mu.items()},
-                          nu={k: nu[k] if k in nu else jnp.zeros_like(v) for k, v in n.nu.items()})
+        return n._replace(mu={k: mu[k] if k in mu else np.zeros_like(v) for k, v in n.mu.items()},
+                          nu={k: nu[k] if k in nu else np.zeros_like(v) for k, v in n.nu.items()})
 
     def set_count(n: Any) -> Any:
         if isinstance(n, AccumulateState):
@@ -463,11 +464,13 @@ def _restore(ckpt: Checkpoint, order: Sequence[int], model: Model, trainer: Trai
             return n._replace(count=jnp.asarray(updates, n.count.dtype))
         return n
 
-    opt = jax.tree.map(set_moments, state.opt_state, is_leaf=lambda n: isinstance(n, _MOMENTS))
+    opt = jax.tree.map(set_moments, trainer.per_weight_state(state),
+                       is_leaf=lambda n: isinstance(n, _MOMENTS))
     opt = jax.tree.map(set_count, opt, is_leaf=lambda n: isinstance(n, AccumulateState))
     opt = jax.tree.map(set_count, opt, is_leaf=_has_count)
+    state = trainer.with_per_weight_state(state, opt)
     step = jnp.asarray(ckpt.step * _stream_k(trainer), state.step.dtype)
-    return restore_ranges(source, model, state._replace(opt_state=opt, step=step)), frozen
+    return restore_ranges(source, model, state._replace(step=step)), frozen
 
 
 def _has_count(n: Any) -> bool:

@@ -8,9 +8,11 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import numpy as np
+import optax
 
 from ..losses import LossFn, Reduction, get_loss, loss_name
 from ..model import Model
+from ..optim import accumulate, get_optimizer
 from ..passes import lora_frozen
 
 
@@ -161,3 +163,23 @@ def loss_function(config: TrainConfig, reduction: Reduction, from_logits: bool, 
                              f"(integer labels); the loss is {name}")
         kwargs["ignore_index"] = int(config.ignore_index)
     return get_loss(config.loss, **kwargs)
+
+
+def optimizer(config: TrainConfig, numerics: Any, reduction: Reduction
+              ) -> optax.GradientTransformation:
+    """The configuration's optimizer in the numerics profile's family and options
+    (`circle_jax.numerics_train`): scaled by the batch size where the profile sums the
+    batch's gradients under a mean loss, and accumulating ``accumulate`` steps' gradients
+    per update in "stream" mode."""
+    if config.accumulate_mode not in ("stream", "in_step"):
+        raise ValueError(f"accumulate_mode must be 'stream' or 'in_step', got "
+                         f"{config.accumulate_mode!r}")
+    if config.accumulate < 1:
+        raise ValueError(f"accumulate must be >= 1, got {config.accumulate}")
+    tx = get_optimizer(config.optimizer, config.learning_rate, numerics.optimizers,
+                       **numerics.optimizer_kwargs)
+    if numerics.sum_gradients and reduction is Reduction.SUM_OVER_BATCH_SIZE:
+        tx = optax.chain(optax.scale(float(config.batch_size)), tx)
+    if config.accumulate_mode == "stream" and config.accumulate > 1:
+        tx = accumulate(tx, config.accumulate, "sum" if reduction.value == "sum" else "mean")
+    return tx

@@ -25,7 +25,7 @@ from jax import lax
 from ..distributed import DataParallel
 from ..errors import DataError
 from ..hoisting import split_step
-from ..losses import Reduction, get_reduction, loss_name
+from ..losses import get_reduction, loss_name
 from ..lower import RANGES, RowSquares
 from ..model import Model
 from ..numerics_train import training_numerics
@@ -33,16 +33,15 @@ from ..ops.fake_quant import moving_average
 from ..optim import (
     NoLossScale,
     Policy,
-    accumulate,
-    get_optimizer,
     get_policy,
     loss_scale_from_spec,
     optimizer_name,
     scaled_value_and_grad,
     select_tree,
 )
+from ..optim.flat import flattened, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
-from .config import TrainConfig, loss_function, output_index, select_trainable
+from .config import TrainConfig, loss_function, optimizer, output_index, select_trainable
 from .data import Batch, as_inputs, batched, correct, scoring_split, trailing
 from .programs import CPU_COMPILER_OPTIONS, ProgramCache, compile_for, describe_config
 from .state import StepMetrics, TrainState
@@ -90,19 +89,10 @@ class Trainer:
             self.loss_output)
         self.loss_fn = loss_function(config, reduction, self.numerics.from_logits,
                                      self.numerics.clip)
-        inner = get_optimizer(config.optimizer, config.learning_rate, self.numerics.optimizers,
-                              **self.numerics.optimizer_kwargs)
-        if self.numerics.sum_gradients and reduction is Reduction.SUM_OVER_BATCH_SIZE:
-            inner = optax.chain(optax.scale(float(config.batch_size)), inner)
-        if config.accumulate_mode not in ("stream", "in_step"):
-            raise ValueError(f"accumulate_mode must be 'stream' or 'in_step', got "
-                             f"{config.accumulate_mode!r}")
-        if config.accumulate < 1:
-            raise ValueError(f"accumulate must be >= 1, got {config.accumulate}")
+        self.per_weight_tx = optimizer(config, self.numerics, reduction)  #: see `tx`
         stream_k = config.accumulate if config.accumulate_mode == "stream" else 1
         self.micro_batches = config.accumulate if config.accumulate_mode == "in_step" else 1
         acc_reduction = "sum" if reduction.value == "sum" else "mean"
-        self.tx = accumulate(inner, stream_k, acc_reduction) if stream_k > 1 else inner
         # Masters and the loss are float32 at least; a float64 policy trains in float64.
         self.master_dtype = np.promote_types(self.policy.param_dtype, np.float32)
         self.loss_dtype = np.promote_types(self.policy.output_dtype, np.float32)
@@ -136,17 +126,25 @@ class Trainer:
         self._permute = jax.jit(self._permuted)
         self._cut = jax.jit(batched, static_argnums=(2, 3))
 
+    @functools.cached_property
+    def tx(self) -> optax.GradientTransformation:
+        """The optimizer the steps run: `per_weight_tx`, on the weights raveled into one vector
+        where it keeps per-weight state (`circle_jax.optim.flat`). Decided when first asked
+        for (a trace of its init), never by a run whose programs come from the cache."""
+        masters = {k: jax.ShapeDtypeStruct(np.shape(v), self.master_dtype if np.issubdtype(
+            v.dtype, np.floating) else v.dtype) for k, v in self.model.params.items()
+            if k in self.trainable and not self.row_squares}
+        return flattened(self.per_weight_tx, masters) or self.per_weight_tx
+
     # -- state -------------------------------------------------------------------------
     def split_params(self, params: Mapping[str, Any]) -> tuple[dict, dict]:
         """(trainable masters in ``master_dtype``, frozen params as stored)."""
-        trainable = {k: jnp.asarray(v, self.master_dtype) if self._master(v) else jnp.asarray(v)
+        trainable = {k: jnp.asarray(v, self.master_dtype) if jnp.issubdtype(
+            jnp.asarray(v).dtype, jnp.floating) else jnp.asarray(v)
                      for k, v in params.items() if k in self.trainable}
         frozen = {k: v if k == RANGES else jnp.asarray(v) for k, v in params.items()
                   if k not in self.trainable}
         return trainable, frozen
-
-    def _master(self, v: Any) -> bool:
-        return jnp.issubdtype(jnp.asarray(v).dtype, jnp.floating)
 
     def init(self, params: Mapping[str, Any] | None = None) -> tuple[TrainState, dict]:
         """A fresh state and the frozen params for ``params`` (default: the model's): one
@@ -165,6 +163,17 @@ class Trainer:
         return TrainState(trainable, self.tx.init(trainable),
                           loss_scale_from_spec(self.config.loss_scale), jnp.zeros([], jnp.int32),
                           {k: jnp.asarray(v) for k, v in self.model.ranges.items()})
+
+    def per_weight_state(self, state: TrainState) -> Any:
+        """``state.opt_state`` on the host, laid out as `per_weight_tx` keeps it (one
+        ``mu[name]`` per weight); `with_per_weight_state` sets it back."""
+        return per_weight(jax.device_get(state.opt_state), self.per_weight_tx, state.params)
+
+    def with_per_weight_state(self, state: TrainState, opt_state: Any) -> TrainState:
+        """``state`` with the optimizer state ``opt_state``, laid out per weight."""
+        flat = self.tx is not self.per_weight_tx
+        return state._replace(opt_state=jax.device_put(
+            raveled(opt_state, state.params) if flat else opt_state))
 
     def masters(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, Any]:
         """All params, the trainable ones as their masters, and the moving ranges."""

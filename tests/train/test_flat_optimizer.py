@@ -1,0 +1,96 @@
+"""Optimizers run on the weights raveled into one vector (``circle_jax.optim.flat``).
+
+The flattened optimizer must train exactly as the per-weight one: the same operations on the
+same values, element by element. So trained weights, losses and the per-weight view of the
+optimizer state are compared bit for bit, on a TF-converted model (its own mix of weight
+shapes), across the optimizers and options that keep per-weight state. Then: which
+optimizers are flattened, and the per-weight view's round trip.
+"""
+
+from __future__ import annotations
+
+import os
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.optim import adam_tf, sgd
+from circle_jax.optim.flat import flattened, per_weight, raveled
+from circle_jax.train import Trainer
+from tests.paths import KERAS_DATA
+
+
+def _model() -> cj.Model:
+    return cj.load(os.path.join(KERAS_DATA, "branching_cnn.tflite"))
+
+
+def _data(model: cj.Model, n: int = 24) -> tuple[np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(0)
+    x = rng.uniform(0, 1, (n, *model.inputs[0].shape[1:])).astype(np.float32)
+    classes = model.outputs[0].shape[-1]
+    return x, np.eye(classes, dtype=np.float32)[rng.integers(0, classes, n)]
+
+
+def _train(kwargs: dict, flat: bool) -> tuple[Trainer, list, dict, object]:
+    model = _model()
+    x, y = _data(model)
+    trainer = Trainer(model, batch_size=4, **kwargs)
+    if not flat:
+        trainer.tx = trainer.per_weight_tx
+    state, frozen = trainer.init()
+    losses = []
+    for epoch in range(2):
+        state, m = trainer.run_epoch(state, frozen, (jnp.asarray(x),), jnp.asarray(y), epoch)
+        losses.append(np.asarray(m.loss))
+    return trainer, losses, jax.device_get(state.params), trainer.per_weight_state(state)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(optimizer="adam", learning_rate=1e-3),
+    dict(optimizer="adamw", learning_rate=1e-3),
+    dict(optimizer="rmsprop", learning_rate=1e-3),
+    dict(optimizer="momentum", learning_rate=1e-2),
+    dict(optimizer="adam", learning_rate=1e-3, accumulate=2),
+    dict(optimizer="adam", learning_rate=1e-3, precision="p=f32,c=f16,o=f32",
+         loss_scale="dynamic"),
+], ids=["adam", "adamw", "rmsprop", "momentum", "adam-accumulate", "adam-float16"])
+def test_the_flattened_optimizer_trains_bit_for_bit_as_the_per_weight_one(kwargs) -> None:
+    trainer, losses, params, state = _train(kwargs, flat=True)
+    assert trainer.tx is not trainer.per_weight_tx, "not flattened"
+    _, want_losses, want_params, want_state = _train(kwargs, flat=False)
+    np.testing.assert_array_equal(losses, want_losses)
+    assert params.keys() == want_params.keys()
+    for k in params:
+        np.testing.assert_array_equal(params[k], want_params[k], err_msg=k)
+    assert jax.tree.structure(state) == jax.tree.structure(want_state)
+    jax.tree.map(np.testing.assert_array_equal, state, want_state)
+
+
+def test_stateless_and_mixed_optimizers_stay_per_weight() -> None:
+    f32 = {"a": jax.ShapeDtypeStruct((3, 2), jnp.float32), "b": jax.ShapeDtypeStruct((2,),
+                                                                                     jnp.float32)}
+    assert flattened(sgd(0.1), f32) is None  # no per-weight state: nothing to gain
+    assert flattened(adam_tf(0.1), f32) is not None
+    mixed = {**f32, "b": jax.ShapeDtypeStruct((2,), jnp.float16)}
+    assert flattened(adam_tf(0.1), mixed) is None  # one vector would promote
+    assert flattened(adam_tf(0.1), {}) is None
+    trainer = Trainer(_model(), optimizer="sgd")
+    assert trainer.tx is trainer.per_weight_tx
+
+
+def test_the_per_weight_view_round_trips() -> None:
+    params = {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.arange(2.0) + 10}
+    tx = adam_tf(0.1)
+    flat = flattened(tx, params)
+    state = flat.init(params)
+    state = state._replace(mu=state.mu + jnp.arange(8.0), nu=state.nu + 1)
+    view = per_weight(jax.device_get(state), tx, params)
+    # ravel_pytree's order: the params' leaves in jax.tree order ("b" before "w")
+    np.testing.assert_array_equal(view.mu["b"], [0.0, 1.0])
+    np.testing.assert_array_equal(view.mu["w"], np.arange(2.0, 8.0).reshape(3, 2))
+    back = raveled(view, params)
+    jax.tree.map(np.testing.assert_array_equal, back, jax.device_get(state))
+    assert per_weight(view, tx, params) is view  # already per weight
