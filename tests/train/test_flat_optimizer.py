@@ -94,3 +94,23 @@ def test_the_per_weight_view_round_trips() -> None:
     back = raveled(view, params)
     jax.tree.map(np.testing.assert_array_equal, back, jax.device_get(state))
     assert per_weight(view, tx, params) is view  # already per weight
+
+
+def test_adam_adds_a_few_kernels_not_a_few_per_weight() -> None:
+    """What the flattening is for (the README's "in a few kernels instead of a few per
+    weight"): the fused kernels of one compiled step, over SGD's."""
+    model = _model()
+    x, y = (jnp.asarray(a[:4]) for a in _data(model))
+
+    def kernels(optimizer: str, flat: bool = True) -> int:
+        trainer = Trainer(model, batch_size=4, optimizer=optimizer)
+        if not flat:
+            trainer.tx = trainer.per_weight_tx
+        state, frozen = trainer.init()
+        step = jax.jit(trainer.train_step).lower(state, frozen, ((x,), y)).compile()
+        return step.as_text().count(" fusion(")
+
+    weights = len(Trainer(model).trainable)
+    sgd_kernels = kernels("sgd")
+    assert kernels("adam", flat=False) - sgd_kernels >= 2 * weights  # m and v, each weight
+    assert kernels("adam") - sgd_kernels < weights
