@@ -80,9 +80,8 @@ class Trainer:
         #: the changes to the model's lowering options the training forward is lowered with
         self.lowering_changes: dict[str, Any] = lowering
         self.reduction = reduction = get_reduction(config.reduction)
+        self.loss_output = output_index(model, config.loss_output)  #: the output the loss reads
         #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
-        #: the index of the model output the loss reads
-        self.loss_output = output_index(model, config.loss_output)
         self.numerics = training_numerics(
             model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,
             config.from_logits, config.clip, dict(config.optimizer_kwargs), lowering,
@@ -90,7 +89,6 @@ class Trainer:
         self.loss_fn = loss_function(config, reduction, self.numerics.from_logits,
                                      self.numerics.clip)
         self.per_weight_tx = optimizer(config, self.numerics, reduction)  #: see `tx`
-        stream_k = config.accumulate if config.accumulate_mode == "stream" else 1
         self.micro_batches = config.accumulate if config.accumulate_mode == "in_step" else 1
         acc_reduction = "sum" if reduction.value == "sum" else "mean"
         # Masters and the loss are float32 at least; a float64 policy trains in float64.
@@ -107,7 +105,7 @@ class Trainer:
         self.trainable = select_trainable(model, config.trainable)
         #: embedding tables whose Adam second moment takes per-occurrence squares
         self.row_squares = self.numerics.row_squares & self.trainable
-        if self.row_squares and (stream_k > 1 or self.micro_batches > 1 or not isinstance(
+        if self.row_squares and (config.accumulate > 1 or not isinstance(
                 loss_scale_from_spec(config.loss_scale), NoLossScale)):
             raise ValueError(f"numerics {self.numerics.numerics.name!r} trains embedding "
                              "tables with Keras's sparse-gradient Adam, which does not combine "
@@ -131,9 +129,11 @@ class Trainer:
         """The optimizer the steps run: `per_weight_tx`, on the weights raveled into one vector
         where it keeps per-weight state (`circle_jax.optim.flat`). Decided when first asked
         for (a trace of its init), never by a run whose programs come from the cache."""
+        if self.row_squares:  # Keras's sparse-gradient Adam: its squares come per weight
+            return self.per_weight_tx
         masters = {k: jax.ShapeDtypeStruct(np.shape(v), self.master_dtype if np.issubdtype(
             v.dtype, np.floating) else v.dtype) for k, v in self.model.params.items()
-            if k in self.trainable and not self.row_squares}
+            if k in self.trainable}
         return flattened(self.per_weight_tx, masters) or self.per_weight_tx
 
     # -- state -------------------------------------------------------------------------
