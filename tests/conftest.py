@@ -4,6 +4,7 @@
 - ``shared_models``: the directory of the shared third-party models
   (``<repo root>/../shared/models``); a missing directory fails, never skips.
 - ``keras_data``: the committed Keras-converted models and Keras's recorded numbers.
+- JAX's persistent compilation cache, in a directory of the run's own (see below).
 - ``onert``: the onert peer (``tests/onert_peer.py``, the ``onert`` wheel's train backend
   driven as ``onert_train`` drives it); the wheel is a test dependency, so it never skips.
 """
@@ -11,9 +12,12 @@
 from __future__ import annotations
 
 import os
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from types import ModuleType
+from typing import Any
 
 import jax
 import pytest
@@ -23,6 +27,28 @@ from tests.paths import KERAS_DATA, SHARED_MODELS
 # The CLI turns JAX's persistent compilation cache on by default in the user's cache
 # directory; tests must not write there (tests of the cache give their own directory).
 os.environ.setdefault("CIRCLE_JAX_CACHE", "off")
+
+# One run's programs compiled once: JAX's persistent compilation cache in a directory of this
+# run alone, made by the controller and shared by its xdist workers (the same executables,
+# loaded instead of compiled again by a later test; benchmarks/README.md, "The test suite's
+# time"). Set in the test processes only: the command-line processes that tests start keep
+# their own cache settings.
+def pytest_configure(config: pytest.Config) -> None:
+    workerinput = getattr(config, "workerinput", None)
+    config.run_cache = (workerinput["circle_jax_run_cache"] if workerinput is not None
+                        else tempfile.mkdtemp(prefix="circle-jax-tests-xla-"))
+    jax.config.update("jax_compilation_cache_dir", config.run_cache)
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.3)
+
+
+@pytest.hookimpl(optionalhook=True)
+def pytest_configure_node(node: Any) -> None:  # xdist's, in the controller, per worker
+    node.workerinput["circle_jax_run_cache"] = node.config.run_cache
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
+        shutil.rmtree(config.run_cache, ignore_errors=True)
 
 
 @pytest.fixture
