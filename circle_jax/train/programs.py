@@ -35,6 +35,7 @@ from typing import Any
 
 import jax
 from jax.experimental import serialize_executable
+from jax.experimental.compilation_cache import compilation_cache
 
 from ..formats.atomic import atomic_write
 
@@ -197,13 +198,18 @@ def _strip_debug_info(lowered: jax.stages.Lowered) -> None:
 def _persistent_cache_off() -> Iterator[None]:
     """JAX's persistent compilation cache off for the block (and as it was after): an
     executable that cache loads serializes without its kernels, and such an entry would
-    fail at its first call (measured with JAX 0.10.2 on CPU: "Function ... not found")."""
+    fail at its first call (measured with JAX 0.10.2 on CPU: "Function ... not found").
+    JAX decides once per process whether its cache is used, at the first compile, so the
+    setting alone changes nothing after one: the decision is reset on entry and on exit
+    (``reset_cache``, JAX's public way to have the setting read again)."""
     before = jax.config.jax_enable_compilation_cache
     jax.config.update("jax_enable_compilation_cache", False)
+    compilation_cache.reset_cache()
     try:
         yield
     finally:
         jax.config.update("jax_enable_compilation_cache", before)
+        compilation_cache.reset_cache()
 
 
 #: XLA options for compiled epochs on CPU: classic fusion emitters (benchmarks/README.md).

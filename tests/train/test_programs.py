@@ -12,6 +12,7 @@ import threading
 import jax
 import numpy as np
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 import circle_jax as cj
 from circle_jax.train import TrainConfig, Trainer, fit, programs
@@ -77,6 +78,31 @@ def test_a_damaged_entry_is_compiled_again(model, tmp_path) -> None:
     result, cache = _fit(model, tmp_path)
     assert cache.misses == 2 and np.isfinite(result.history.loss).all()
     assert _fit(model, tmp_path)[1].hits == 2  # rewritten whole
+
+
+def test_a_program_in_jax_s_own_cache_is_kept_runnable(model, tmp_path) -> None:
+    """JAX's persistent cache on and already used by this process, holding the very
+    programs a `ProgramCache` then compiles: what it keeps is compiled anew (an executable
+    JAX's cache loads serializes without its kernels), and a later trainer runs it."""
+    before = jax.config.jax_compilation_cache_dir, \
+        jax.config.jax_persistent_cache_min_compile_time_secs
+    jax.config.update("jax_compilation_cache_dir", str(tmp_path / "jax"))
+    jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
+    compilation_cache.reset_cache()
+    try:
+        x, y = toy_data(20)
+        fit(model, x, y, **CFG)  # JAX's cache is used from now on
+        _fit(model, tmp_path / "first")  # compiled; JAX's cache may keep them too
+        _, cache = _fit(model, tmp_path / "second")  # compiled again, for another directory
+        assert cache.misses == 2
+        second, cache = _fit(model, tmp_path / "second")  # loads and runs them
+        assert cache.hits == 2
+    finally:
+        jax.config.update("jax_compilation_cache_dir", before[0])
+        jax.config.update("jax_persistent_cache_min_compile_time_secs", before[1])
+        compilation_cache.reset_cache()
+    for k, v in fit(model, x, y, **CFG).params.items():
+        np.testing.assert_array_equal(second.params[k], v)
 
 
 def test_a_program_that_cannot_be_serialized_is_compiled_as_usual(model, tmp_path,
