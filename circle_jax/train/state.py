@@ -16,7 +16,9 @@ class TrainState(NamedTuple):
 
     Attributes:
       params: trainable params (float32 masters when the variable dtype is half).
-      opt_state: the optax state (includes the accumulation state when accumulating).
+      opt_state: the optax state of `Trainer.tx` (includes the accumulation state when
+        accumulating); an optimizer's per-weight state (Adam's moments) is one vector over
+        the raveled weights, laid out per weight by `Trainer.per_weight_state`.
       loss_scale: the loss-scale state (scale and growth counter are array leaves).
       step: int32 count of micro-steps taken (skipped ones included).
       stats: statistics the steps keep besides the params: a QAT model's moving activation
