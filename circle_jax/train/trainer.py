@@ -131,9 +131,7 @@ class Trainer:
         for (a trace of its init), never by a run whose programs come from the cache."""
         if self.row_squares:  # Keras's sparse-gradient Adam: its squares come per weight
             return self.per_weight_tx
-        masters = {k: jax.ShapeDtypeStruct(np.shape(v), self.master_dtype if np.issubdtype(
-            v.dtype, np.floating) else v.dtype) for k, v in self.model.params.items()
-            if k in self.trainable}
+        masters = jax.eval_shape(lambda p: self.split_params(p)[0], self.model.params)
         return flattened(self.per_weight_tx, masters) or self.per_weight_tx
 
     # -- state -------------------------------------------------------------------------
@@ -167,7 +165,9 @@ class Trainer:
     def per_weight_state(self, state: TrainState) -> Any:
         """``state.opt_state`` on the host, laid out as `per_weight_tx` keeps it (one
         ``mu[name]`` per weight); `with_per_weight_state` sets it back."""
-        return per_weight(jax.device_get(state.opt_state), self.per_weight_tx, state.params)
+        opt_state = jax.device_get(state.opt_state)
+        return opt_state if self.tx is self.per_weight_tx else per_weight(
+            opt_state, self.per_weight_tx, state.params)
 
     def with_per_weight_state(self, state: TrainState, opt_state: Any) -> TrainState:
         """``state`` with the optimizer state ``opt_state``, laid out per weight."""
