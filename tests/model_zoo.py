@@ -5,7 +5,8 @@ models of tests/toy_models.py.
 
 ``all_models()`` names them (pytest ids); ``load(name)`` loads one once per process (a load
 refusal is returned, not raised); ``inputs(model, name, n)`` makes seeded random inputs of
-``n`` samples; ``LITERT_CANNOT_RUN`` and ``SAMPLE_SHAPES`` are the per-model special cases.
+``n`` samples; ``LITERT_CANNOT_RUN`` and ``SAMPLE_SHAPES`` are the per-model special cases;
+``is_large(name)`` sorts a model into the slow tier of the costliest sweeps.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ import numpy as np
 
 import circle_jax as cj
 from circle_jax.examples import branching_cnn
+from circle_jax.formats.reader import read_model
 from tests import toy_models
 from tests.paths import KERAS_DATA, SHARED_MODELS
 
@@ -49,6 +51,21 @@ def all_models() -> list[str]:
     keras = sorted(f"keras:{os.path.basename(p)}"
                    for p in glob.glob(os.path.join(KERAS_DATA, "*.tflite")))
     return [*shared_files(), *keras, *_BUILT]
+
+
+# A model of this many operators or more is large: its float16 epoch compiles for 10-50 s
+# on a 2-core machine (benchmarks/README.md, "The test suite's time").
+LARGE_OPERATORS = 30
+
+
+def is_large(name: str) -> bool:
+    """Whether the model has at least ``LARGE_OPERATORS`` operators (all subgraphs), read
+    from its file: the sweeps that compile its training step run in the slow tier."""
+    try:
+        ir = read_model(file_bytes(name))
+    except cj.CircleJaxError:
+        return False
+    return sum(len(g.operators) for g in ir.subgraphs) >= LARGE_OPERATORS
 
 
 def source(name: str) -> str | bytes:

@@ -31,6 +31,7 @@ def test_notebook_sets_inline_dispatch_first(name: str) -> None:
                for line in first[:call]), first[:call]
 
 
+@pytest.mark.slow  # a kernel per notebook, 15-25 s each on 2 cores
 @pytest.mark.parametrize("name", sorted(f for f in os.listdir(NOTEBOOKS) if f.endswith(".ipynb")))
 def test_notebook_executes_and_shows_its_plots(name: str) -> None:
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)

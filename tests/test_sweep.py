@@ -11,6 +11,10 @@ model dropped into ../shared/models is covered without writing a test). A model 
 do one of these must refuse it in one line naming the reason; the refusals of known models
 are pinned in ``REFUSED``.
 
+Tiers: the float64 gradients of every model, and the float16 epoch of a large model
+(`model_zoo.is_large`: 30 operators or more), are marked ``slow`` (``pytest -m slow``; CI
+runs both tiers): they are most of the sweep's compile time.
+
 Tolerances: a batched graph sums its matmuls and convolutions in another order than a
 single-sample one, so float32 outputs differ by rounding (measured at most 1.1e-5 on outputs
 of magnitude 38, the face detector's scores): rtol 1e-5 and atol 1e-5 times the output's
@@ -39,6 +43,11 @@ from tests import model_zoo
 from tests.conformance import run_litert
 
 MODELS = model_zoo.all_models()
+SLOW = pytest.mark.slow
+
+
+def _slow_if_large(names: list[str]) -> list:
+    return [pytest.param(n, marks=SLOW) if model_zoo.is_large(n) else n for n in names]
 
 REFUSED_BATCH = "runs only at its declared batch"
 
@@ -148,10 +157,12 @@ def _assert_litert(name: str, feeds: list[np.ndarray], got: list[np.ndarray]) ->
 
 
 def _wide(tree: dict) -> dict:
-    return {k: jnp.asarray(v, jnp.float64) if jnp.issubdtype(v.dtype, jnp.floating) else v
+    """Float leaves as float64 numpy arrays (converted on the host: no compile per shape)."""
+    return {k: np.asarray(v, np.float64) if jnp.issubdtype(v.dtype, jnp.floating) else v
             for k, v in tree.items()}
 
 
+@SLOW
 @pytest.mark.parametrize("name", [n for n in MODELS if n not in REFUSED])
 def test_float64_gradients_at_batch_2_are_sums_of_reference_per_sample_ones(name: str,
                                                                              x64) -> None:
@@ -161,7 +172,7 @@ def test_float64_gradients_at_batch_2_are_sums_of_reference_per_sample_ones(name
     model, reference = _model(name), model_zoo.load(name, "reference")
     assert model.lowering.fast and not reference.lowering.fast
     n = 2
-    xs = [jnp.asarray(x, jnp.float64) if x.dtype.kind == "f" else x
+    xs = [np.asarray(x, np.float64) if x.dtype.kind == "f" else x
           for x in model_zoo.inputs(model, name, n)]
     outs = jax.eval_shape(model.apply, _wide(model.params), *xs)
     rng = np.random.default_rng(5)
@@ -209,7 +220,7 @@ def _float16_epoch(model: cj.Model, name: str, batch: int | None) -> tuple[dict,
     return model.params, r.params, r.history.skipped[0], r.history.loss[0]
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", _slow_if_large(MODELS))
 def test_one_float16_epoch_at_batch_4_trains_or_refuses(name: str) -> None:
     """2 steps at batch 4 (one at the declared shapes for a model that runs only there)
     under the float16 policy at loss scale 1: no step skipped (its float16 gradients are

@@ -53,6 +53,7 @@ def mesh_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
     return json.loads(out.read_text())
 
 
+@pytest.mark.slow  # the 4-device subprocess run (mesh_runs)
 def test_sharded_losses_equal_single_device(mesh_runs: dict) -> None:
     assert mesh_runs["devices"] == 4
     assert sorted(r["mesh_size"] for r in mesh_runs["runs"].values()) == [2, 4, 4]
@@ -72,6 +73,7 @@ def test_sharded_losses_equal_single_device(mesh_runs: dict) -> None:
         "conv2/filter/lora_b", "head/bias", "head/weights"]
 
 
+@pytest.mark.slow  # the 4-device subprocess run (mesh_runs)
 def test_batch_not_divisible_refused(mesh_runs: dict) -> None:
     assert mesh_runs["refused"] == [
         "batch size 18 is not divisible by the 4 devices of the data mesh; use a multiple of 4",
@@ -88,6 +90,7 @@ def test_in_step_micro_batches_take_a_part_of_every_device_shard() -> None:
                                                                      list(range(8, 16))]
 
 
+@pytest.mark.slow  # the 4-device subprocess run (mesh_runs)
 def test_mesh_checkpoint_resumes_on_one_device(mesh_runs: dict) -> None:
     """Written every 10 steps on 4 devices; the third epoch, resumed on one device, is the
     uninterrupted single-device run's."""
@@ -117,6 +120,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow  # two CLI processes
 def test_two_processes_resume_and_are_resumed(tmp_path) -> None:
     """Epoch 1 in this process → checkpoint A; epoch 2 in two processes (each feeding half of
     every batch) from A → checkpoint B; epoch 3 here from B. Each epoch's loss is that of
