@@ -98,6 +98,7 @@ def test_float32_weight_gradients() -> None:
                                    err_msg=k)
 
 
+@pytest.mark.slow  # 3 epochs in float32 and in float16 (a measurement as much as a test)
 def test_float16_tracks_float32() -> None:
     """ResNet-8, batch 16, 64 samples, 3 epochs, the default dynamic scale skipping
     overflowed steps (Keras, PyTorch): no step skipped at the initial scale 2**15, and every
