@@ -43,11 +43,10 @@ from tests import model_zoo
 from tests.conformance import run_litert
 
 MODELS = model_zoo.all_models()
-SLOW = pytest.mark.slow
 
 
 def _slow_if_large(names: list[str]) -> list:
-    return [pytest.param(n, marks=SLOW) if model_zoo.is_large(n) else n for n in names]
+    return [pytest.param(n, marks=pytest.mark.slow) if model_zoo.is_large(n) else n for n in names]
 
 REFUSED_BATCH = "runs only at its declared batch"
 
@@ -162,7 +161,7 @@ def _wide(tree: dict) -> dict:
             for k, v in tree.items()}
 
 
-@SLOW
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n in MODELS if n not in REFUSED])
 def test_float64_gradients_at_batch_2_are_sums_of_reference_per_sample_ones(name: str,
                                                                              x64) -> None:
