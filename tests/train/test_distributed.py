@@ -54,7 +54,6 @@ def mesh_runs(tmp_path_factory: pytest.TempPathFactory) -> dict:
 
 
 @pytest.mark.slow  # the 4-device subprocess run (mesh_runs)
-@pytest.mark.xdist_group("mesh_runs")  # one worker: the subprocess runs once
 def test_sharded_losses_equal_single_device(mesh_runs: dict) -> None:
     assert mesh_runs["devices"] == 4
     assert sorted(r["mesh_size"] for r in mesh_runs["runs"].values()) == [2, 4, 4]
@@ -75,7 +74,6 @@ def test_sharded_losses_equal_single_device(mesh_runs: dict) -> None:
 
 
 @pytest.mark.slow  # the 4-device subprocess run (mesh_runs)
-@pytest.mark.xdist_group("mesh_runs")  # one worker: the subprocess runs once
 def test_batch_not_divisible_refused(mesh_runs: dict) -> None:
     assert mesh_runs["refused"] == [
         "batch size 18 is not divisible by the 4 devices of the data mesh; use a multiple of 4",
@@ -93,7 +91,6 @@ def test_in_step_micro_batches_take_a_part_of_every_device_shard() -> None:
 
 
 @pytest.mark.slow  # the 4-device subprocess run (mesh_runs)
-@pytest.mark.xdist_group("mesh_runs")  # one worker: the subprocess runs once
 def test_mesh_checkpoint_resumes_on_one_device(mesh_runs: dict) -> None:
     """Written every 10 steps on 4 devices; the third epoch, resumed on one device, is the
     uninterrupted single-device run's."""
