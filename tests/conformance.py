@@ -145,7 +145,7 @@ def check_op_grads(
     **op_kwargs: Any,
 ) -> None:
     """Gradients of the op (w.r.t. float inputs and constants) vs float64 finite differences,
-    jitted and eager (see :func:`check_model_grads`)."""
+    jitted (see :func:`check_model_grads`)."""
     b, feeds = one_op_model(op_type, inputs, options, **op_kwargs)
     check_model_grads(cj.load(b.to_bytes("circle"), lowering=lowering), feeds, output_index,
                       eps=eps, tol=tol)
@@ -158,10 +158,16 @@ def check_model_grads(
     *,
     eps: float = 1e-4,
     tol: float = 1e-5,
-    eager: bool = True,
+    eager: bool = False,
 ) -> None:
     """jax.grad of a cosine-weighted sum of one output w.r.t. the params and the float inputs
-    vs float64 finite differences (x64 enabled), jitted and, unless ``eager=False``, eager."""
+    vs float64 finite differences (x64 enabled), jitted and, with ``eager``, eager.
+
+    Eager gradients run the jitted program's primitives one compile each (two thirds of a
+    gradient test's time), so they are checked where Python follows concrete values: the
+    control-flow and recurrent operators (:func:`check_grads_x64`) and the bundled example's
+    branches (tests/train/test_branching.py). Every operator's eager forward is checked by
+    :func:`check_op`."""
     with jax.enable_x64(True):
         params = {k: jnp.asarray(v, jnp.float64) for k, v in model.params.items()}
         xs = [jnp.asarray(x, jnp.float64) if np.issubdtype(x.dtype, np.floating) else x
