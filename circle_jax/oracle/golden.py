@@ -15,10 +15,13 @@ quantized tensor carries its ``scale``, ``zero_point`` and ``quantized_dimension
 attributes), with the float gradients and update of the QAT step (the simulation's
 tensors have the file's tensor indices).
 
-Everything is computed in ``dtype`` (float64: the arbiter's ground truth; inputs and float
-params are cast up, and training runs under the float64 precision policy). The tensors are
-those of the loaded model: untied copies and added biases (`circle_jax.passes`) are tensors
-of their own, appended after the file's; the index records where each came from.
+Each part (the forward, the gradients, the step) runs as one compiled program, as training
+does: the golden values are what the training program computes, and a large model takes
+seconds, not the minutes of one compile per operator. Everything is computed in ``dtype``
+(float64: the arbiter's ground truth; inputs and float params are cast up, and training runs
+under the float64 precision policy). The tensors are those of the loaded model: untied
+copies and added biases (`circle_jax.passes`) are tensors of their own, appended after the
+file's; the index records where each came from.
 ``write_golden`` writes the files ONE's tools read (`circle_jax.oracle.h5`), luci-value-
 test's raw layout on request, and ``index.json``.
 """
@@ -78,7 +81,7 @@ def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
     with jax.enable_x64(dt == np.float64):
         xs = [_cast(x, dt) for x in inputs]
         params = {k: _cast(v, dt) for k, v in model.params.items()}
-        outs, env = model.tensors(params, *xs)
+        outs, env, traced = _tensors(model, params, xs)
         index_of = {name: i for name, (k, i) in model.param_keys.items() if k == 0}
         name_of = {i: name for name, i in index_of.items()}
         tensors = []
@@ -102,8 +105,8 @@ def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
                       "untied_copies": dict(model.rewrites.untied),
                       "added_biases": list(model.rewrites.added_bias)})
         if expected is not None:
-            data = _backward(model, data, xs, params, env, _cast(expected, dt), config, dt,
-                             index_of)
+            data = _backward(model, data, xs, params, env, traced, _cast(expected, dt), config,
+                             dt, index_of)
     return data if model.simulated is None else _integer(model, data, inputs)
 
 
@@ -113,7 +116,7 @@ def _integer(model: Model, data: GoldenData, inputs: Sequence[Any]) -> GoldenDat
     integer = load(model.export())
     sg = integer.ir.main
     xs = [_quantized(np.asarray(x), sg.tensors[i]) for x, i in zip(inputs, sg.inputs)]
-    outs, env = integer.tensors(integer.params, *xs)
+    outs, env, _ = _tensors(integer, integer.params, xs)
     tensors = []
     for t in sg.tensors:
         value = env.get(t.index, t.data)
@@ -127,6 +130,21 @@ def _integer(model: Model, data: GoldenData, inputs: Sequence[Any]) -> GoldenDat
                  for k, (i, o) in enumerate(zip(sg.outputs, outs))],
         settings={**data.settings, "integer_tensors": "the integer kernels' (tensors.h5)",
                   "gradients": "quantization-aware training's (float)"})
+
+
+def _tensors(model: Model, params: dict, xs: Sequence[Any]
+             ) -> tuple[tuple[Any, ...], dict[int, Any], frozenset[int]]:
+    """``model.tensors`` compiled: (outputs, every computed tensor, the indices of those
+    that depend on the inputs or params, as opposed to constants folded at load)."""
+    traced: set[int] = set()
+
+    def run(p: dict, *x: Any) -> tuple[tuple[Any, ...], dict[int, Any]]:
+        outs, env = model.tensors(p, *x)
+        traced.update(i for i, v in env.items() if isinstance(v, jax.core.Tracer))
+        return outs, env
+
+    outs, env = jax.jit(run)(params, *xs)
+    return outs, env, frozenset(traced)
 
 
 def _attrs(t: ir.Tensor) -> dict[str, Any]:
@@ -154,10 +172,11 @@ def _cast(x: Any, dt: np.dtype) -> jax.Array:
     return a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
 
 
-def _backward(model: Model, data: GoldenData, xs: list, params: dict, env: dict, y: Any,
-              config: TrainConfig | None, dt: np.dtype, index_of: Mapping[str, int]
-              ) -> GoldenData:
-    """``data`` with the loss, the gradients and the one-step update."""
+def _backward(model: Model, data: GoldenData, xs: list, params: dict, env: dict,
+              traced: frozenset[int], y: Any, config: TrainConfig | None, dt: np.dtype,
+              index_of: Mapping[str, int]) -> GoldenData:
+    """``data`` with the loss, the gradients (with respect to the float tensors in
+    ``traced``) and the one-step update."""
     cfg = replace(config or TrainConfig(), batch_size=int(np.shape(xs[0])[0]),
                   precision="float64" if dt == np.float64 else None)
     trainer = Trainer(model, cfg)
@@ -166,18 +185,19 @@ def _backward(model: Model, data: GoldenData, xs: list, params: dict, env: dict,
     floats = {k: v for k, v in params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
     others = {k: v for k, v in params.items() if k not in floats}
     taps = {i: jnp.zeros_like(v) for i, v in env.items()
-            if isinstance(v, jax.Array) and jnp.issubdtype(v.dtype, jnp.floating)}
+            if i in traced and jnp.issubdtype(v.dtype, jnp.floating)}
 
     def loss_of(p: dict, tapped: dict) -> jax.Array:
         outs, values = model.tensors({**p, **others}, *xs, taps=tapped)
         pred = outs[k] if logits_of is None else values[logits_of[0]] * logits_of[1]
         return trainer.loss_fn(pred.astype(trainer.loss_dtype), y)
 
-    loss, (dparams, dtaps) = jax.value_and_grad(loss_of, argnums=(0, 1))(floats, taps)
+    loss, (dparams, dtaps) = jax.jit(jax.value_and_grad(loss_of, argnums=(0, 1)))(floats,
+                                                                                   taps)
     grads = {i: g for i, g in dtaps.items()}
     grads.update({index_of[k]: g for k, g in dparams.items() if k in index_of})
     state, frozen = trainer.init(params)
-    state, _ = trainer.train_step(state, frozen, (tuple(xs), y))
+    state, _ = jax.jit(trainer.train_step)(state, frozen, (tuple(xs), y))
     after = {**frozen, **state.params}
     trained = {index_of[k] for k in trainer.trainable if k in index_of}
     return replace(
