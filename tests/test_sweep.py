@@ -11,9 +11,9 @@ model dropped into ../shared/models is covered without writing a test). A model 
 do one of these must refuse it in one line naming the reason; the refusals of known models
 are pinned in ``REFUSED``.
 
-Tiers: the float64 gradients of every model, and the float16 epoch of a large model
-(`model_zoo.is_large`: 30 operators or more), are marked ``slow`` (``pytest -m slow``; CI
-runs both tiers): they are most of the sweep's compile time.
+Tiers: the float64 gradients of every model, and the batch-3 run and float16 epoch of a
+large model (`model_zoo.is_large`: 30 operators or more), are marked ``slow`` (``pytest -m
+slow``; CI runs both tiers): they are most of the sweep's compile time.
 
 Tolerances: a batched graph sums its matmuls and convolutions in another order than a
 single-sample one, so float32 outputs differ by rounding (measured at most 1.1e-5 on outputs
@@ -105,7 +105,7 @@ def test_loads_or_refuses_in_one_line(name: str) -> None:
         assert m.inputs and m.outputs
 
 
-@pytest.mark.parametrize("name", MODELS)
+@pytest.mark.parametrize("name", _slow_if_large(MODELS))
 def test_a_batch_of_3_is_3_single_sample_runs(name: str) -> None:
     """Batch rows against single-sample runs, and the last sample against LiteRT (a wrong
     batch shows in samples after the first)."""
