@@ -238,6 +238,6 @@ def test_one_float16_epoch_at_batch_4_trains_or_refuses(name: str) -> None:
         assert name not in TRAIN_REFUSED, f"{name} trains at batch 4: drop it from REFUSED"
     assert skipped == 0, "float16 gradients not finite at loss scale 1"
     assert math.isfinite(loss), loss
-    assert all(bool(jnp.all(jnp.isfinite(v))) for v in after.values())
+    assert all(np.isfinite(np.asarray(v)).all() for v in after.values())  # host: no compiles
     assert not after or any(not np.array_equal(before[k], after[k]) for k in after), \
         "no weight changed"

@@ -35,7 +35,6 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 
 from ..formats.atomic import atomic_write
@@ -167,9 +166,10 @@ def _quantized(x: np.ndarray, t: ir.Tensor) -> np.ndarray:
     return quantize(x, q.scale[0], q.zero_point[0], info.min, info.max).astype(info.dtype)
 
 
-def _cast(x: Any, dt: np.dtype) -> jax.Array:
-    a = jnp.asarray(x)
-    return a.astype(dt) if jnp.issubdtype(a.dtype, jnp.floating) else a
+def _cast(x: Any, dt: np.dtype) -> np.ndarray:
+    """``x`` on the host, float in ``dt`` (numpy: no compile per shape)."""
+    a = np.asarray(x)
+    return a.astype(dt) if np.issubdtype(a.dtype, np.floating) else a
 
 
 def _backward(model: Model, data: GoldenData, xs: list, params: dict, env: dict,
@@ -182,10 +182,10 @@ def _backward(model: Model, data: GoldenData, xs: list, params: dict, env: dict,
     trainer = Trainer(model, cfg)
     logits_of, k = trainer.numerics.logits_of, trainer.loss_output
     sg = model.ir.main
-    floats = {k: v for k, v in params.items() if jnp.issubdtype(v.dtype, jnp.floating)}
+    floats = {k: v for k, v in params.items() if np.issubdtype(v.dtype, np.floating)}
     others = {k: v for k, v in params.items() if k not in floats}
-    taps = {i: jnp.zeros_like(v) for i, v in env.items()
-            if i in traced and jnp.issubdtype(v.dtype, jnp.floating)}
+    taps = {i: np.zeros(v.shape, v.dtype) for i, v in env.items()
+            if i in traced and np.issubdtype(v.dtype, np.floating)}
 
     def loss_of(p: dict, tapped: dict) -> jax.Array:
         outs, values = model.tensors({**p, **others}, *xs, taps=tapped)

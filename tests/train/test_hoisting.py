@@ -160,7 +160,7 @@ def test_a_dense_loss_precomputes_at_least_its_targets(monkeypatch, name: str,
     batch = ((jnp.asarray(x),), y)
     split = hoisting.split_step(trainer.train_step, state, frozen, batch, 1)
     assert split is not None
-    values = split.precompute(frozen, jax.tree.map(lambda a: a[None], batch))
+    values = jax.jit(split.precompute)(frozen, jax.tree.map(lambda a: a[None], batch))
     assert sum(v[0].nbytes for v in values) >= y.nbytes
 
     monkeypatch.setattr(hoisting, "MAX_STEP_BYTES", y.nbytes - 1)
