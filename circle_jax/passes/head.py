@@ -106,11 +106,13 @@ def float_weights_refusal(sg: ir.Subgraph, op: ir.Operator,
 
 
 def glorot_uniform(shape: tuple[int, int], seed: int) -> np.ndarray:
-    """Glorot-uniform weights [out, in] (jax.nn.initializers), from ``seed``."""
+    """Glorot-uniform weights [out, in] (jax.nn.initializers), from ``seed``; drawn in one
+    compiled program (eagerly, each of the draw's primitives compiles on its own)."""
     import jax
 
     init = jax.nn.initializers.glorot_uniform(in_axis=-1, out_axis=-2)
-    return np.asarray(init(jax.random.key(seed), shape, np.float32))
+    draw = jax.jit(init, static_argnums=(1, 2))
+    return np.asarray(draw(jax.random.key(seed), shape, np.float32))
 
 
 def replace_head(model: ir.Model, classes: int, seed: int = 0, output: int = 0) -> ir.Model:

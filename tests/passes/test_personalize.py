@@ -87,6 +87,9 @@ def test_new_head_weights_are_glorot_uniform_and_seeded() -> None:
     w = {m: next(t.data for t in m.main.tensors if t.name == "head/weights") for m in (a, b, c)}
     assert w[a].shape == (10, 256) and np.array_equal(w[a], w[b]) and not np.array_equal(
         w[a], w[c])
+    eager = jax.nn.initializers.glorot_uniform(in_axis=-1, out_axis=-2)(
+        jax.random.key(1), (10, 256), np.float32)
+    np.testing.assert_array_equal(w[a], np.asarray(eager))  # compiled draw = JAX's own
     limit = np.sqrt(6 / (256 + 10))
     assert np.abs(w[a]).max() <= limit and np.abs(w[a]).max() > 0.9 * limit
     assert abs(float(np.var(w[a])) - limit**2 / 3) < 0.1 * limit**2 / 3  # uniform's variance
