@@ -35,28 +35,26 @@ MODELS = Path(SHARED_MODELS)
 RTOL = 1e-9
 
 
-def _same(fast: Callable, ref: Callable, args: Sequence[np.ndarray], forward: bool = True,
-          eager: bool = False) -> None:
-    """``fast`` equals ``ref`` in value, vjp and (``forward``) jvp, jitted and (``eager``)
-    eagerly, in float64.
+def _same(fast: Callable, ref: Callable, args: Sequence[np.ndarray], forward: bool = True
+          ) -> None:
+    """``fast`` equals ``ref`` in value, vjp and (``forward``) jvp, both jitted, in float64.
 
-    Both run jitted by default: a kernel without control flow on concrete values runs the
-    same primitives eagerly, one compile per primitive (the eager pass cost a third of this
+    Not eagerly too: a kernel without control flow on concrete values runs the same
+    primitives eagerly, one compile per primitive (the eager pass cost a third of this
     module's time); the eager forward of every operator is checked by
     `tests.conformance.check_op`."""
     rng = np.random.default_rng(0)
     with jax.enable_x64(True):
         xs = [jnp.asarray(a, jnp.float64) for a in args]
         ts = [jnp.asarray(rng.standard_normal(a.shape)) for a in xs]
-        ref = jax.jit(ref)
+        ref, fast = jax.jit(ref), jax.jit(fast)
         y_ref, vjp_ref = jax.vjp(ref, *xs)
         ct = jnp.asarray(rng.standard_normal(y_ref.shape))
         want = (y_ref, vjp_ref(ct), jax.jvp(ref, xs, ts)[1] if forward else None)
-        for wrap in (jax.jit, lambda f: f) if eager else (jax.jit,):
-            y, vjp = jax.vjp(wrap(fast), *xs)
-            got = (y, vjp(ct), jax.jvp(wrap(fast), xs, ts)[1] if forward else None)
-            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-                np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL)
+        y, vjp = jax.vjp(fast, *xs)
+        got = (y, vjp(ct), jax.jvp(fast, xs, ts)[1] if forward else None)
+        for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+            np.testing.assert_allclose(g, w, rtol=RTOL, atol=RTOL)
 
 
 def _normal(*shape: int, seed: int = 1) -> np.ndarray:
@@ -81,9 +79,9 @@ def test_conv_methods_match_reference(x_shape, w_shape, strides, dilations, padd
     pads = padding_pairs(padding, x_shape[1:-1], w_shape[:nd], strides, dilations)
     g = ref_conv.Geometry(w_shape[:nd], strides, dilations, tuple(tuple(p) for p in pads))
     x, w = _normal(*x_shape), _normal(*w_shape, seed=2)
-    for method in methods:  # conv_nd is jitted itself: eager is the same program
+    for method in methods:
         _same(lambda a, b, m=method: conv.conv_nd(a, b, g, m),
-              lambda a, b: ref_conv.conv(a, b, g), [x, w], eager=False)
+              lambda a, b: ref_conv.conv(a, b, g), [x, w])
 
 
 def test_depthwise_channelwise_matches_reference():
@@ -101,8 +99,8 @@ def test_depthwise_channelwise_matches_reference():
 def test_col2im_matches_reference(in_hw, kernel, strides, before, out_hw):
     g = ref_conv.TransposeGeometry(out_hw, strides, before)
     x, w = _normal(2, *in_hw, 3), _normal(4, *kernel, 3, seed=2)
-    _same(lambda a, b: transpose_conv_nd(a, b, g, "col2im"),  # jitted itself
-          lambda a, b: ref_conv.transpose_conv_2d(a, b, g), [x, w], eager=False)
+    _same(lambda a, b: transpose_conv_nd(a, b, g, "col2im"),
+          lambda a, b: ref_conv.transpose_conv_2d(a, b, g), [x, w])
 
 
 @pytest.mark.parametrize("rows, k, o", [(1, 5, 3), (3, 5, 3), (4, 3, 7), (1, 128, 10)])
