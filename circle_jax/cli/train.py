@@ -84,16 +84,47 @@ def _train_logged(run: TrainRun) -> int:
     log = Log(run.verbosity)
     cache = enable_compile_cache(cache_dir(run.compile_cache))
     log(1, f"compile cache: {cache}")
+    programs = _program_cache(run, cache, log)
     if run.verbosity < 2:
-        return _train(run, log, cache)
+        return _train(run, log, cache, programs)
     import jax
 
     log(2, f"devices: {jax.devices()}")
     with jax.log_compiles(True):  # JAX logs each compile (and its time) on stderr
-        return _train(run, log, cache)
+        return _train(run, log, cache, programs)
 
 
-def _train(run: TrainRun, log: Log, cache: str) -> int:
+def _program_cache(run: TrainRun, cache: str, log: Log) -> Any:
+    """The run's `ProgramCache` beside the compile cache (None when it is off), already
+    loading the programs this run used when it last ended (`ProgramCache.prefetch_run`),
+    while the model and the data are read."""
+    if cache == "off":
+        return None
+    from circle_jax.train.programs import ProgramCache
+
+    programs = ProgramCache(os.path.join(cache, "programs"))
+    loading = programs.prefetch_run(run_name(run))
+    if loading:
+        log(1, f"loading the {loading} compiled programs this run used last time")
+    return programs
+
+
+def run_name(run: TrainRun) -> str:
+    """What names a run for its program cache's record: its flags but the number of epochs
+    and the verbosity, which change no program, and each file it reads by absolute path,
+    size and modification time (a file changed since is another run)."""
+    from circle_jax.train.programs import describe_config
+
+    files = []
+    for f in run.input_files():
+        with contextlib.suppress(OSError):  # a missing file fails later, with its own line
+            st = os.stat(f)
+            files.append(f"{os.path.abspath(f)}:{st.st_size}:{st.st_mtime_ns}")
+    flags = replace(run, train={**run.train, "epochs": None}, verbosity=0)
+    return describe_config([flags, files])
+
+
+def _train(run: TrainRun, log: Log, cache: str, programs: Any) -> int:
     from circle_jax.train import TrainConfig
 
     clock = Clock()
@@ -110,8 +141,10 @@ def _train(run: TrainRun, log: Log, cache: str) -> int:
     _check(run, model, cfg)
     print(out.parameter_block(**_parameters(run, model, cfg)), flush=True)
     _log_trainable(log, model, cfg)
-    result = _fit(run, model, xs, y, cfg, clock, log, cache)
+    result = _fit(run, model, xs, y, cfg, clock, log, programs)
     clock.mark("EXECUTE")
+    if programs is not None:
+        programs.remember_run(run_name(run))
     _export(run, model, result, log)
     print(out.timing_summary(_timing(clock, result.history, cache,
                                      run.outputs.checkpoint_every_steps is not None)))
@@ -338,16 +371,14 @@ class Reporter:
 
 
 def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,
-         log: Log, cache: str) -> Any:
+         log: Log, programs: Any) -> Any:
     """Train, printing epoch lines as they end; the fit result. With the compile cache on,
-    the compiled programs are kept beside it (`circle_jax.train.programs`)."""
+    the compiled programs are kept in ``programs`` (`circle_jax.train.programs`)."""
     from circle_jax.distributed import DataParallel
     from circle_jax.train import Trainer, fit
-    from circle_jax.train.programs import ProgramCache
 
     trainer = Trainer(model, cfg, placement=DataParallel.of(run.devices, None))
-    if cache != "off":
-        trainer.program_cache = ProgramCache(os.path.join(cache, "programs"))
+    trainer.program_cache = programs
     rep = Reporter(run, cfg.epochs, clock, log)
     rep.programs = trainer.program_cache
     clock.mark("fit")

@@ -6,18 +6,54 @@ Modules: `config` (what a run is, resolved once), `state` (the values passed aro
 compiled epochs), `loop` (``fit``: epochs, chunks, callbacks, resumption), `programs`
 (compiled programs kept on disk between runs), `dispatch` (CPU programs run on the calling
 thread), `memory` (freed host memory kept for the next call).
+
+The package imports lazily (PEP 562), as ``circle_jax`` does: ``circle_jax.train.dispatch``
+and ``circle_jax.train.programs`` import without the trainer and the model's layers, so
+the command line sets up JAX and starts loading a repeated run's programs before it
+imports them.
 """
 
 from __future__ import annotations
 
-from .config import TrainConfig, select_trainable
-from .data import batched, split_validation
-from .dispatch import inline_cpu_dispatch
-from .loop import Callback, FitResult, fit, prepare_data, record_epoch
-from .memory import retain_host_memory
-from .programs import CPU_COMPILER_OPTIONS, ProgramCache
-from .state import History, StepMetrics, TrainState
-from .trainer import Trainer
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from .config import TrainConfig, select_trainable
+    from .data import batched, split_validation
+    from .dispatch import inline_cpu_dispatch
+    from .loop import Callback, FitResult, fit, prepare_data, record_epoch
+    from .memory import retain_host_memory
+    from .programs import CPU_COMPILER_OPTIONS, ProgramCache
+    from .state import History, StepMetrics, TrainState
+    from .trainer import Trainer
+
+# public name -> the module that defines it
+_LAZY = {
+    "TrainConfig": ".config", "select_trainable": ".config",
+    "batched": ".data", "split_validation": ".data",
+    "inline_cpu_dispatch": ".dispatch",
+    "Callback": ".loop", "FitResult": ".loop", "fit": ".loop", "prepare_data": ".loop",
+    "record_epoch": ".loop",
+    "retain_host_memory": ".memory",
+    "CPU_COMPILER_OPTIONS": ".programs", "ProgramCache": ".programs",
+    "History": ".state", "StepMetrics": ".state", "TrainState": ".state",
+    "Trainer": ".trainer",
+}
+
+
+def __getattr__(name: str) -> Any:
+    """Import a public name's module on first use."""
+    if name not in _LAZY:
+        raise AttributeError(f"module 'circle_jax.train' has no attribute {name!r}")
+    value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    globals()[name] = value
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY))
+
 
 __all__ = [
     "CPU_COMPILER_OPTIONS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",

@@ -15,7 +15,13 @@ executable: no trace, no lowering, no compile. An entry that cannot be read or l
 and refuses) is compiled again and rewritten; a program that cannot be serialized is
 compiled as usual and not kept. Programs with host callbacks (a progress bar) or sharded
 arguments are not cached (`Trainer` does not ask). An entry is machine code: a cache
-directory is as trusted as the code that reads it. Measurements: benchmarks/README.md.
+directory is as trusted as the code that reads it.
+
+Loading is XLA rebuilding the executable from its HLO, in time that grows with the
+program, so it starts as early as its entry is known, on a thread of its own: `prefetch`
+from the arguments' shapes, and `prefetch_run` from a record (``runs/``) of the entries
+that a caller-named run (the command line: its flags and files) used when it last ended
+(`remember_run`), before the model is even read. Measurements: benchmarks/README.md.
 """
 
 from __future__ import annotations
@@ -36,8 +42,6 @@ from typing import Any
 import jax
 from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
-
-from ..formats.atomic import atomic_write
 
 _PACKAGE = Path(__file__).resolve().parents[1]
 
@@ -75,7 +79,9 @@ class ProgramCache:
         self.directory = Path(directory)
         #: programs loaded from the cache / compiled and written by this object
         self.hits = self.misses = 0
-        #: entries being loaded by `prefetch`, by path
+        #: the entries this object loaded or wrote, in order (what `remember_run` records)
+        self.used: list[Path] = []
+        #: entries being loaded by `prefetch` or `prefetch_run`, by path
         self._loading: dict[Path, futures.Future] = {}
 
     def compiled(self, key: Sequence[str], fn: Callable[..., Any], args: tuple,
@@ -90,6 +96,7 @@ class ProgramCache:
         loaded = _checked(loading.result() if loading is not None else _load(path), in_tree)
         if loaded is not None:
             self.hits += 1
+            self.used.append(path)
             return loaded
         self.misses += 1
         with _persistent_cache_off():
@@ -103,6 +110,7 @@ class ProgramCache:
         except Exception:  # noqa: BLE001 - a program that cannot be serialized: not kept
             return compiled
         self._write(path, entry)
+        self.used.append(path)
         return compiled
 
     def result_shapes(self, key: Sequence[str], args: tuple) -> Any:
@@ -119,16 +127,51 @@ class ProgramCache:
         ``jax.ShapeDtypeStruct``) on a thread of its own, for the `compiled` call that asks
         for it; nothing without an entry. XLA loads an executable without Python's lock:
         a command-line run loads its epoch while it makes the fresh training state."""
-        path, _ = self._entry(key, args)
-        if path in self._loading or not path.exists():
-            return
-        loading: futures.Future = futures.Future()
+        self._prefetch([self._entry(key, args)[0]])
+
+    def prefetch_run(self, run: str) -> int:
+        """Start loading, on a thread of its own and in the order they were asked for, the
+        entries that the run named ``run`` used when it last ended (`remember_run`), before
+        anything of this run is known: a repeated command-line run loads its programs
+        while it imports, reads the model and the data. An entry this run does not ask for
+        only cost the thread its load; nothing without a record. Returns how many entries
+        started loading."""
+        try:
+            names = json.loads(self._run_record(run).read_text())
+        except (OSError, ValueError):  # no record (a first run), or a damaged one
+            return 0
+        if not isinstance(names, list):
+            return 0
+        return self._prefetch([self.directory / n for n in names
+                               if isinstance(n, str) and n == Path(n).name])
+
+    def remember_run(self, run: str) -> None:
+        """Record the entries this object used (`used`) as those of the run named ``run``,
+        for `prefetch_run` in its next process."""
+        names = list(dict.fromkeys(p.name for p in self.used))
+        if names:
+            self._write(self._run_record(run), json.dumps(names).encode())
+
+    def _run_record(self, run: str) -> Path:
+        return self.directory / "runs" / f"{hashlib.sha256(run.encode()).hexdigest()}.json"
+
+    def _prefetch(self, paths: list[Path]) -> int:
+        """Load the existing entries of ``paths`` not yet loading, one after another, on
+        a thread of their own; how many."""
+        # read and unpickled here: unpickling imports the modules of the arguments' tree,
+        # which this thread may be importing as well
+        entries = {p: _read(p) for p in paths if p not in self._loading and p.exists()}
+        if not entries:
+            return 0
+        loading = {p: futures.Future() for p in entries}
 
         def load() -> None:
-            loading.set_result(_load(path))
+            for path, future in loading.items():
+                future.set_result(_deserialized(entries[path]))
 
-        self._loading[path] = loading
+        self._loading.update(loading)
         threading.Thread(target=load, name="circle-jax program load", daemon=True).start()
+        return len(entries)
 
     def _entry(self, key: Sequence[str], args: tuple) -> tuple[Path, Any]:
         leaves, in_tree = jax.tree.flatten(args)
@@ -151,8 +194,12 @@ class ProgramCache:
         return h.hexdigest()
 
     def _write(self, path: Path, data: bytes) -> None:
+        # imported here: the formats package reads the Circle schema, which loading an
+        # entry (`prefetch_run`, as the command line starts) does not need
+        from ..formats.atomic import atomic_write
+
         try:
-            self.directory.mkdir(parents=True, exist_ok=True)
+            path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, data)
         except OSError:  # a read-only cache only costs the next run its compile
             pass
@@ -161,10 +208,29 @@ class ProgramCache:
 def _load(path: Path) -> tuple[jax.stages.Compiled, Any] | None:
     """(the executable, the tree of its arguments) of the entry at ``path``, or None when it
     is missing, damaged or not for this machine."""
+    return _deserialized(_read(path))
+
+
+def _read(path: Path) -> tuple[bytes, Any, Any] | None:
+    """(the serialized executable, its arguments' tree, its result's tree) of the entry at
+    ``path``, or None when it is missing or damaged."""
     try:
         data, stored_in, out_tree, _ = pickle.loads(path.read_bytes())
+        return data, stored_in, out_tree
+    except Exception:  # noqa: BLE001 - missing or damaged: compile
+        return None
+
+
+def _deserialized(entry: tuple[bytes, Any, Any] | None
+                  ) -> tuple[jax.stages.Compiled, Any] | None:
+    """(the executable, the tree of its arguments) of a `_read` entry, or None when there is
+    none or it is not for this machine."""
+    if entry is None:
+        return None
+    data, stored_in, out_tree = entry
+    try:
         return serialize_executable.deserialize_and_load(data, stored_in, out_tree), stored_in
-    except Exception:  # noqa: BLE001 - missing, damaged, or not for this machine: compile
+    except Exception:  # noqa: BLE001 - damaged, or not for this machine: compile
         return None
 
 

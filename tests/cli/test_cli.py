@@ -282,29 +282,58 @@ def _script(name: str) -> str:
 def test_repeated_run_prepares_from_the_persistent_cache(files, tmp_path) -> None:
     """Two ``onert-train-jax`` processes, one cache: the second, in a terminal (stderr on a
     pseudo-terminal: the epoch bar drawn), loads its compiled programs (``programs/``: the
-    fresh state and the epoch), says so, and prints the same losses.
+    fresh state and the epoch), starting as it starts (the first run recorded them under
+    its flags and files, ``programs/runs/``), says so, and prints the same losses.
 
     The compile of this small CNN is about 0.8 s and its cached load about 0.3 s here; the
     assertion keeps a 25% margin for a shared machine.
     """
     env = {**os.environ, "CIRCLE_JAX_CACHE": str(tmp_path / "xla")}
     argv = [_script("onert-train-jax"), files["model"], *_data(files), "--epoch", "2",
-            "--batch_size", "4"]
-    prepare, losses, legends = [], [], []
+            "--batch_size", "4", "-v", "1"]
+    prepare, losses, legends, early = [], [], [], []
     for terminal in (False, True):
         stdout, stderr = _run(argv, env, terminal)
         legends.append(stdout.splitlines()[-1])
         prepare.append(float(re.search(r"^PREPARE +takes (\S+) ms$", stdout, re.M)[1]))
         losses.append(re.findall(r"loss: \[0\] (\S+)", stdout))
+        early.append(re.findall(r"^loading the (\d+) compiled programs this run used last "
+                                r"time\r?$", stderr, re.M))
         assert f"persistent cache {tmp_path / 'xla'}" in stdout
     assert "/2 [" in stderr and "epoch" in stderr, stderr  # tqdm's bar, on the terminal only
     assert all(line.startswith(("Epoch", "=", "-", "MODEL_LOAD", "PREPARE", "EXECUTE", "("))
                for line in stdout.splitlines()[stdout.splitlines().index("=" * 24) + 1:])
-    assert len(os.listdir(tmp_path / "xla" / "programs")) == 2
+    programs = tmp_path / "xla" / "programs"
+    entries = sorted(p.name for p in programs.glob("*.jaxexec"))
+    assert len(entries) == 2 and early == [[], ["2"]], early
+    records = list((programs / "runs").iterdir())
+    assert len(records) == 1 and sorted(json.loads(records[0].read_text())) == entries
     assert "XLA compile of the training epoch" in legends[0], legends
     assert "the training epoch loaded from the cache" in legends[1], legends
     assert prepare[1] < 0.75 * prepare[0], prepare
     assert losses[0] == losses[1] and len(losses[0]) == 2
+
+
+def test_a_run_is_named_by_its_flags_and_files_but_not_its_epochs(files) -> None:
+    """The name a run's programs are recorded under (`run_name`): the same for another
+    number of epochs or verbosity, which change no program; another for other flags or a
+    data file written since."""
+    from circle_jax.cli.config import train_run
+    from circle_jax.cli.train import run_name
+
+    def name(*flags: str) -> str:
+        return run_name(train_run(build_onert_train_parser().parse_args(
+            [files["model"], *_data(files), "--batch_size", "4", *flags])))
+
+    base = name("--epoch", "2")
+    assert name("--epoch", "5", "-v", "1") == base
+    assert name("--epoch", "2", "--learning_rate", "0.5") != base
+    stat = os.stat(files["y"])
+    os.utime(files["y"], ns=(stat.st_atime_ns, stat.st_mtime_ns + 1_000_000))
+    try:
+        assert name("--epoch", "2") != base
+    finally:
+        os.utime(files["y"], ns=(stat.st_atime_ns, stat.st_mtime_ns))
 
 
 def _run(argv: list[str], env: dict, terminal: bool) -> tuple[str, str]:

@@ -1,8 +1,9 @@
 """Compiled programs kept on disk (`circle_jax.train.programs`): a second trainer loads
 them instead of tracing and compiling (its `fit` runs no trace and no XLA compile, and
-loads the epochs while it makes the fresh state) and trains to the same weights; the key
-follows the configuration; a damaged entry is compiled again; a progress callback
-bypasses the cache."""
+loads the epochs while it makes the fresh state) and trains to the same weights; a
+recorded run's programs load before any is asked for; the key follows the configuration;
+a damaged entry or run record is compiled again or ignored; a progress callback bypasses
+the cache."""
 
 from __future__ import annotations
 
@@ -142,20 +143,60 @@ def test_a_cache_hit_loads_the_epochs_while_the_fresh_state_is_made(model, tmp_p
     """The epochs' entry, found from the fresh-state program's kept result shapes (no
     trace), loads on a thread of its own, and `compiled` takes it from there."""
     _fit(model, tmp_path, validation_split=0.2)
-    threads = []
-    load = programs._load
-
-    def spy(path):
-        threads.append(threading.current_thread().name)
-        return load(path)
-
-    monkeypatch.setattr(programs, "_load", spy)
+    threads = _spy_loads(monkeypatch)
     result, cache = _fit(model, tmp_path, validation_split=0.2)
     assert (cache.hits, cache.misses) == (2, 0) and not cache._loading
     assert sorted(threads) == ["MainThread", "circle-jax program load"]
     x, y = toy_data(20)
     assert result.history.val_loss == fit(model, x, y, **CFG, validation_split=0.2
                                           ).history.val_loss
+
+
+def _spy_loads(monkeypatch) -> list[str]:
+    """The names of the threads that load executables, as they do."""
+    threads = []
+    load = programs._deserialized
+
+    def spy(entry):
+        threads.append(threading.current_thread().name)
+        return load(entry)
+
+    monkeypatch.setattr(programs, "_deserialized", spy)
+    return threads
+
+
+def test_a_recorded_run_loads_its_programs_before_any_is_asked_for(model, tmp_path,
+                                                                    monkeypatch) -> None:
+    """`remember_run` records the entries a run used, in order; a new cache's
+    `prefetch_run` of that name starts loading them on one thread before any key is known,
+    and `fit` takes both from there (its own prefetch finds the epochs already loading)."""
+    _, first = _fit(model, tmp_path)
+    first.remember_run("run A")
+    threads = _spy_loads(monkeypatch)
+    cache = ProgramCache(tmp_path)
+    assert cache.prefetch_run("run A") == 2
+    assert list(cache._loading) == first.used and len(set(first.used)) == 2
+    x, y = toy_data(20)
+    trainer = Trainer(model, **CFG)
+    trainer.program_cache = cache
+    result = fit(model, x, y, trainer=trainer)
+    assert (cache.hits, cache.misses) == (2, 0) and not cache._loading
+    assert threads == ["circle-jax program load"] * 2
+    assert result.history.loss == fit(model, x, y, **CFG).history.loss
+    assert ProgramCache(tmp_path).prefetch_run("run B") == 0  # another run: nothing
+
+
+@pytest.mark.parametrize("record", [b"not json", b'{"a": 1}',
+                                    b'["../x.jaxexec", "/etc/passwd", 3, "missing.jaxexec"]'])
+def test_a_damaged_run_record_loads_nothing(tmp_path, record) -> None:
+    """A record that is not a list of entry names in the directory starts no load: names
+    with a directory part (outside the cache), other values and missing entries are left."""
+    cache = ProgramCache(tmp_path)
+    path = cache._run_record("run")
+    path.parent.mkdir(parents=True)
+    path.write_bytes(record)
+    (tmp_path.parent / "x.jaxexec").write_bytes(b"")
+    assert cache.prefetch_run("run") == 0 and not cache._loading
 
 
 def test_a_progress_callback_bypasses_the_cache(model, tmp_path) -> None:
