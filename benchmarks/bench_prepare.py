@@ -9,8 +9,11 @@ train MODEL --epoch 1 --batch_size B --learning_rate 1e-5`` with the setting's f
 processes on 4 x B random samples (B: ``--batch``, default the model's declared batch;
 ``--batch 32 --settings mse-sgd`` is the command line's defaults; integer inputs are zeros;
 one-hot targets for cce), each run's PREPARE (reading the data, tracing and compiling the
-epoch) read from its timing summary, and the run's whole-process CPU time (user + system:
-loading, PREPARE and the epoch; on a loaded machine a steadier figure than wall time).
+epoch) read from its timing summary, the run's whole-process wall time (from starting
+the process to its exit: a repeated run loads its programs from its start, beside the
+imports and MODEL_LOAD, so PREPARE alone no longer holds the whole load) and its
+whole-process CPU time (user + system: loading, PREPARE and the epoch; on a loaded
+machine a steadier figure than wall time).
 A setting is its loss (``mse``: ``--loss 1``, ``cce``:
 ``--loss 2``), optimizer (``sgd``: ``--optimizer 1``, ``adam``: ``--optimizer 2``), and
 optionally ``val`` (``--validation_split 0.25``) and ``metric`` (``--metric 0``);
@@ -31,6 +34,7 @@ import resource
 import subprocess
 import sys
 import tempfile
+import time
 
 import numpy as np
 
@@ -77,8 +81,9 @@ def _data(path: str, name: str, tmp: str, onehot: bool, batch: int = 0
 
 
 def measure(name: str, setting: str, runs: int, tmp: str, batch: int = 0
-            ) -> tuple[list[float], list[float]] | str:
-    """(each run's PREPARE in ms, each run's whole-process CPU time in s), or why not."""
+            ) -> tuple[list[float], list[float], list[float]] | str:
+    """(each run's PREPARE in ms, its whole-process wall time in s, its whole-process CPU
+    time in s), or why not."""
     path = os.path.join(SHARED_MODELS, name)
     words = setting.split("-")
     try:
@@ -86,21 +91,23 @@ def measure(name: str, setting: str, runs: int, tmp: str, batch: int = 0
     except Exception as e:  # noqa: BLE001 - reported in the table
         return f"{type(e).__name__}: {e}"[:120]
     cache = tempfile.mkdtemp(dir=tmp)
-    times, cpu = [], []
+    times, wall, cpu = [], [], []
     for _ in range(runs):
         before = resource.getrusage(resource.RUSAGE_CHILDREN)
+        start = time.perf_counter()
         p = subprocess.run([sys.executable, "-m", "circle_jax.cli", "train", path,
                             "--load_input", xf, "--load_expected", yf, "--epoch", "1",
                             "--batch_size", str(batch), "--learning_rate", "1e-5",
                             *(f for w in words for f in FLAGS[w]),
                             "--compile_cache", cache], capture_output=True, text=True)
+        wall.append(time.perf_counter() - start)
         found = re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)
         if p.returncode or not found:
             return (p.stderr.strip().splitlines() or ["?"])[-1][:120]
         after = resource.getrusage(resource.RUSAGE_CHILDREN)
         times.append(float(found[1]))
         cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    return times, cpu
+    return times, wall, cpu
 
 
 def main() -> int:
@@ -118,20 +125,21 @@ def main() -> int:
         ap.error(f"unknown setting word(s) {unknown}; choose from {list(FLAGS)}")
     names = [n for n in args.models.split(",") if n] or sorted(
         f for f in os.listdir(SHARED_MODELS) if f.endswith((".tflite", ".circle")))
-    print("| model | setting | PREPARE first run (ms) | repeated runs (ms) | process CPU s, "
-          "first / repeated | load |")
-    print("|---|---|---|---|---|---|")
+    print("| model | setting | PREPARE first run (ms) | repeated runs (ms) | process wall s, "
+          "first / repeated | process CPU s, first / repeated | load |")
+    print("|---|---|---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             for setting in settings:
                 r = measure(name, setting, args.runs, tmp, args.batch)
                 if isinstance(r, str):
-                    print(f"| {name} | {setting} | not trained: {r} | | | |", flush=True)
+                    print(f"| {name} | {setting} | not trained: {r} | | | | |", flush=True)
                     continue
-                (first, *later), (cpu, *cpu_later) = r
+                (first, *later), wall, cpu = r
+                seconds = " | ".join(f"{t[0]:.1f} / {', '.join(f'{u:.1f}' for u in t[1:])}"
+                                     for t in (wall, cpu))
                 print(f"| {name} | {setting} | {first:.0f} | "
-                      f"{', '.join(f'{t:.0f}' for t in later)} | {cpu:.1f} / "
-                      f"{', '.join(f'{t:.1f}' for t in cpu_later)} | "
+                      f"{', '.join(f'{t:.0f}' for t in later)} | {seconds} | "
                       f"{os.getloadavg()[0]:.1f} |", flush=True)
     return 0
 

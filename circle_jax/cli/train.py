@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import importlib
 import os
 import sys
 import time
@@ -124,7 +125,14 @@ def run_name(run: TrainRun) -> str:
     return describe_config([flags, files])
 
 
+#: imported before a run's clock starts, as onert_train's phases leave out its start-up
+#: (the programs' load, begun by then, goes on beside them)
+TRAINING_MODULES = ("circle_jax.train.config", "circle_jax.train.loop", "circle_jax.distributed")
+
+
 def _train(run: TrainRun, log: Log, cache: str, programs: Any) -> int:
+    for module in TRAINING_MODULES:
+        importlib.import_module(module)
     from circle_jax.train import TrainConfig
 
     clock = Clock()
