@@ -153,7 +153,12 @@ class ProgramCache:
             self._write(self._run_record(run), json.dumps(names).encode())
 
     def _run_record(self, run: str) -> Path:
-        return self.directory / "runs" / f"{hashlib.sha256(run.encode()).hexdigest()}.json"
+        """The record of run ``run`` made with this JAX, jaxlib, ``XLA_FLAGS`` and circle_jax
+        source: an entry is only ever loaded by the versions that wrote it."""
+        parts = [run, jax.__version__, jax.lib.__version__, os.environ.get("XLA_FLAGS", ""),
+                 source_digest()]
+        digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
+        return self.directory / "runs" / f"{digest}.json"
 
     def _prefetch(self, paths: list[Path]) -> int:
         """Load the existing entries of ``paths`` not yet loading, one after another, on
