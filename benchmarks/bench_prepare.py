@@ -2,6 +2,7 @@
 
     python benchmarks/bench_prepare.py [--models NAME,...] [--runs 3] [--batch B]
                                        [--settings mse-sgd,cce-adam-val-metric,...|all]
+                                       [--against CHECKOUT]
 
 Per model and setting: one fresh cache directory (``--compile_cache DIR``: JAX's persistent
 compilation cache and circle-jax's traced programs), then ``--runs`` runs of ``circle-jax
@@ -18,6 +19,10 @@ A setting is its loss (``mse``: ``--loss 1``, ``cce``:
 ``--loss 2``), optimizer (``sgd``: ``--optimizer 1``, ``adam``: ``--optimizer 2``), and
 optionally ``val`` (``--validation_split 0.25``) and ``metric`` (``--metric 0``);
 ``all`` is the 16 combinations. Default: ``mse-sgd``.
+With ``--against CHECKOUT`` (another commit's working tree, e.g. from ``git worktree add``)
+each row is measured for both trees in alternating rounds, each tree with its own cache
+(its circle_jax imported from the tree by ``PYTHONPATH``): both first runs, then ``--runs``
+- 1 rounds of one repeated run each, the order swapped every round; two rows per cell.
 Models this random data does not fit (inputs or outputs without a batch axis, dynamic
 shapes) are listed with the command line's or the script's reason.
 
@@ -35,6 +40,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Sequence
 
 import numpy as np
 
@@ -80,34 +86,44 @@ def _data(path: str, name: str, tmp: str, onehot: bool, batch: int = 0
     return xf, yf, batch
 
 
-def measure(name: str, setting: str, runs: int, tmp: str, batch: int = 0
-            ) -> tuple[list[float], list[float], list[float]] | str:
-    """(each run's PREPARE in ms, its whole-process wall time in s, its whole-process CPU
-    time in s), or why not."""
+def measure(name: str, setting: str, runs: int, tmp: str, batch: int = 0,
+            trees: Sequence[str | None] = (None,)
+            ) -> list[tuple[list[float], list[float], list[float]]] | str:
+    """Per tree (None: the installed circle_jax; else a checkout put first on
+    ``PYTHONPATH``), in alternating rounds: (each run's PREPARE in ms, its whole-process
+    wall time in s, its whole-process CPU time in s); or why not."""
     path = os.path.join(SHARED_MODELS, name)
     words = setting.split("-")
     try:
         xf, yf, batch = _data(path, name, tmp, "cce" in words, batch)
     except Exception as e:  # noqa: BLE001 - reported in the table
         return f"{type(e).__name__}: {e}"[:120]
-    cache = tempfile.mkdtemp(dir=tmp)
-    times, wall, cpu = [], [], []
-    for _ in range(runs):
-        before = resource.getrusage(resource.RUSAGE_CHILDREN)
-        start = time.perf_counter()
-        p = subprocess.run([sys.executable, "-m", "circle_jax.cli", "train", path,
-                            "--load_input", xf, "--load_expected", yf, "--epoch", "1",
-                            "--batch_size", str(batch), "--learning_rate", "1e-5",
-                            *(f for w in words for f in FLAGS[w]),
-                            "--compile_cache", cache], capture_output=True, text=True)
-        wall.append(time.perf_counter() - start)
-        found = re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)
-        if p.returncode or not found:
-            return (p.stderr.strip().splitlines() or ["?"])[-1][:120]
-        after = resource.getrusage(resource.RUSAGE_CHILDREN)
-        times.append(float(found[1]))
-        cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
-    return times, wall, cpu
+    argv = [sys.executable, "-m", "circle_jax.cli", "train", path, "--load_input", xf,
+            "--load_expected", yf, "--epoch", "1", "--batch_size", str(batch),
+            "--learning_rate", "1e-5", *(f for w in words for f in FLAGS[w])]
+    caches = [tempfile.mkdtemp(dir=tmp) for _ in trees]
+    results: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in trees]
+    for r in range(runs):
+        order = list(range(len(trees)))
+        for i in order[::-1] if r % 2 else order:
+            env = dict(os.environ)
+            if trees[i] is not None:
+                env["PYTHONPATH"] = os.pathsep.join(
+                    [trees[i], *filter(None, [env.get("PYTHONPATH")])])
+            before = resource.getrusage(resource.RUSAGE_CHILDREN)
+            start = time.perf_counter()
+            p = subprocess.run([*argv, "--compile_cache", caches[i]], capture_output=True,
+                               text=True, env=env)
+            wall = time.perf_counter() - start
+            found = re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)
+            if p.returncode or not found:
+                return (p.stderr.strip().splitlines() or ["?"])[-1][:120]
+            after = resource.getrusage(resource.RUSAGE_CHILDREN)
+            times, walls, cpu = results[i]
+            times.append(float(found[1]))
+            walls.append(wall)
+            cpu.append(after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime)
+    return results
 
 
 def main() -> int:
@@ -118,6 +134,8 @@ def main() -> int:
                     help="batch size (default: the model's declared batch)")
     ap.add_argument("--settings", default="mse-sgd",
                     help="comma-separated (e.g. cce-adam-val-metric), or all")
+    ap.add_argument("--against", default=None, metavar="CHECKOUT",
+                    help="another commit's tree, measured in alternating rounds")
     args = ap.parse_args()
     settings = ALL if args.settings == "all" else args.settings.split(",")
     unknown = [w for s in settings for w in s.split("-") if w not in FLAGS]
@@ -125,22 +143,31 @@ def main() -> int:
         ap.error(f"unknown setting word(s) {unknown}; choose from {list(FLAGS)}")
     names = [n for n in args.models.split(",") if n] or sorted(
         f for f in os.listdir(SHARED_MODELS) if f.endswith((".tflite", ".circle")))
-    print("| model | setting | PREPARE first run (ms) | repeated runs (ms) | process wall s, "
-          "first / repeated | process CPU s, first / repeated | load |")
-    print("|---|---|---|---|---|---|---|")
+    trees: list[str | None] = [None]
+    if args.against:
+        if not os.path.isdir(os.path.join(args.against, "circle_jax")):
+            ap.error(f"--against {args.against!r}: no circle_jax package in that directory")
+        trees.append(os.path.abspath(args.against))
+    print("| model | setting |" + (" tree |" if args.against else "") +
+          " PREPARE first run (ms) | repeated runs (ms) | process wall s, first / repeated | "
+          "process CPU s, first / repeated | load |")
+    print("|---|---|" + ("---|" if args.against else "") + "---|---|---|---|---|")
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             for setting in settings:
-                r = measure(name, setting, args.runs, tmp, args.batch)
+                r = measure(name, setting, args.runs, tmp, args.batch, trees)
                 if isinstance(r, str):
-                    print(f"| {name} | {setting} | not trained: {r} | | | | |", flush=True)
+                    print(f"| {name} | {setting} | not trained: {r} |" +
+                          " |" * (5 if args.against else 4), flush=True)
                     continue
-                (first, *later), wall, cpu = r
-                seconds = " | ".join(f"{t[0]:.1f} / {', '.join(f'{u:.1f}' for u in t[1:])}"
-                                     for t in (wall, cpu))
-                print(f"| {name} | {setting} | {first:.0f} | "
-                      f"{', '.join(f'{t:.0f}' for t in later)} | {seconds} | "
-                      f"{os.getloadavg()[0]:.1f} |", flush=True)
+                for tree, ((first, *later), wall, cpu) in zip(trees, r, strict=True):
+                    seconds = " | ".join(
+                        f"{t[0]:.1f} / {', '.join(f'{u:.1f}' for u in t[1:])}"
+                        for t in (wall, cpu))
+                    label = f" {tree or 'installed'} |" if args.against else ""
+                    print(f"| {name} | {setting} |{label} {first:.0f} | "
+                          f"{', '.join(f'{t:.0f}' for t in later)} | {seconds} | "
+                          f"{os.getloadavg()[0]:.1f} |", flush=True)
     return 0
 
 
