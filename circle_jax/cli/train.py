@@ -15,7 +15,7 @@ import sys
 import time
 import warnings
 from dataclasses import dataclass, field, replace
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
@@ -26,6 +26,9 @@ from .cache import cache_dir, enable_compile_cache
 from .common import CliError, Log, check_finite_data, load_model, read_data
 from .config import DataFiles, TrainRun, train_run
 from .train_args import add_circle_jax_arguments, add_onert_train_arguments
+
+if TYPE_CHECKING:
+    from circle_jax.train.programs import ProgramCache
 
 NAME = "train"
 HELP = "train a model (onert_train's flags, codes and output)"
@@ -95,7 +98,7 @@ def _train_logged(run: TrainRun) -> int:
         return _train(run, log, cache, programs)
 
 
-def _program_cache(run: TrainRun, cache: str, log: Log) -> Any:
+def _program_cache(run: TrainRun, cache: str, log: Log) -> ProgramCache | None:
     """The run's `ProgramCache` beside the compile cache (None when it is off), already
     loading the programs this run used when it last ended (`ProgramCache.prefetch_run`),
     while the model and the data are read."""
@@ -130,7 +133,7 @@ def run_name(run: TrainRun) -> str:
 TRAINING_MODULES = ("circle_jax.train.config", "circle_jax.train.loop", "circle_jax.distributed")
 
 
-def _train(run: TrainRun, log: Log, cache: str, programs: Any) -> int:
+def _train(run: TrainRun, log: Log, cache: str, programs: ProgramCache | None) -> int:
     for module in TRAINING_MODULES:
         importlib.import_module(module)
     from circle_jax.train import TrainConfig
@@ -151,9 +154,9 @@ def _train(run: TrainRun, log: Log, cache: str, programs: Any) -> int:
     _log_trainable(log, model, cfg)
     result = _fit(run, model, xs, y, cfg, clock, log, programs)
     clock.mark("EXECUTE")
-    if programs is not None:
-        programs.remember_run(run_name(run))
     _export(run, model, result, log)
+    if programs is not None:  # after the exports: a resumed checkpoint rewritten is named anew
+        programs.remember_run(run_name(run))
     print(out.timing_summary(_timing(clock, result.history, cache,
                                      run.outputs.checkpoint_every_steps is not None)))
     if run.mem_poll:
@@ -379,7 +382,7 @@ class Reporter:
 
 
 def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,
-         log: Log, programs: Any) -> Any:
+         log: Log, programs: ProgramCache | None) -> Any:
     """Train, printing epoch lines as they end; the fit result. With the compile cache on,
     the compiled programs are kept in ``programs`` (`circle_jax.train.programs`)."""
     from circle_jax.distributed import DataParallel
