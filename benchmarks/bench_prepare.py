@@ -2,12 +2,13 @@
 
     python benchmarks/bench_prepare.py [--models NAME,...] [--runs 3] [--batch B]
                                        [--settings mse-sgd,cce-adam-val-metric,...|all]
-                                       [--against CHECKOUT]
+                                       [--learning_rate LR] [--against CHECKOUT]
 
 Per model and setting: one fresh cache directory (``--compile_cache DIR``: JAX's persistent
 compilation cache and circle-jax's traced programs), then ``--runs`` runs of ``circle-jax
-train MODEL --epoch 1 --batch_size B --learning_rate 1e-5`` with the setting's flags in new
-processes on 4 x B random samples (B: ``--batch``, default the model's declared batch;
+train MODEL --epoch 1 --batch_size B --learning_rate LR`` with the setting's flags in new
+processes on 4 x B random samples (B: ``--batch``, default the model's declared batch; LR:
+``--learning_rate``, default 1e-5, smaller for models whose MSE diverges on random targets;
 ``--batch 32 --settings mse-sgd`` is the command line's defaults; integer inputs are zeros;
 one-hot targets for cce), each run's PREPARE (reading the data, tracing and compiling the
 epoch) read from its timing summary, the run's whole-process wall time (from starting
@@ -87,7 +88,7 @@ def _data(path: str, name: str, tmp: str, onehot: bool, batch: int = 0
 
 
 def measure(name: str, setting: str, runs: int, tmp: str, batch: int = 0,
-            trees: Sequence[str | None] = (None,)
+            trees: Sequence[str | None] = (None,), learning_rate: float = 1e-5
             ) -> list[tuple[list[float], list[float], list[float]]] | str:
     """Per tree (None: the installed circle_jax; else a checkout put first on
     ``PYTHONPATH``), in alternating rounds: (each run's PREPARE in ms, its whole-process
@@ -100,7 +101,7 @@ def measure(name: str, setting: str, runs: int, tmp: str, batch: int = 0,
         return f"{type(e).__name__}: {e}"[:120]
     argv = [sys.executable, "-m", "circle_jax.cli", "train", path, "--load_input", xf,
             "--load_expected", yf, "--epoch", "1", "--batch_size", str(batch),
-            "--learning_rate", "1e-5", *(f for w in words for f in FLAGS[w])]
+            "--learning_rate", str(learning_rate), *(f for w in words for f in FLAGS[w])]
     caches = [tempfile.mkdtemp(dir=tmp) for _ in trees]
     results: list[tuple[list[float], list[float], list[float]]] = [([], [], []) for _ in trees]
     for r in range(runs):
@@ -134,6 +135,7 @@ def main() -> int:
                     help="batch size (default: the model's declared batch)")
     ap.add_argument("--settings", default="mse-sgd",
                     help="comma-separated (e.g. cce-adam-val-metric), or all")
+    ap.add_argument("--learning_rate", type=float, default=1e-5)
     ap.add_argument("--against", default=None, metavar="CHECKOUT",
                     help="another commit's tree, measured in alternating rounds")
     args = ap.parse_args()
@@ -155,7 +157,8 @@ def main() -> int:
     with tempfile.TemporaryDirectory() as tmp:
         for name in names:
             for setting in settings:
-                r = measure(name, setting, args.runs, tmp, args.batch, trees)
+                r = measure(name, setting, args.runs, tmp, args.batch, trees,
+                            args.learning_rate)
                 if isinstance(r, str):
                     print(f"| {name} | {setting} | not trained: {r} |" +
                           " |" * (5 if args.against else 4), flush=True)
