@@ -149,8 +149,13 @@ class ProgramCache:
         """Record the entries this object used (`used`) as those of the run named ``run``,
         for `prefetch_run` in its next process."""
         names = list(dict.fromkeys(p.name for p in self.used))
+        record = self._run_record(run)
+        data = json.dumps(names).encode()
+        with contextlib.suppress(OSError):
+            if record.read_bytes() == data:  # as it was: not written again
+                return
         if names:
-            self._write(self._run_record(run), json.dumps(names).encode())
+            self._write(record, data)
 
     def _run_record(self, run: str) -> Path:
         """The record of run ``run`` made with this JAX, jaxlib, ``XLA_FLAGS`` and circle_jax

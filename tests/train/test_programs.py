@@ -172,6 +172,10 @@ def test_a_recorded_run_loads_its_programs_before_any_is_asked_for(model, tmp_pa
     and `fit` takes both from there (its own prefetch finds the epochs already loading)."""
     _, first = _fit(model, tmp_path)
     first.remember_run("run A")
+    record = first._run_record("run A")
+    written = record.stat().st_mtime_ns
+    first.remember_run("run A")  # the same entries: the record is left as it is
+    assert record.stat().st_mtime_ns == written
     threads = _spy_loads(monkeypatch)
     cache = ProgramCache(tmp_path)
     assert cache.prefetch_run("run A") == 2
