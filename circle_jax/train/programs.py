@@ -149,21 +149,18 @@ class ProgramCache:
         """Record the entries this object used (`used`) as those of the run named ``run``,
         for `prefetch_run` in its next process."""
         names = list(dict.fromkeys(p.name for p in self.used))
-        record = self._run_record(run)
-        data = json.dumps(names).encode()
+        if not names:
+            return
+        record, data = self._run_record(run), json.dumps(names).encode()
         with contextlib.suppress(OSError):
             if record.read_bytes() == data:  # as it was: not written again
                 return
-        if names:
-            self._write(record, data)
+        self._write(record, data)
 
     def _run_record(self, run: str) -> Path:
         """The record of run ``run`` made with this JAX, jaxlib, ``XLA_FLAGS`` and circle_jax
         source: an entry is only ever loaded by the versions that wrote it."""
-        parts = [run, jax.__version__, jax.lib.__version__, os.environ.get("XLA_FLAGS", ""),
-                 source_digest()]
-        digest = hashlib.sha256("\0".join(parts).encode()).hexdigest()
-        return self.directory / "runs" / f"{digest}.json"
+        return self.directory / "runs" / f"{_hashed([run, *_software()])}.json"
 
     def _prefetch(self, paths: list[Path]) -> int:
         """Load the existing entries of ``paths`` not yet loading, one after another, on
@@ -189,19 +186,13 @@ class ProgramCache:
 
     @staticmethod
     def _digest(key: Sequence[str], in_tree: Any, leaves: list) -> str:
-        h = hashlib.sha256()
         device = jax.devices()[0]
-        parts = [*key, str(in_tree), jax.__version__, jax.lib.__version__,
-                 device.platform, device.device_kind, device.client.platform_version,
-                 os.environ.get("XLA_FLAGS", ""), source_digest(),
-                 # JAX settings that change what a trace produces
-                 f"x64={jax.config.jax_enable_x64}",
-                 f"matmul={jax.config.jax_default_matmul_precision}",
-                 *(f"{a.shape}:{a.dtype}" for a in leaves)]
-        for part in parts:
-            h.update(part.encode())
-            h.update(b"\0")
-        return h.hexdigest()
+        return _hashed([*key, str(in_tree), *_software(),
+                        device.platform, device.device_kind, device.client.platform_version,
+                        # JAX settings that change what a trace produces
+                        f"x64={jax.config.jax_enable_x64}",
+                        f"matmul={jax.config.jax_default_matmul_precision}",
+                        *(f"{a.shape}:{a.dtype}" for a in leaves)])
 
     def _write(self, path: Path, data: bytes) -> None:
         # imported here: the formats package reads the Circle schema, which loading an
@@ -213,6 +204,22 @@ class ProgramCache:
             atomic_write(path, data)
         except OSError:  # a read-only cache only costs the next run its compile
             pass
+
+
+def _software() -> list[str]:
+    """The JAX and jaxlib versions, ``XLA_FLAGS`` and circle_jax's source digest: what makes
+    an entry another program (or unloadable) besides its key and the device."""
+    return [jax.__version__, jax.lib.__version__, os.environ.get("XLA_FLAGS", ""),
+            source_digest()]
+
+
+def _hashed(parts: Sequence[str]) -> str:
+    """SHA-256 of ``parts``, each ended by a NUL."""
+    h = hashlib.sha256()
+    for part in parts:
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
 
 
 def _load(path: Path) -> tuple[jax.stages.Compiled, Any] | None:
