@@ -2,12 +2,15 @@
 them instead of tracing and compiling (its `fit` runs no trace and no XLA compile, and
 loads the epochs while it makes the fresh state) and trains to the same weights; a
 recorded run's programs load before any is asked for; the key follows the configuration;
-a damaged entry or run record is compiled again or ignored; a progress callback bypasses
-the cache."""
+a damaged entry or run record is compiled again or ignored; a process that ends while
+its programs load waits for them; a progress callback bypasses the cache."""
 
 from __future__ import annotations
 
 import collections
+import subprocess
+import sys
+import textwrap
 import threading
 
 import jax
@@ -188,6 +191,35 @@ def test_a_recorded_run_loads_its_programs_before_any_is_asked_for(model, tmp_pa
     assert threads == ["circle-jax program load"] * 2
     assert result.history.loss == fit(model, x, y, **CFG).history.loss
     assert ProgramCache(tmp_path).prefetch_run("run B") == 0  # another run: nothing
+
+
+def test_a_process_that_ends_while_its_programs_load_waits_for_them(model, tmp_path) -> None:
+    """A run refused right after its start (`prefetch_run`, then exit status 1) ends once
+    the load it began has ended: Python's exit stops a daemon thread where it stands, and
+    one stopped inside XLA's load aborts the process ("terminate called", status 134, in 2
+    of 12 such exits before). The load is held for 1 s here, so a process that did not
+    wait would end without its mark."""
+    _, first = _fit(model, tmp_path)
+    first.remember_run("run A")
+    mark = tmp_path / "loaded"
+    code = f"""
+        import sys, time
+        from circle_jax.train import programs
+        load = programs._deserialized
+        def held(entry):
+            time.sleep(1)
+            result = load(entry)
+            open({str(mark)!r}, "a").write("x")
+            return result
+        programs._deserialized = held
+        assert programs.ProgramCache({str(tmp_path)!r}).prefetch_run("run A") == 2
+        print("E: refused", file=sys.stderr)
+        sys.exit(1)
+        """
+    done = subprocess.run([sys.executable, "-c", textwrap.dedent(code)], capture_output=True,
+                          text=True, timeout=120)
+    assert (done.returncode, done.stderr) == (1, "E: refused\n")
+    assert mark.read_text() == "xx"  # both programs loaded before the process ended
 
 
 @pytest.mark.parametrize("record", [b"not json", b'{"a": 1}',
