@@ -6,6 +6,7 @@ migrates a script).
 Each subcommand is a module with ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``, listed once in `COMMANDS`. Errors print one line ``E: <what is
 wrong>`` and exit non-zero; no output file is left half-written (every write is atomic).
+Ctrl-C prints ``E: interrupted`` and exits 130, as a shell reports SIGINT.
 A reader that closes the output early (``circle-jax info M | head -1``) ends the command
 quietly: status 0 when the pipe closed during the work, the command's own status (compare's
 verdict) when only the last buffered output was left.
@@ -77,6 +78,11 @@ def _dispatch(args: argparse.Namespace) -> int:
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"E: {msg}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C: one line and the shell's status for SIGINT
+        if (getattr(args, "verbose_level", None) or 0) >= 2:
+            traceback.print_exc()
+        print("E: interrupted", file=sys.stderr)
+        return 130
     except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback under -v 2
         if (getattr(args, "verbose_level", None) or 0) >= 2:
             traceback.print_exc()

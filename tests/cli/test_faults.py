@@ -1,12 +1,13 @@
-"""What a newcomer trips over on the command line (issue 28): a closed pipe, output paths
-that cannot be written (checked before any work), compare's exit codes and ties, a batch
-larger than the data with --keep_remainder, empty and wrong-dtype data files."""
+"""What a newcomer trips over on the command line (issue 28): a closed pipe, Ctrl-C, output
+paths that cannot be written (checked before any work), compare's exit codes and ties, a
+batch larger than the data with --keep_remainder, empty and wrong-dtype data files."""
 
 from __future__ import annotations
 
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
 
@@ -70,6 +71,28 @@ def test_a_closed_pipe_ends_quietly_with_status_0(files, argv) -> None:
     finally:
         os.close(w)
     assert (p.returncode, p.stderr) == (0, "")
+
+
+def test_ctrl_c_is_one_line_status_130_and_no_output_file(files, tmp_path) -> None:
+    """SIGINT while the epochs run: ``E: interrupted``, no traceback, the shell's status
+    for SIGINT (130), and no export (written only at the end, atomically)."""
+    out = tmp_path / "m.circle"
+    p = subprocess.Popen([_script(), *_train(files, "x.raw", "--export_circle", str(out))[:-2],
+                          "--epoch", "100000", "--batch_size", "1"],
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    try:
+        for line in p.stdout:  # the parameter block, then the first epoch's line
+            if line.startswith("Epoch 1/"):
+                break
+        else:
+            raise AssertionError("training never started")
+        p.send_signal(signal.SIGINT)
+        _, err = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    assert (p.returncode, err) == (130, "E: interrupted\n")
+    assert not out.exists()
 
 
 # ----------------------------------------------------------------------------- output paths
