@@ -22,7 +22,7 @@ import numpy as np
 from circle_jax.errors import DataError, LossScaleWarning
 
 from . import onert_output as out
-from .cache import cache_dir, enable_compile_cache
+from .cache import cache_dir, enable_compile_cache, named_by_user
 from .common import CliError, Log, check_finite_data, load_model, read_data
 from .config import DataFiles, TrainRun, train_run
 from .train_args import add_circle_jax_arguments, add_onert_train_arguments
@@ -86,7 +86,8 @@ def train(run: TrainRun) -> int:
 
 def _train_logged(run: TrainRun) -> int:
     log = Log(run.verbosity)
-    cache = enable_compile_cache(cache_dir(run.compile_cache))
+    cache = enable_compile_cache(cache_dir(run.compile_cache),
+                                 named_by_user(run.compile_cache))
     log(1, f"compile cache: {cache}")
     programs = _program_cache(run, cache, log)
     if run.verbosity < 2:

@@ -273,6 +273,29 @@ def test_cache_dir_resolution(tmp_path) -> None:
     assert os.environ["CIRCLE_JAX_CACHE"] == "off"  # tests/conftest.py: nothing in ~/.cache
 
 
+def test_an_uncreatable_default_cache_is_skipped_a_named_one_refused(files, capsys,
+                                                                     monkeypatch) -> None:
+    """A read-only home (the default cache): a ``W:`` line, then training without the
+    cache; the same directory named by ``$CIRCLE_JAX_CACHE`` or ``--compile_cache``: one
+    ``E:`` line before any work."""
+    argv = ["train", files["model"], *_data(files), "--epoch", "1", "--batch_size", "4"]
+    monkeypatch.delenv("CIRCLE_JAX_CACHE")
+    monkeypatch.setenv("XDG_CACHE_HOME", "/proc/circle-jax-test")  # nothing can be created
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert err == ("W: cannot create the compile cache directory '/proc/circle-jax-test/"
+                   "circle-jax/xla': No such file or directory; training without it (give "
+                   "--compile_cache DIR or off)\n")
+    assert "persistent cache off;" in out and _epochs(out) == ["1/1"]
+    for named in (["--compile_cache", "/proc/circle-jax-test"], []):
+        monkeypatch.setenv("CIRCLE_JAX_CACHE", "/proc/circle-jax-test")
+        assert main(argv + named) == 1
+        out, err = capsys.readouterr()
+        assert not _epochs(out) and err == (
+            "E: cannot create the compile cache directory '/proc/circle-jax-test': No such "
+            "file or directory (give --compile_cache DIR or off)\n")
+
+
 def _script(name: str) -> str:
     exe = shutil.which(name, path=os.path.dirname(sys.executable)) or shutil.which(name)
     assert exe, f"the {name} console script is not installed (pip install -e .)"
