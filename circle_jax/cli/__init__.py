@@ -7,9 +7,9 @@ Each subcommand is a module with ``NAME``, ``HELP``, ``add_arguments(parser)`` a
 ``run(args) -> int``, listed once in `COMMANDS`. Errors print one line ``E: <what is
 wrong>`` and exit non-zero; no output file is left half-written (every write is atomic).
 Ctrl-C prints ``E: interrupted`` and exits 130, as a shell reports SIGINT.
-A reader that closes the output early (``circle-jax info M | head -1``) ends the command
-quietly: status 0 when the pipe closed during the work, the command's own status (compare's
-verdict) when only the last buffered output was left.
+A reader that closes the output early (``circle-jax info M | head -1``) silences the rest of
+it: the work goes on (a training run still writes its files) and the command exits with its
+own status (compare's verdict), without an error.
 """
 
 from __future__ import annotations
@@ -21,6 +21,7 @@ import sys
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
+from typing import Any, TextIO
 
 from . import compare, evaluate, export, golden, info, run, train, traininfo, view
 from .common import CliError, Parser
@@ -69,12 +70,10 @@ def _dispatch(args: argparse.Namespace) -> int:
     from circle_jax.errors import CircleJaxError
 
     handler: Callable[[argparse.Namespace], int] = args.handler
+    stdout, sys.stdout = sys.stdout, _DiscardWhenClosed(sys.stdout)
     try:
         status = handler(args)
     except (CliError, CircleJaxError, ValueError, OSError) as e:
-        if isinstance(e, BrokenPipeError) and _stdout_closed():  # cut short by the reader
-            _silence_stdout()
-            return 0
         msg = str(e).splitlines()[0] if str(e) else type(e).__name__
         print(f"E: {msg}", file=sys.stderr)
         return 1
@@ -90,8 +89,41 @@ def _dispatch(args: argparse.Namespace) -> int:
         print(f"E: internal error: {type(e).__name__}: {msg} (a bug in circle-jax; "
               "-v 2 prints the traceback)", file=sys.stderr)
         return 1
+    finally:
+        sys.stdout = stdout
     _flush_stdout()  # a closed pipe shows here, not at exit; the work is done: its status
     return status
+
+
+class _DiscardWhenClosed:
+    """A command's standard output: once its reader has gone (``... | head -1``) the rest
+    is discarded, and the work goes on instead of stopping at the next line it prints."""
+
+    def __init__(self, stream: TextIO) -> None:
+        self._stream = stream
+
+    def write(self, text: str) -> int:
+        try:
+            return self._stream.write(text)
+        except BrokenPipeError:
+            self._reader_gone()
+            return len(text)
+
+    def flush(self) -> None:
+        try:
+            self._stream.flush()
+        except BrokenPipeError:
+            self._reader_gone()
+
+    def _reader_gone(self) -> None:
+        """Called while a BrokenPipeError is handled: silence standard output when the
+        reader has gone, else let the error be."""
+        if not _stdout_closed():
+            raise  # the BrokenPipeError being handled
+        _silence_stdout()
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._stream, name)
 
 
 def _flush_stdout() -> None:
