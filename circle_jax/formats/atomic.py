@@ -86,7 +86,8 @@ def atomic_write(
 
     The bytes go to a temporary file in the target's directory, which is flushed,
     fsynced and renamed onto ``path`` with ``os.replace``. If anything fails the
-    temporary file is removed and ``path`` is left as it was. ``protect`` names
+    temporary file is removed and ``path`` is left as it was; an OSError of the temporary
+    file (a full disk) is raised naming ``path``, the file the caller asked for. ``protect`` names
     input files that must never be overwritten (e.g. the model being exported):
     if ``path`` is one of them, :class:`DataError` is raised before anything is written.
     """
@@ -110,6 +111,8 @@ def atomic_write(
             break
         except FileExistsError:
             continue
+        except OSError as e:
+            raise _naming(e, tmp, target) from e
 
     try:
         with os.fdopen(fd, "wb") as f:
@@ -125,10 +128,20 @@ def atomic_write(
             except OSError:
                 pass
         os.replace(tmp, target)
-    except BaseException:
+    except BaseException as e:
         try:
             os.unlink(tmp)
         except FileNotFoundError:
             pass
+        if isinstance(e, OSError):
+            raise _naming(e, tmp, target) from e
         raise
     _fsync_dir(directory)
+
+
+def _naming(error: OSError, tmp: str, target: str) -> OSError:
+    """``error`` as an OSError of ``target`` where it names the temporary file ``tmp`` (or
+    no file): ``[Errno 28] No space left on device: 'model.circle'``."""
+    if error.filename not in (None, tmp):
+        return error
+    return OSError(error.errno, error.strerror or str(error), target)

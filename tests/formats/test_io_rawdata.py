@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import errno
 import os
 from pathlib import Path
 
@@ -242,6 +243,21 @@ def test_failure_mid_write_leaves_nothing(tmp_path: Path) -> None:
     target = tmp_path / "out.bin"
     with pytest.raises(RuntimeError, match="disk on fire"):
         atomic_write(target, boom)
+    assert _leftovers(tmp_path) == []
+
+
+def test_a_full_disk_names_the_file_asked_for(tmp_path: Path) -> None:
+    """An OSError of the temporary file (ENOSPC while writing) is raised naming the target,
+    not the temporary file the caller never named; nothing is left behind."""
+    def full(f) -> None:
+        f.write(b"partial data")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    target = tmp_path / "out.bin"
+    with pytest.raises(OSError) as raised:
+        atomic_write(target, full)
+    assert (raised.value.errno, raised.value.filename) == (errno.ENOSPC, str(target))
+    assert str(raised.value) == f"[Errno 28] No space left on device: {str(target)!r}"
     assert _leftovers(tmp_path) == []
 
 
