@@ -70,7 +70,8 @@ def _dispatch(args: argparse.Namespace) -> int:
     from circle_jax.errors import CircleJaxError
 
     handler: Callable[[argparse.Namespace], int] = args.handler
-    stdout, sys.stdout = sys.stdout, _DiscardWhenClosed(sys.stdout)
+    stdout = sys.stdout  # None when the process started with it closed (``>&-``)
+    sys.stdout = stdout if stdout is None else _DiscardWhenClosed(stdout)
     try:
         status = handler(args)
     except (CliError, CircleJaxError, ValueError, OSError) as e:
@@ -128,6 +129,8 @@ class _DiscardWhenClosed:
 
 def _flush_stdout() -> None:
     """Flush standard output; a reader that has gone silences it instead of an error."""
+    if sys.stdout is None:  # started with it closed: nothing was printed
+        return
     try:
         sys.stdout.flush()
     except BrokenPipeError:

@@ -99,6 +99,18 @@ def test_ctrl_c_is_one_line_status_130_and_no_output_file(files, tmp_path) -> No
     assert not out.exists()
 
 
+def test_a_closed_standard_output_is_no_error(files, tmp_path) -> None:
+    """Started with standard output closed (``>&-``: Python's ``sys.stdout`` is None): the
+    command runs and writes its files, status 0, no error."""
+    out = tmp_path / "m.circle"
+    for argv in (["info", files["cnn.circle"]],
+                 _train(files, "x.raw", "--export_circle", str(out))):
+        p = subprocess.run(["sh", "-c", 'exec "$0" "$@" >&-', _script(), *argv],
+                           stderr=subprocess.PIPE, text=True, timeout=120)
+        assert (p.returncode, p.stderr) == (0, "")
+    assert out.exists()
+
+
 def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) -> None:
     """``circle-jax train ... --export_circle F | head -3``: the reader goes after the
     parameter block's first lines; training goes on and writes F, status 0, no error."""
