@@ -159,6 +159,9 @@ def step_config(ns: argparse.Namespace) -> dict[str, Any]:
     optimizer and its hyper-parameters, what trains, whether the loss reads logits (None:
     circle+, then defaults)."""
     trainable: Any = ns.num_of_trainable_ops
+    if trainable is not None and trainable < -1:  # onert: an incorrect state
+        raise CliError(f"--num_of_trainable_ops must be -1 (all), 0 (none) or N (the last N "
+                       f"operators), got {trainable}")
     if ns.trainable and trainable is not None:
         raise CliError("give --num_of_trainable_ops or --trainable, not both")
     if ns.trainable:

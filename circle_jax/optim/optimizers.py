@@ -8,6 +8,7 @@ updates made so far, starting at 0, as in Keras and optax).
 from __future__ import annotations
 
 import inspect
+import math
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -407,6 +408,26 @@ def get_optimizer(
     name, factory = _factory(spec, family)
     try:
         inspect.signature(factory).bind(learning_rate, **kwargs)
-    except TypeError as e:
+        for key, value in {"learning_rate": learning_rate, **kwargs}.items():
+            _check_range(key, value)
+    except (TypeError, ValueError) as e:
         raise ValueError(f"bad options for optimizer {name!r}: {e}") from None
     return factory(learning_rate, **kwargs)
+
+
+#: the options whose values must also be below 1 (Adam's betas); every number is finite, >= 0
+_BELOW_ONE = ("b1", "b2")
+
+
+def _check_range(key: str, value: Any) -> None:
+    """ValueError unless the number ``value`` of option ``key`` is finite and >= 0 (and < 1
+    for ``b1``/``b2``, where 1 stops the moment's update and divides by zero); schedules,
+    arrays and other values pass."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return
+    flag = {k: f for f, k in HYPERPARAMETERS.items()}.get(key, key)
+    named = key if flag == key else f"{key} (--{flag})"
+    if key in _BELOW_ONE and not 0 <= value < 1:
+        raise ValueError(f"{named} must be in [0, 1), got {value}")
+    if not (math.isfinite(value) and value >= 0):
+        raise ValueError(f"{named} must be a finite number >= 0, got {value}")

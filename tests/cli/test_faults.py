@@ -128,6 +128,22 @@ def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) 
 
 # ----------------------------------------------------------------------------- output paths
 
+@pytest.mark.parametrize("flags, message", [
+    (["--learning_rate", "nan"], "'sgd': learning_rate must be a finite number >= 0, got nan"),
+    (["--learning_rate", "-0.1"], "learning_rate must be a finite number >= 0, got -0.1"),
+    (["--optimizer", "2", "--beta1", "1"], "b1 (--beta1) must be in [0, 1), got 1.0"),
+    (["--num_of_trainable_ops", "-2"], "must be -1 (all), 0 (none) or N (the last N "
+                                       "operators), got -2"),
+])
+def test_training_options_out_of_range_are_refused_before_training(files, capsys, flags,
+                                                                    message) -> None:
+    """A learning rate or Adam option that cannot train (NaN, negative, a beta of 1) is one
+    line before the first epoch, not a NaN loss after it; so is a number of trainable
+    operators below -1 (onert's incorrect state)."""
+    assert main(_train(files, "x.raw", *flags)) == 1
+    assert message in _one_error(capsys)
+
+
 @pytest.mark.parametrize("flag", ["--export_circle", "--export_tflite", "--export_circleplus",
                                   "--export_checkpoint", "--export_wof"])
 def test_unwritable_outputs_are_refused_before_training(files, capsys, flag) -> None:
