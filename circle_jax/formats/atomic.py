@@ -111,8 +111,8 @@ def atomic_write(
             break
         except FileExistsError:
             continue
-        except OSError as e:
-            raise _naming(e, tmp, target) from e
+        except OSError as e:  # of the temporary file
+            raise _of_target(e, target) from e
 
     try:
         with os.fdopen(fd, "wb") as f:
@@ -133,15 +133,13 @@ def atomic_write(
             os.unlink(tmp)
         except FileNotFoundError:
             pass
-        if isinstance(e, OSError):
-            raise _naming(e, tmp, target) from e
+        if isinstance(e, OSError) and e.filename in (None, tmp):
+            raise _of_target(e, target) from e
         raise
     _fsync_dir(directory)
 
 
-def _naming(error: OSError, tmp: str, target: str) -> OSError:
-    """``error`` as an OSError of ``target`` where it names the temporary file ``tmp`` (or
-    no file): ``[Errno 28] No space left on device: 'model.circle'``."""
-    if error.filename not in (None, tmp):
-        return error
+def _of_target(error: OSError, target: str) -> OSError:
+    """``error`` (of the temporary file, or of no file) as an error of ``target``, the file
+    the caller named: ``[Errno 28] No space left on device: 'model.circle'``."""
     return OSError(error.errno, error.strerror or str(error), target)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import inspect
 import math
+import numbers
 from collections.abc import Callable
 from typing import Any, NamedTuple
 
@@ -423,7 +424,7 @@ def _check_range(key: str, value: Any) -> None:
     """ValueError unless the number ``value`` of option ``key`` is finite and >= 0 (and < 1
     for ``b1``/``b2``, where 1 stops the moment's update and divides by zero); schedules,
     arrays and other values pass."""
-    if isinstance(value, bool) or not isinstance(value, (int, float)):
+    if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return
     flag = {k: f for f, k in HYPERPARAMETERS.items()}.get(key, key)
     named = key if flag == key else f"{key} (--{flag})"

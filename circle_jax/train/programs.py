@@ -166,8 +166,8 @@ class ProgramCache:
         """Load the existing entries of ``paths`` not yet loading, one after another, on
         a thread of their own; how many. The thread is not a daemon: a process that ends
         while it loads (a run refused after its start) waits for the load, where
-        Python's exit would stop the thread inside XLA and abort the process (measured: 1
-        exit in 6 aborted by "terminate called after throwing")."""
+        Python's exit would stop the thread inside XLA, which can abort the process
+        ("terminate called after throwing")."""
         # read and unpickled here: unpickling imports the modules of the arguments' tree,
         # which this thread may be importing as well
         entries = {p: _read(p) for p in paths if p not in self._loading and p.exists()}
