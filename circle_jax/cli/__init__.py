@@ -129,14 +129,8 @@ class _DiscardWhenClosed:
 
 def _flush_stdout() -> None:
     """Flush standard output; a reader that has gone silences it instead of an error."""
-    if sys.stdout is None:  # started with it closed: nothing was printed
-        return
-    try:
-        sys.stdout.flush()
-    except BrokenPipeError:
-        if not _stdout_closed():
-            raise
-        _silence_stdout()
+    if sys.stdout is not None:  # None: started with it closed, nothing was printed
+        _DiscardWhenClosed(sys.stdout).flush()
 
 
 def _stdout_closed() -> bool:

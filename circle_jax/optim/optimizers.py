@@ -360,6 +360,8 @@ FAMILIES = {"keras": OPTIMIZERS, "torch": TORCH_OPTIMIZERS}
 #: The optimizer hyper-parameters the command line takes for every profile: flag -> keyword.
 HYPERPARAMETERS = {"beta1": "b1", "beta2": "b2", "epsilon": "eps",
                    "weight_decay": "weight_decay", "momentum": "momentum"}
+#: the command-line flag of each factory keyword of `HYPERPARAMETERS`
+_FLAG_OF = {k: f for f, k in HYPERPARAMETERS.items()}
 
 # onert_train's --optimizer codes. (circle+'s Optimizer enum differs: SGD=0, ADAM=1; map it
 # to a name before calling `get_optimizer`.)
@@ -387,8 +389,7 @@ def hyperparameters(spec: str | int, family: str = "keras", **kwargs: Any) -> di
     sig = inspect.signature(factory).parameters
     unknown = sorted(set(kwargs) - set(sig))
     if unknown:
-        flags = {k: f for f, k in HYPERPARAMETERS.items()}
-        named = [f"--{flags[k]}" if k in flags else k for k in unknown]
+        named = [f"--{_FLAG_OF[k]}" if k in _FLAG_OF else k for k in unknown]
         takes = [f"--{f}" for f, k in HYPERPARAMETERS.items() if k in sig]
         raise ValueError(f"optimizer {name!r} ({family} numerics) does not take "
                          f"{', '.join(named)}; it takes "
@@ -426,7 +427,7 @@ def _check_range(key: str, value: Any) -> None:
     arrays and other values pass."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return
-    flag = {k: f for f, k in HYPERPARAMETERS.items()}.get(key, key)
+    flag = _FLAG_OF.get(key, key)
     named = key if flag == key else f"{key} (--{flag})"
     if key in _BELOW_ONE and not 0 <= value < 1:
         raise ValueError(f"{named} must be in [0, 1), got {value}")

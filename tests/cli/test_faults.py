@@ -63,14 +63,20 @@ def _script() -> str:
 def test_a_closed_pipe_ends_quietly_with_status_0(files, argv) -> None:
     """``circle-jax info M | head -0``: the reader has gone before the first write (the
     pipe's read end is closed before the process starts writing)."""
+    p = _into_closed_pipe([_script(), *[files.get(a, a) for a in argv]])
+    assert (p.returncode, p.stderr) == (0, "")
+
+
+def _into_closed_pipe(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
+    """``argv`` run with standard output a pipe whose reader has already gone (``| head
+    -0``), standard error captured."""
     r, w = os.pipe()
     os.close(r)
     try:
-        p = subprocess.run([_script(), *[files.get(a, a) for a in argv]], stdout=w,
-                           stderr=subprocess.PIPE, text=True, timeout=120)
+        return subprocess.run(argv, stdout=w, stderr=subprocess.PIPE, text=True, timeout=120,
+                              **kwargs)
     finally:
         os.close(w)
-    assert (p.returncode, p.stderr) == (0, "")
 
 
 def test_ctrl_c_is_one_line_status_130_and_no_output_file(files, tmp_path) -> None:
@@ -112,16 +118,10 @@ def test_a_closed_standard_output_is_no_error(files, tmp_path) -> None:
 
 
 def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) -> None:
-    """``circle-jax train ... --export_circle F | head -3``: the reader goes after the
-    parameter block's first lines; training goes on and writes F, status 0, no error."""
+    """``circle-jax train ... --export_circle F | head -0``: the reader has gone before the
+    first line; training goes on and writes F, status 0, no error."""
     out = tmp_path / "m.circle"
-    r, w = os.pipe()
-    os.close(r)
-    try:
-        p = subprocess.run([_script(), *_train(files, "x.raw", "--export_circle", str(out))],
-                           stdout=w, stderr=subprocess.PIPE, text=True, timeout=120)
-    finally:
-        os.close(w)
+    p = _into_closed_pipe([_script(), *_train(files, "x.raw", "--export_circle", str(out))])
     assert (p.returncode, p.stderr) == (0, "")
     assert out.exists()
 
@@ -274,13 +274,6 @@ def test_a_closed_pipe_keeps_the_status_of_the_work(lines: int) -> None:
     """Output still buffered when the command ends, or cut during the work (more than a
     pipe holds): the work goes on and the command exits with its own status (compare's
     verdict), quietly. (Standard output buffered, as by default: PYTHONUNBUFFERED unset.)"""
-    status = 5
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
-    r, w = os.pipe()
-    os.close(r)
-    try:
-        p = subprocess.run([sys.executable, "-c", _HANDLER, str(lines)], stdout=w,
-                           stderr=subprocess.PIPE, text=True, timeout=120, env=env)
-    finally:
-        os.close(w)
-    assert (p.returncode, p.stderr) == (status, "")
+    p = _into_closed_pipe([sys.executable, "-c", _HANDLER, str(lines)], env=env)
+    assert (p.returncode, p.stderr) == (5, "")  # the handler's own status
