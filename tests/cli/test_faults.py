@@ -118,10 +118,13 @@ def test_a_closed_standard_output_is_no_error(files, tmp_path) -> None:
 
 
 def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) -> None:
-    """``circle-jax train ... --export_circle F | head -0``: the reader has gone before the
-    first line; training goes on and writes F, status 0, no error."""
+    """The README's ``circle-jax train ... --export_circle F | head -3``: the reader goes
+    after three lines of the parameter block, before the first epoch's; training goes on
+    and writes F, status 0 (the pipeline's, with pipefail), no error."""
     out = tmp_path / "m.circle"
-    p = _into_closed_pipe([_script(), *_train(files, "x.raw", "--export_circle", str(out))])
+    argv = [_script(), *_train(files, "x.raw", "--export_circle", str(out))]
+    p = subprocess.run(["bash", "-o", "pipefail", "-c", '"$0" "$@" | head -3 > /dev/null',
+                        *argv], stderr=subprocess.PIPE, text=True, timeout=120)
     assert (p.returncode, p.stderr) == (0, "")
     assert out.exists()
 
