@@ -87,9 +87,10 @@ def timing_summary(t: Timing) -> str:
     cache = "persistent cache off" if t.cache == "off" else f"persistent cache {t.cache}"
     epoch = ("the training epoch loaded from the cache" if t.loaded
              else "XLA compile of the training epoch")
+    epochs = "the epoch's" if len(t.epoch_ms) == 1 else f"the {len(t.epoch_ms)} epochs'"
     lines.append(f"(PREPARE: data + {epoch} {t.compile_ms:.1f} ms, "
-                 f"{cache}; EXECUTE: the {len(t.epoch_ms)} epochs' steps, validation and "
-                 "checkpoints, compile excluded)")
+                 f"{cache}; EXECUTE: {epochs} steps, validation and checkpoints, compile "
+                 "excluded)")
     return "\n".join(lines)
 
 

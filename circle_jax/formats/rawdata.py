@@ -8,17 +8,19 @@ sample is one element of every input: sum over inputs of prod(shape) * itemsize.
 
 from __future__ import annotations
 
+import math
 import os
 import zipfile
 import zlib
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from typing import BinaryIO
 
 import numpy as np
 
 from circle_jax.errors import DataError
 from circle_jax.formats.atomic import atomic_write
-from circle_jax.formats.reader import check_regular_file, read_regular_file
+from circle_jax.formats.reader import MAX_FILE_BYTES, check_regular_file, read_regular_file
 
 Spec = tuple[tuple[int, ...], np.dtype]
 """One input of a model: its per-sample shape (no batch dimension) and its dtype."""
@@ -207,11 +209,14 @@ def load_array_file(
                 "use a .npz file with one array per input"
             )
         with _numpy_file(p, "a .npy array saved by numpy.save"):
+            with open(p, "rb") as f:
+                _check_claim(f, os.path.getsize(p), f"{p!r}")
             arr = np.load(p, allow_pickle=False)
         return [_fit(arr, *sp[0], f"array in {p!r}", on_cast)]
     if ext == ".npz":
         with _numpy_file(p, "a .npz archive saved by numpy.savez"), \
                 np.load(p, allow_pickle=False) as z:
+            _check_claims(z.zip, p)
             keys = list(z.files)
             positional = [f"arr_{i}" for i in range(len(sp))]
             if names is not None and sorted(keys) == sorted(names) and len(names) == len(sp):
@@ -230,6 +235,40 @@ def load_array_file(
         _count(out, f"arrays in {p!r}")
         return out
     return read_raw(p, sp)
+
+
+def _check_claim(f: BinaryIO, size: int, what: str) -> None:
+    """DataError unless the .npy header at ``f`` asks for at most the ``size`` bytes the
+    file (or archive member) holds: numpy allocates the array its header declares before
+    reading, so a header claiming terabytes would be an allocation no file backs."""
+    version = np.lib.format.read_magic(f)
+    read_header = (np.lib.format.read_array_header_1_0 if version == (1, 0)
+                   else np.lib.format.read_array_header_2_0)
+    shape, _, dtype = read_header(f)
+    if dtype.hasobject:
+        return  # pickled objects: np.load refuses them (allow_pickle=False)
+    if any(d < 0 for d in shape):
+        raise DataError(f"{what} declares an array of shape {list(shape)}: corrupt; expected "
+                        "an array saved by numpy")
+    claimed = math.prod(shape) * dtype.itemsize
+    held = size - f.tell()
+    if claimed > held:
+        raise DataError(f"{what} declares an array of shape {list(shape)} {dtype} "
+                        f"({claimed} bytes) but holds {max(held, 0)} bytes of data: truncated "
+                        "or corrupt; expected a complete array saved by numpy")
+
+
+def _check_claims(archive: zipfile.ZipFile, path: str) -> None:
+    """`_check_claim` for every member of a .npz archive, and their sum within the
+    one-file limit (a compressed archive could declare more than any file holds)."""
+    total = 0
+    for info in archive.infolist():
+        total += info.file_size
+        if total > MAX_FILE_BYTES:
+            raise DataError(f"{path!r} unpacks to over the {MAX_FILE_BYTES}-byte limit for "
+                            "one file; expected a smaller .npz archive")
+        with archive.open(info) as member:
+            _check_claim(member, info.file_size, f"array {info.filename!r} in {path!r}")
 
 
 @contextmanager

@@ -3,8 +3,11 @@ truncated, pickled and non-numeric .npy/.npz, devices and directories, non-finit
 
 from __future__ import annotations
 
+import io
 import os
 import pickle
+import tracemalloc
+import zipfile
 
 import numpy as np
 import pytest
@@ -64,6 +67,36 @@ def test_truncated_npz(tmp_path, cut):
     with pytest.raises(DataError) as e:
         load_array_file(p, SPEC)
     assert "x.npz" in _one_line(e)
+
+
+def _claiming(rows: int) -> bytes:
+    """A .npy file of 4 rows whose header declares ``rows`` rows."""
+    buf = io.BytesIO()
+    np.save(buf, np.zeros((4, 3), np.float32))
+    raw = buf.getvalue()
+    return raw.replace(b"(4, 3)", f"({rows}, 3)".encode().ljust(6))
+
+
+@pytest.mark.parametrize("rows", [5_000_000, 10**12])
+@pytest.mark.parametrize("kind", ["npy", "npz"])
+def test_a_header_claiming_more_than_the_file_allocates_nothing(tmp_path, kind, rows):
+    """numpy allocates what a .npy header declares before reading: a 200-byte file
+    claiming 60 MB (or 12 TB: a MemoryError) is refused from its size, within 1 MB."""
+    p = tmp_path / f"x.{kind}"
+    if kind == "npy":
+        p.write_bytes(_claiming(rows))
+    else:
+        with zipfile.ZipFile(p, "w") as z:
+            z.writestr("arr_0.npy", _claiming(rows))
+    tracemalloc.start()
+    try:
+        with pytest.raises(DataError) as e:
+            load_array_file(p, SPEC)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert f"[{rows}, 3]" in _one_line(e) and "x." in str(e.value)
+    assert peak < 1 << 20, peak
 
 
 def test_garbage_npz(tmp_path):
