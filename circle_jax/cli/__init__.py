@@ -6,7 +6,9 @@ migrates a script).
 Each subcommand is a module with ``NAME``, ``HELP``, ``add_arguments(parser)`` and
 ``run(args) -> int``, listed once in `COMMANDS`. Errors print one line ``E: <what is
 wrong>`` and exit non-zero; no output file is left half-written (every write is atomic).
-Ctrl-C prints ``E: interrupted`` and exits 130, as a shell reports SIGINT.
+Ctrl-C prints ``E: interrupted`` and exits 130, as a shell reports SIGINT; SIGTERM (``kill``,
+a job scheduler's stop) prints ``E: terminated`` and exits 143. Either way a file being
+written is not left behind, not even as its temporary file.
 A reader that closes the output early (``circle-jax info M | head -1``) silences the rest of
 it: the work goes on (a training run still writes its files) and the command exits with its
 own status (compare's verdict), without an error.
@@ -17,7 +19,9 @@ from __future__ import annotations
 import argparse
 import os
 import select
+import signal
 import sys
+import threading
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
@@ -72,6 +76,7 @@ def _dispatch(args: argparse.Namespace) -> int:
     handler: Callable[[argparse.Namespace], int] = args.handler
     stdout = sys.stdout  # None when the process started with it closed (``>&-``)
     sys.stdout = stdout if stdout is None else _DiscardWhenClosed(stdout)
+    on_sigterm = _catch_sigterm()
     try:
         status = handler(args)
     except (CliError, CircleJaxError, ValueError, OSError) as e:
@@ -83,6 +88,9 @@ def _dispatch(args: argparse.Namespace) -> int:
             traceback.print_exc()
         print("E: interrupted", file=sys.stderr)
         return 130
+    except _Terminated:  # SIGTERM: the same, with the shell's status for it
+        print("E: terminated", file=sys.stderr)
+        return 128 + signal.SIGTERM
     except Exception as e:  # noqa: BLE001 - a bug: one line, the traceback under -v 2
         if (getattr(args, "verbose_level", None) or 0) >= 2:
             traceback.print_exc()
@@ -92,8 +100,27 @@ def _dispatch(args: argparse.Namespace) -> int:
         return 1
     finally:
         sys.stdout = stdout
+        if on_sigterm is not None:
+            signal.signal(signal.SIGTERM, on_sigterm)
     _flush_stdout()  # a closed pipe shows here, not at exit; the work is done: its status
     return status
+
+
+class _Terminated(BaseException):
+    """SIGTERM, raised where the main thread runs Python, so that what is being written is
+    cleaned up (`circle_jax.formats.atomic_write`) and the command ends with one line."""
+
+
+def _terminated(signum: int, frame: Any) -> None:
+    raise _Terminated
+
+
+def _catch_sigterm() -> Any:
+    """Turn SIGTERM into `_Terminated` while a command runs; the handler it replaces (to
+    restore), or None where no handler can be set (not the main thread)."""
+    if threading.current_thread() is not threading.main_thread():
+        return None
+    return signal.signal(signal.SIGTERM, _terminated)
 
 
 class _DiscardWhenClosed:

@@ -79,9 +79,14 @@ def _into_closed_pipe(argv: list[str], **kwargs) -> subprocess.CompletedProcess:
         os.close(w)
 
 
-def test_ctrl_c_is_one_line_status_130_and_no_output_file(files, tmp_path) -> None:
-    """SIGINT while the epochs run: ``E: interrupted``, no traceback, the shell's status
-    for SIGINT (130), and no export (written only at the end, atomically)."""
+@pytest.mark.parametrize(("sig", "status", "message"), [
+    (signal.SIGINT, 130, "E: interrupted\n"), (signal.SIGTERM, 143, "E: terminated\n")],
+    ids=["SIGINT", "SIGTERM"])
+def test_a_signal_is_one_line_its_status_and_no_output_file(files, tmp_path, sig, status,
+                                                             message) -> None:
+    """Ctrl-C (SIGINT) or ``kill`` (SIGTERM) while the epochs run: one line, no traceback,
+    the shell's status for the signal (130, 143), and no export nor its temporary file
+    (written only at the end, atomically). Before, SIGTERM ended the process at once."""
     out = tmp_path / "m.circle"
     argv = [_script(), *_train(files, "x.raw", "--export_circle", str(out))[:-2],
             "--epoch", "100000", "--batch_size", "1"]
@@ -97,12 +102,12 @@ def test_ctrl_c_is_one_line_status_130_and_no_output_file(files, tmp_path) -> No
                 break
         else:
             raise AssertionError("training never started")
-        p.send_signal(signal.SIGINT)
+        p.send_signal(sig)
         _, err = p.communicate(timeout=60)
     finally:
         p.kill()
-    assert (p.returncode, err) == (130, "E: interrupted\n")
-    assert not out.exists()
+    assert (p.returncode, err) == (status, message)
+    assert list(tmp_path.glob("*m.circle*")) == []
 
 
 def test_a_closed_standard_output_is_no_error(files, tmp_path) -> None:
