@@ -158,6 +158,10 @@ def _train(run: TrainRun, log: Log, cache: str, programs: ProgramCache | None) -
     _export(run, model, result, log)
     if programs is not None:  # after the exports: a resumed checkpoint rewritten is named anew
         programs.remember_run(run_name(run))
+        for why in programs.write_errors:
+            print(f"W: the compile cache could not keep this run's compiled programs in "
+                  f"{str(programs.directory)!r} ({why}); the next run compiles them again",
+                  file=sys.stderr, flush=True)
     print(out.timing_summary(_timing(clock, result.history, cache,
                                      run.outputs.checkpoint_every_steps is not None)))
     if run.mem_poll:

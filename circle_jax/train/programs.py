@@ -83,6 +83,8 @@ class ProgramCache:
         self.used: list[Path] = []
         #: entries being loaded by `prefetch` or `prefetch_run`, by path
         self._loading: dict[Path, futures.Future] = {}
+        #: why entries could not be written (a full disk: the OS's words, once each)
+        self.write_errors: list[str] = []
 
     def compiled(self, key: Sequence[str], fn: Callable[..., Any], args: tuple,
                  compile: Callable[[jax.stages.Lowered], jax.stages.Compiled]
@@ -205,8 +207,10 @@ class ProgramCache:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
             atomic_write(path, data)
-        except OSError:  # a read-only cache only costs the next run its compile
-            pass
+        except OSError as e:  # costs only the next run its compile; said in `write_errors`
+            why = e.strerror or str(e)
+            if why not in self.write_errors:
+                self.write_errors.append(why)
 
 
 def _software() -> list[str]:

@@ -9,6 +9,7 @@ repeated run that must find its compiled epoch in the cache).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import re
@@ -294,6 +295,30 @@ def test_an_uncreatable_default_cache_is_skipped_a_named_one_refused(files, caps
         assert not _epochs(out) and err == (
             "E: cannot create the compile cache directory '/proc/circle-jax-test': No such "
             "file or directory (give --compile_cache DIR or off)\n")
+
+
+def test_a_full_compile_cache_is_one_warning(files, tmp_path, capsys, monkeypatch) -> None:
+    """The compile cache's disk full while the run's programs are written: the run trains
+    and exports as usual, and one ``W:`` line says that the next run compiles again
+    (before, nothing was said and every run compiled)."""
+    from circle_jax.formats import atomic
+
+    def full(path, data, **kwargs):
+        if "programs" in os.fspath(path):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), os.fspath(path))
+        return write(path, data, **kwargs)
+
+    write = atomic.atomic_write
+    monkeypatch.setattr(atomic, "atomic_write", full)
+    out_file = tmp_path / "m.circle"
+    argv = ["train", files["model"], *_data(files), "--epoch", "1", "--batch_size", "4",
+            "--compile_cache", str(tmp_path / "cache"), "--export_circle", str(out_file)]
+    assert main(argv) == 0
+    out, err = capsys.readouterr()
+    assert _epochs(out) == ["1/1"] and out_file.exists()
+    assert err == (f"W: the compile cache could not keep this run's compiled programs in "
+                   f"'{tmp_path / 'cache' / 'programs'}' (No space left on device); the next "
+                   "run compiles them again\n")
 
 
 def _script(name: str) -> str:
