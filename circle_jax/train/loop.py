@@ -109,8 +109,12 @@ def fit(
     is called from the compiled epoch about 40 times (a host callback: such a trace is not
     kept by a ``Trainer.program_cache``).
     When nothing needs the host between epochs (no callbacks, ``on_epoch``, ``progress`` or
-    ``every_steps``), all of them run in one compiled call with the same results (up to
-    float32 rounding, see `Trainer.run_epoch`) and ``ms_per_step`` is the run's average.
+    ``every_steps``), they run fused: one compiled program for all of them (up to float32
+    rounding the same results, see `Trainer.run_epoch`), called for the first epoch, then
+    for as many epochs as take about `FUSED_CALL_SECONDS` a call (at most
+    `FUSED_MAX_EPOCHS`), so that an interrupt
+    (Ctrl-C, a notebook's stop) ends ``fit`` within about that time; ``ms_per_step`` is
+    each call's average.
     """
     started = time.perf_counter()
     epochs = overrides.get("epochs")
@@ -142,13 +146,14 @@ def fit(
         whole = every_steps is None and n_train >= cfg.batch_size
         fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None
                  and not initial_step)
+        per_call = min(epochs, FUSED_MAX_EPOCHS) if fused else 1  # the program's most a call
         if whole and state is None:  # a kept program loads while the fresh state is made
-            trainer.prefetch_epochs(params, x_tr, y_tr, epochs if fused else 1, val)
+            trainer.prefetch_epochs(params, x_tr, y_tr, per_call, val)
         fresh, frozen = trainer.init(params)
         state, frozen = trainer.placed((fresh if state is None else state, frozen))
         t0 = time.perf_counter()
         if whole:  # compiled here, looked up once
-            run = trainer.epochs_runner(state, frozen, x_tr, y_tr, epochs if fused else 1, val)
+            run = trainer.epochs_runner(state, frozen, x_tr, y_tr, per_call, val)
         else:
             trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
         hist.compile_ms = (time.perf_counter() - t0) * 1000
@@ -156,7 +161,8 @@ def fit(
         if on_start is not None:
             on_start(hist)
         if fused:
-            state = _whole_epochs(trainer, run, hist, state, y_tr, initial_epoch, epochs)
+            state = _whole_epochs(trainer, run, hist, state, y_tr, initial_epoch, epochs,
+                                  per_call)
             warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
         for i in range(0 if fused else epochs):
             epoch = initial_epoch + i
@@ -183,21 +189,35 @@ def fit(
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 
 
+#: about how long one call of fused epochs runs (`fit`): how long an interrupt waits
+FUSED_CALL_SECONDS = 0.5
+#: the most epochs one call of fused epochs runs (the rows of its summaries)
+FUSED_MAX_EPOCHS = 1024
+
+
 def _whole_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainState,
-                  y: jax.Array, first_epoch: int, count: int) -> TrainState:
-    """``count`` whole epochs in one compiled call (``run``, a `Trainer.epochs_runner` of
-    that many: validation included, one transfer), each appended to ``hist`` as
-    `record_epoch` does; the final state."""
+                  y: jax.Array, first_epoch: int, count: int, per_call: int = 1
+                  ) -> TrainState:
+    """``count`` whole epochs by ``run`` (a `Trainer.epochs_runner` of ``per_call``
+    epochs at most: validation included, one transfer a call): the first alone, then as
+    many a call as took about `FUSED_CALL_SECONDS` at the last call's pace. Each epoch is
+    appended to ``hist`` as `record_epoch` does; the final state."""
     cfg, n = trainer.config, int(y.shape[0])
-    t = time.perf_counter()
-    state, summaries = run(state, first_epoch)
     steps = n // cfg.batch_size + (not cfg.drop_remainder and n % cfg.batch_size > 0)
-    ms = (time.perf_counter() - t) * 1000 / (count * steps)
     unscaled = isinstance(state.loss_scale, NoLossScale)
-    for summary, validation in summaries:
-        _record(cfg, hist, len(hist.loss), unscaled, summary, steps, ms, n)
-        if validation is not None:
-            _record_validation(hist, len(hist.val_loss), *validation)
+    done, size = 0, 1
+    while done < count:
+        t = time.perf_counter()
+        state, summaries = run(state, first_epoch + done, size)
+        seconds = time.perf_counter() - t
+        for summary, validation in summaries:
+            _record(cfg, hist, len(hist.loss), unscaled, summary, steps,
+                    seconds * 1000 / (size * steps), n)
+            if validation is not None:
+                _record_validation(hist, len(hist.val_loss), *validation)
+        done += size
+        size = min(count - done, per_call,
+                   max(1, int(size * FUSED_CALL_SECONDS / max(seconds, 1e-6))))
     return state
 
 

@@ -11,6 +11,9 @@ import jax.numpy as jnp
 from ..optim import all_finite
 from .state import StepMetrics
 
+#: the length of an `epoch_summary` vector (a validation pass appends its loss and accuracy)
+SUMMARY_SIZE = 5
+
 
 def epoch_summary(m: StepMetrics, params: dict, scale: jax.Array) -> jax.Array:
     """An epoch's summary as one vector of the loss dtype, so that reading it is one

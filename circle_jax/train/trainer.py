@@ -45,7 +45,7 @@ from .config import TrainConfig, loss_function, optimizer, output_index, select_
 from .data import Batch, as_inputs, batched, correct, scoring_split, trailing
 from .programs import CPU_COMPILER_OPTIONS, ProgramCache, compile_for, describe_config
 from .state import StepMetrics, TrainState
-from .summary import epoch_summary, host_summary
+from .summary import SUMMARY_SIZE, epoch_summary, host_summary
 
 
 class Trainer:
@@ -313,12 +313,13 @@ class Trainer:
         return tuple(a[perm] for a in x), y[perm]
 
     def _epochs_impl(self, state: TrainState, frozen: dict, data: tuple, tail: Batch | None,
-                     val: tuple | None, first: jax.Array, *, count: int
+                     val: tuple | None, first: jax.Array, n: jax.Array, *, count: int
                      ) -> tuple[TrainState, jax.Array]:
-        """``count`` whole epochs from epoch ``first`` in one compiled call: per epoch what
-        `run_epoch` does (its batches, then the trailing partial batch), then the `epoch_summary`
-        and, given ``val``, the validation (loss, accuracy) appended to it. Returns the state
-        and the summaries stacked over the epochs (one transfer for the whole run).
+        """``n`` (at most ``count``, a runtime value) whole epochs from epoch ``first`` in one
+        compiled call: per epoch what `run_epoch` does (its batches, then the trailing
+        partial batch), then the `epoch_summary` and, given ``val``, the validation (loss,
+        accuracy) appended to it. Returns the state and the summaries in the first ``n`` of
+        ``count`` rows (one transfer for the call).
 
         On one device ``data`` and ``val`` are all their samples, cut into batches here
         (no copy of the data, nothing compiled apart). On several (a ``placement``) they
@@ -347,7 +348,15 @@ class Trainer:
                 summary = jnp.concatenate([summary, jnp.stack(scores).astype(summary.dtype)])
             return s, summary
 
-        return lax.scan(epoch, state, first + jnp.arange(count, dtype=jnp.int32))
+        def body(i: jax.Array, carry: tuple[TrainState, jax.Array]
+                 ) -> tuple[TrainState, jax.Array]:
+            s, rows = carry
+            s, summary = epoch(s, first + i)
+            return s, lax.dynamic_update_index_in_dim(rows, summary, i, 0)
+
+        width = SUMMARY_SIZE + 2 * (val is not None)
+        rows = jnp.zeros((count, width), self.loss_dtype)
+        return lax.fori_loop(0, n, body, (state, rows))
 
     def _score_impl(self, trainable: dict, frozen: dict, full: Batch, tail: Batch | None
                     ) -> tuple[jax.Array, jax.Array]:
@@ -423,38 +432,40 @@ class Trainer:
 
     def epochs_runner(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                       y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
-                      ) -> Callable[[TrainState, int], tuple[TrainState, list]]:
-        """``runner(state, first_epoch)``: ``count`` epochs (`run_epoch`'s steps) in one
-        compiled call, compiled or looked up here once, for states laid out as ``state``;
-        returns the state and per epoch (the `summarize_epoch` values, the validation (loss,
-        accuracy) over ``val`` or None): one transfer to the host."""
+                      ) -> Callable[[TrainState, int, int], tuple[TrainState, list]]:
+        """``runner(state, first_epoch, n)``: ``n`` epochs (`run_epoch`'s steps), at most
+        ``count``, in one compiled call, compiled or looked up here once, for states laid
+        out as ``state``; returns the state and per epoch (the `summarize_epoch` values, the
+        validation (loss, accuracy) over ``val`` or None): one transfer to the host."""
         args = self._epochs_arguments(state, frozen, x, y, val)
         compiled = self._compiled_epochs(args, count)
-        fixed = args[1:-1]  # all but the state and the first epoch
+        fixed = args[1:-2]  # all but the state, the first epoch and the epochs' count
 
-        def runner(state: TrainState, first_epoch: int) -> tuple[TrainState, list]:
-            state, summaries = compiled(state, *fixed, np.int32(first_epoch))
-            return state, [host_summary(row) for row in np.asarray(summaries).tolist()]
+        def runner(state: TrainState, first_epoch: int, n: int) -> tuple[TrainState, list]:
+            if not 1 <= n <= count:
+                raise ValueError(f"this runner trains 1 to {count} epochs a call, not {n}")
+            state, summaries = compiled(state, *fixed, np.int32(first_epoch), np.int32(n))
+            return state, [host_summary(row) for row in np.asarray(summaries)[:n].tolist()]
 
         return runner
 
     def _epochs_arguments(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                           y: jax.Array, val: tuple[tuple, jax.Array] | None) -> tuple:
-        """`_epochs_impl`'s arguments (see there), from epoch 0."""
+        """`_epochs_impl`'s arguments (see there), from epoch 0, for one epoch."""
         n, b = y.shape[0], self.config.batch_size
         steps = n // b
         if steps == 0:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
         val = None if val is None or not val[1].shape[0] else (tuple(val[0]), val[1])
         if self.placement is None:
-            return state, frozen, (tuple(x), y), None, val, np.int32(0)
+            return state, frozen, (tuple(x), y), None, val, np.int32(0), np.int32(1)
         tail = None
         if not self.config.drop_remainder and n % b:
             tail = self.placed(trailing(x, y, b, steps))
         data = (self.placed((tuple(x), y), batch_axis=0) if self.config.shuffle
                 else self._batches(tuple(x), y))
         scored = None if val is None else self.scoring_batches(*val)
-        return state, frozen, data, tail, scored, np.int32(0)
+        return state, frozen, data, tail, scored, np.int32(0), np.int32(1)
 
     def _compiled_epochs(self, args: tuple, count: int) -> Callable[..., Any]:
         return self._compiled_for(functools.partial(self._epochs_impl, count=count),

@@ -4,11 +4,18 @@ compiled call equal whole ones, and ``circle-jax eval``."""
 
 from __future__ import annotations
 
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+
 import numpy as np
 import pytest
 
 from circle_jax.cli import main
 from circle_jax.train import Trainer, fit
+from tests.paths import REPO_ROOT
 from tests.toy_models import reshape_mlp, toy_data
 
 
@@ -168,3 +175,34 @@ def test_accuracy_of_image_shaped_and_sparse_targets() -> None:
     logits = np.array([[0.1, 0.7, 0.2], [0.5, 0.2, 0.3]], np.float32)
     np.testing.assert_array_equal(correct(logits, np.array([1, 2])), [1, 0])
     np.testing.assert_array_equal(correct(logits, np.eye(3, dtype=np.float32)[[1, 0]]), [1, 1])
+
+
+def test_fused_epochs_stop_for_an_interrupt_within_about_a_call() -> None:
+    """A `fit` without callbacks runs its epochs fused, in calls of about
+    `FUSED_CALL_SECONDS`: Ctrl-C (SIGINT) sent 1 s into a run of 10**6 epochs (minutes)
+    raises KeyboardInterrupt within a few seconds. Before, the epochs were one call, which
+    Python cannot interrupt (a notebook's stop button waited for the whole run)."""
+    code = textwrap.dedent("""
+        import signal, sys, time
+        signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal leaves it
+        from circle_jax.train import fit
+        from tests.toy_models import reshape_mlp, toy_data
+        x, y = toy_data(64)
+        try:
+            fit(reshape_mlp(), x, y, epochs=10**6, batch_size=4,
+                on_start=lambda h: print("started", flush=True))
+        except KeyboardInterrupt:
+            print("interrupted", time.monotonic(), flush=True)
+    """)
+    p = subprocess.Popen([sys.executable, "-c", code], cwd=REPO_ROOT, stdout=subprocess.PIPE,
+                         text=True)
+    try:
+        assert p.stdout.readline() == "started\n"
+        time.sleep(1)
+        sent = time.monotonic()
+        p.send_signal(signal.SIGINT)
+        out, _ = p.communicate(timeout=60)
+    finally:
+        p.kill()
+    word, when = out.split()
+    assert word == "interrupted" and float(when) - sent < 5, out
