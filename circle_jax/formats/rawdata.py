@@ -8,6 +8,7 @@ sample is one element of every input: sum over inputs of prod(shape) * itemsize.
 
 from __future__ import annotations
 
+import io
 import math
 import os
 import zipfile
@@ -53,6 +54,16 @@ def sample_size(specs: Sequence[tuple[Sequence[int], np.dtype | str | type]]) ->
     return sum(_sample_bytes(s, d) for s, d in _specs(specs))
 
 
+def _numpy_kind(data: bytes) -> str | None:
+    """What ``data`` is when it is a .npy file (its magic and header) or a zip archive such
+    as .npz (its magic and directory), else None: raw data is samples from its first byte."""
+    if data.startswith(b"\x93NUMPY") and b"'descr'" in data[8:256]:
+        return "a .npy array saved by numpy.save"
+    if data.startswith(b"PK\x03\x04") and zipfile.is_zipfile(io.BytesIO(data)):
+        return "a .npz archive (or another zip file)"
+    return None
+
+
 def read_raw(
     source: str | os.PathLike | bytes | bytearray | memoryview,
     specs: Sequence[tuple[Sequence[int], np.dtype | str | type]],
@@ -69,6 +80,10 @@ def read_raw(
         raise DataError(f"inputs {_describe(sp)} take 0 bytes per sample; cannot count samples")
     if not data:
         raise DataError(f"{name} is empty; expected samples of {per} bytes ({_describe(sp)})")
+    kind = _numpy_kind(data)
+    if kind is not None:
+        raise DataError(f"{name} is {kind}, not raw data (its header would be read as "
+                        "samples); load it as such (--load_input FILE, not --load_input:raw)")
     if len(data) % per:
         raise DataError(
             f"{name} has {len(data)} bytes, not a multiple of the {per} bytes per sample "

@@ -5,7 +5,8 @@ Both runtimes start from the model file's weights and take the same sequential b
 (onert_train's order, wrapping into the next epoch when ``steps`` asks for more). After every
 step, onert's weights are read back from the model it exports (`circle_jax.interop.
 onert_steps`) and compared, tensor by tensor, with circle-jax's; the losses are compared
-too. Values agree when ``|a - b| <= atol + rtol * |b|`` elementwise (b: onert's).
+too. Values agree when ``|a - b| <= atol + rtol * |b|`` elementwise (b: onert's); a NaN
+or infinity agrees only with the same on the other side (`abs_diff`).
 
 Rules of the comparison:
 
@@ -55,9 +56,23 @@ class Tolerance:
     rtol: float = 1e-4
 
     def close(self, a: Any, b: Any) -> bool:
-        a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
-        return a.shape == b.shape and bool(np.all(np.abs(a - b) <= self.atol
-                                                  + self.rtol * np.abs(b)))
+        b = np.asarray(b, np.float64)
+        if np.shape(a) != b.shape:
+            return False
+        with np.errstate(invalid="ignore"):  # inf * 0 where b is not finite: no tolerance
+            room = np.where(np.isfinite(b), self.atol + self.rtol * np.abs(b), 0.0)
+        return bool(np.all(abs_diff(a, b) <= room))
+
+
+def abs_diff(a: Any, b: Any) -> np.ndarray:
+    """``|a - b|`` in float64, where non-finite values agree only with themselves: 0 where
+    both hold the same value (the same infinity) or both NaN, infinite where one is NaN
+    or not finite and the other differs (two runs that diverge alike agree)."""
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    with np.errstate(invalid="ignore"):
+        d = np.abs(a - b)
+    same = (a == b) | (np.isnan(a) & np.isnan(b))
+    return np.where(same, 0.0, np.where(np.isnan(d), np.inf, d))
 
 
 @dataclass
@@ -264,8 +279,7 @@ def _copies(model: Model, name: str) -> list[str]:
 def _nearest(weights: dict[str, np.ndarray], names: list[str], value: np.ndarray
              ) -> tuple[float, str]:
     """(max |difference|, name) of the copy nearest ``value``."""
-    return min((float(np.max(np.abs(weights[n].astype(np.float64) - value), initial=0.0)), n)
-               for n in names)
+    return min((float(np.max(abs_diff(weights[n], value), initial=0.0)), n) for n in names)
 
 
 def _close_any(tol: Tolerance, weights: dict[str, np.ndarray], names: list[str],
@@ -283,7 +297,7 @@ def _divergence(model: Model, raw: bytes, trainer: Trainer, s: int, bad: list[st
     """The first divergence at step ``s`` (0-based), localised (see the module docstring)."""
     if not bad:
         return {"step": s + 1, "tensor": None, "operator": None, "readers": [],
-                "max_abs_diff": abs(ours.loss[s] - peer.loss[s]),
+                "max_abs_diff": float(abs_diff(ours.loss[s], peer.loss[s])),
                 "cause": "the losses differ while every weight agrees: the forward passes "
                          "differ"}
     name = min(bad, key=lambda n: min(_readers(model, files[n]) or [1 << 30]))

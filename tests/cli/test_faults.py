@@ -10,12 +10,13 @@ import shutil
 import signal
 import subprocess
 import sys
+import warnings
 
 import numpy as np
 import pytest
 
 from circle_jax.cli import build_parser, main
-from circle_jax.oracle.compare import CompareReport, nearer
+from circle_jax.oracle.compare import CompareReport, Tolerance, abs_diff, nearer
 from tests.paths import shared_model
 from tests.toy_models import cnn, digits16
 
@@ -207,6 +208,21 @@ def test_the_arbiter_names_no_winner_on_a_tie() -> None:
     # values the 3 digits shown cannot tell apart are printed with more
     assert table(7.081e-8, 7.0812e-8).endswith("circle-jax 7.081e-08 away, onert "
                                                "7.0812e-08: circle-jax is nearer")
+
+
+def test_non_finite_values_agree_only_with_themselves() -> None:
+    """Two runs that diverge alike (the same infinity, NaN and NaN) agree; a NaN or
+    infinity against anything else differs by infinity. Before, every NaN or infinity
+    disagreed, with a NaN difference (and numpy's RuntimeWarning on the terminal)."""
+    inf, nan = np.inf, np.nan
+    tol = Tolerance()
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no "invalid value encountered"
+        assert tol.close([1.0, inf, -inf, nan], [1.0, inf, -inf, nan])
+        for a, b in ((inf, 1.0), (1.0, inf), (inf, -inf), (nan, 1.0), (1.0, nan), (nan, inf)):
+            assert not tol.close([a], [b]), (a, b)
+            assert abs_diff(a, b) == inf, (a, b)
+        assert abs_diff([inf, nan, 2.0], [inf, nan, 1.5]).tolist() == [0.0, 0.0, 0.5]
 
 
 # ----------------------------------------------------------------------------- data

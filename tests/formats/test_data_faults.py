@@ -99,6 +99,20 @@ def test_a_header_claiming_more_than_the_file_allocates_nothing(tmp_path, kind, 
     assert peak < 1 << 20, peak
 
 
+@pytest.mark.parametrize("kind", ["npy", "npz"])
+def test_a_numpy_file_read_as_raw_data_is_refused(tmp_path, kind):
+    """``--load_input:raw x.npy``: the header would be read as samples (values like 1e31,
+    an infinite loss at the first step); refused naming the file and what it is."""
+    p = tmp_path / f"x.{kind}"
+    (np.save if kind == "npy" else np.savez)(p, np.zeros((4, 3), np.float32))
+    with pytest.raises(DataError) as e:
+        read_raw(p, SPEC)
+    assert f"'{p}' is a .{kind}" in _one_line(e) and "not raw data" in str(e.value)
+    # raw samples that merely begin with a magic's bytes are raw data
+    raw = b"PK\x03\x04" + bytes(8)
+    assert read_raw(raw, [((3,), np.float32)])[0].shape == (1, 3)
+
+
 def test_garbage_npz(tmp_path):
     p = tmp_path / "x.npz"
     p.write_bytes(os.urandom(300))
