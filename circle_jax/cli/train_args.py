@@ -44,6 +44,15 @@ def output_sizes(text: str) -> tuple[tuple[int, int], ...]:
     return tuple(zip(values[::2], values[1::2]))
 
 
+def seed_value(text: str) -> int:
+    """A ``--seed``: an integer JAX's random keys take (64 bits, signed)."""
+    value = int(text)
+    if not -(1 << 63) <= value < 1 << 63:
+        raise argparse.ArgumentTypeError(f"{text} is outside the 64-bit integers a seed "
+                                         "can be")
+    return value
+
+
 def _flag(group: Any, *names: str, default: str, help: str, **kw: Any) -> None:
     """An option whose help ends with its default."""
     group.add_argument(*names, help=f"{help} (default: {default})", **kw)
@@ -157,7 +166,7 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
     add_load_arguments(g)
     add_personalize_arguments(p.add_argument_group("personalizing (README: Personalizing a "
                                                    "model)"))
-    _flag(g, "--seed", type=int, default="0", help="shuffling seed; seeds a new head and "
+    _flag(g, "--seed", type=seed_value, default="0", help="shuffling seed; seeds a new head and "
           "LoRA adapters too")
     _flag(g, "--shuffle", action="store_true", default="off (onert's sequential batches)",
           help="shuffle the samples every epoch")
@@ -238,5 +247,5 @@ def add_personalize_arguments(g: Any, seed: bool = False) -> None:
     _flag(g, "--export_unmerged", action="store_true", default="off (adapters merged into "
           "the weights)", help="write the exported models with the adapter operators")
     if seed:
-        _flag(g, "--seed", type=int, default="0", help="the seed of the new head and adapters "
-              "(as the run that wrote the weights)")
+        _flag(g, "--seed", type=seed_value, default="0", help="the seed of the new head and "
+              "adapters (as the run that wrote the weights)")

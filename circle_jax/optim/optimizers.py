@@ -417,19 +417,24 @@ def get_optimizer(
     return factory(learning_rate, **kwargs)
 
 
-#: the options whose values must also be below 1 (Adam's betas); every number is finite, >= 0
-_BELOW_ONE = ("b1", "b2")
+#: options whose numbers have a narrower range than "finite and >= 0", with the reason:
+#: a decay rate of 1 stops its average's update (Adam's betas divide by zero in the bias
+#: correction; RMSprop's average stays 0); a momentum or dampening above 1 grows without
+#: bound; an epsilon of 0 divides 0 by 0 for a weight whose gradients are all 0 so far
+_RANGES: dict[str, tuple[str, Callable[[float], bool]]] = {
+    **dict.fromkeys(("b1", "b2", "rho", "alpha"), ("in [0, 1)", lambda v: 0 <= v < 1)),
+    **dict.fromkeys(("momentum", "dampening"), ("in [0, 1]", lambda v: 0 <= v <= 1)),
+    "eps": ("a finite number > 0", lambda v: 0 < v < math.inf),
+}
 
 
 def _check_range(key: str, value: Any) -> None:
-    """ValueError unless the number ``value`` of option ``key`` is finite and >= 0 (and < 1
-    for ``b1``/``b2``, where 1 stops the moment's update and divides by zero); schedules,
-    arrays and other values pass."""
+    """ValueError unless the number ``value`` of option ``key`` is finite and >= 0, and
+    within its `_RANGES` entry; schedules, arrays and other values pass."""
     if isinstance(value, bool) or not isinstance(value, numbers.Real):
         return
     flag = _FLAG_OF.get(key, key)
     named = key if flag == key else f"{key} (--{flag})"
-    if key in _BELOW_ONE and not 0 <= value < 1:
-        raise ValueError(f"{named} must be in [0, 1), got {value}")
-    if not (math.isfinite(value) and value >= 0):
-        raise ValueError(f"{named} must be a finite number >= 0, got {value}")
+    what, ok = _RANGES.get(key, ("a finite number >= 0", lambda v: 0 <= v < math.inf))
+    if not ok(value):
+        raise ValueError(f"{named} must be {what}, got {value}")

@@ -27,6 +27,7 @@ activation again: the original graph with merged weights.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 from dataclasses import replace
 
@@ -132,6 +133,9 @@ def add_lora(model: ir.Model, rank: int, alpha: float | None = None,
     adapter's A and B to what it adapts."""
     if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or rank < 1:
         raise ValueError(f"LoRA rank must be an integer >= 1, got {rank!r}")
+    if alpha is not None and not 0 < alpha < math.inf:
+        raise ValueError(f"LoRA alpha must be a finite number > 0 (the adapters' scale is "
+                         f"alpha / rank), got {alpha!r}")
     scale = float(rank if alpha is None else alpha) / rank
     ops = lora_targets(model, targets, exclude)
     changes: dict[str, str] = {}

@@ -141,16 +141,32 @@ def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) 
     (["--learning_rate", "nan"], "'sgd': learning_rate must be a finite number >= 0, got nan"),
     (["--learning_rate", "-0.1"], "learning_rate must be a finite number >= 0, got -0.1"),
     (["--optimizer", "2", "--beta1", "1"], "b1 (--beta1) must be in [0, 1), got 1.0"),
+    (["--optimizer", "2", "--epsilon", "0"], "eps (--epsilon) must be a finite number > 0, "
+                                             "got 0.0"),
+    (["--optimizer", "momentum", "--momentum", "1.5"], "momentum must be in "
+                                                       "[0, 1], got 1.5"),
+    (["--lora", "1", "--lora_alpha", "nan"], "LoRA alpha must be a finite number > 0"),
+    (["--lora", "1", "--lora_alpha", "0"], "LoRA alpha must be a finite number > 0"),
     (["--num_of_trainable_ops", "-2"], "must be -1 (all), 0 (none) or N (the last N "
                                        "operators), got -2"),
 ])
 def test_training_options_out_of_range_are_refused_before_training(files, capsys, flags,
                                                                     message) -> None:
-    """A learning rate or Adam option that cannot train (NaN, negative, a beta of 1) is one
-    line before the first epoch, not a NaN loss after it; so is a number of trainable
-    operators below -1 (onert's incorrect state)."""
+    """A learning rate or optimizer option that cannot train (NaN, negative, a beta of 1, an
+    epsilon of 0, a momentum over 1), a LoRA alpha that is NaN or 0 (NaN, or adapters that
+    never train) are one line before the first epoch, not a NaN loss or a divergence after
+    it; so is a number of trainable operators below -1 (onert's incorrect state)."""
     assert main(_train(files, "x.raw", *flags)) == 1
     assert message in _one_error(capsys)
+
+
+def test_a_seed_jax_cannot_take_is_a_usage_error(files, capsys) -> None:
+    """Before, an internal OverflowError from JAX's random key after the compile."""
+    with pytest.raises(SystemExit) as e:
+        main(_train(files, "x.raw", "--shuffle", "--seed", str(1 << 64)))
+    assert e.value.code == 2
+    assert f"argument --seed: {1 << 64} is outside the 64-bit integers a seed can be" in \
+        _one_error(capsys)
 
 
 @pytest.mark.parametrize("flag", ["--export_circle", "--export_tflite", "--export_circleplus",
