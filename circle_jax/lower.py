@@ -223,6 +223,11 @@ class Lowered:
         ``observed``: a dict that gets, for a QAT model with moving ranges, each range
         group's (min, max) of this forward's real values before rounding (:meth:`observe`).
         """
+        missing = [name for name in self.params if name not in params]
+        if missing:
+            raise KeyError(f"params lack {len(missing)} of the model's {len(self.params)} "
+                           f"params, e.g. {missing[0]!r}; expected every param of "
+                           "model.params (a trainer's state: {**state.params, **frozen})")
         mode = self.batching(inputs)
         if mode == "mapped":
             return self.per_sample(params, *inputs, observed=observed)

@@ -3,6 +3,7 @@ and the defaults) and `select_trainable` (which params a trainable spec names)."
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -65,6 +66,29 @@ class TrainConfig:
     numerics: Any = None
     loss_output: int | str = 0
     ignore_index: int | None = None
+
+    def __post_init__(self) -> None:
+        """ValueError (one line naming the field) for a count, rate or seed that cannot
+        train: checked when the configuration is made, before anything compiles."""
+        def integer(name: str, low: int, high: int | None = None) -> None:
+            value = getattr(self, name)
+            if value is None:
+                return
+            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
+                    value < low or (high is not None and value > high):
+                bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+                raise ValueError(f"TrainConfig.{name} must be an integer {bound}, got "
+                                 f"{value!r}")
+
+        integer("epochs", 0)
+        integer("batch_size", 1)
+        integer("accumulate", 1)
+        integer("seed", -(1 << 63), (1 << 63) - 1)
+        lr = self.learning_rate
+        if lr is not None and not callable(lr) and (
+                isinstance(lr, bool) or not isinstance(lr, numbers.Real)):
+            raise ValueError(f"TrainConfig.learning_rate must be a number or an optax "
+                             f"schedule, got {lr!r}")
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from ..errors import DataError
+from ..formats.rawdata import check_training_data
 from ..model import Model
 
 Batch = tuple[tuple[jax.Array, ...], jax.Array]
@@ -83,3 +84,19 @@ def scoring_split(x: Sequence[jax.Array], y: jax.Array, batch_size: int
     b = min(batch_size, n)
     steps, rest = divmod(n, b)
     return batched(tuple(x), y, b, steps), (trailing(x, y, b, steps) if rest else None)
+
+
+def checked_samples(model: Model, x: Any, y: Any, dtype: Any, classes: int | None = None,
+                    ignore_index: int | None = None) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+    """(inputs, targets as ``dtype``) from ``x`` (an array or one per input, `as_inputs`)
+    and ``y``, or DataError (one line) for sample counts that differ or are 0, NaN or
+    infinity, and, with ``classes``, sparse labels outside them (or ``ignore_index``)."""
+    y = np.asarray(y)  # checked as given (sparse labels keep their own type)
+    xs, ys = as_inputs(model, x), y.astype(dtype, copy=False)
+    if any(a.shape[0] != ys.shape[0] for a in xs):
+        raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
+                        f"{ys.shape[0]}")
+    if ys.shape[0] == 0:
+        raise DataError("no samples: expected at least one (samples on axis 0)")
+    check_training_data(xs, y, classes, ignore_index)
+    return xs, ys

@@ -8,7 +8,7 @@ import contextlib
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 import jax
@@ -16,12 +16,10 @@ import numpy as np
 
 from ..distributed import DataParallel, local
 from ..errors import DataError, LossScaleWarning, TrainingError
-from ..formats.rawdata import check_training_data
-from ..losses import loss_name
 from ..model import Model
 from ..optim import NoLossScale
 from .config import TrainConfig
-from .data import as_inputs, split_validation
+from .data import split_validation
 from .diagnose import first_non_finite
 from .memory import host_memory_kept
 from .state import History, StepMetrics, TrainState
@@ -134,7 +132,7 @@ def fit(
         raise ValueError(f"every_steps must be >= 1, got {every_steps}")
     trainer.progress = progress
     cfg = trainer.config
-    epochs = cfg.epochs if epochs is None else epochs
+    epochs = cfg.epochs if epochs is None else replace(cfg, epochs=epochs).epochs  # checked
     # freed host memory kept for the next compiled call while training, as the command
     # line keeps it for good (see memory); the process-wide setting is undone on leaving
     with host_memory_kept() if trainer.platform == "cpu" else contextlib.nullcontext():
@@ -242,16 +240,7 @@ def warn_if_stuck(trainer: Trainer, hist: History, state: TrainState, frozen: di
 def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:
     """(train inputs, train targets, (validation inputs, validation targets)) on device."""
     cfg = trainer.config
-    y = np.asarray(y)  # checked as given (sparse labels keep their own type)
-    xs, ys = as_inputs(trainer.model, x), y.astype(trainer.loss_dtype, copy=False)
-    if any(a.shape[0] != ys.shape[0] for a in xs):
-        raise DataError(f"inputs have {[a.shape[0] for a in xs]} samples, targets have "
-                        f"{ys.shape[0]}")
-    if ys.shape[0] == 0:
-        raise DataError("no training samples: expected at least one (samples on axis 0)")
-    sparse = loss_name(cfg.loss) == "sparse_categorical_crossentropy"
-    check_training_data(xs, y, trainer.model.outputs[trainer.loss_output].shape[-1]
-                        if sparse else None, cfg.ignore_index)
+    xs, ys = trainer.checked_samples(x, y)
     # split on the host, then one transfer for all four
     x_tr, y_tr, x_val, y_val = jax.device_put(split_validation(xs, ys, cfg.validation_split))
     if y_tr.shape[0] < cfg.batch_size and cfg.drop_remainder:
@@ -272,7 +261,7 @@ def record_epoch(trainer: Trainer, hist: History, epoch: int, state: TrainState,
     x_val, y_val = val
     if y_val.shape[0]:
         _record_validation(hist, epoch,
-                           *trainer.evaluate(trainer.masters(state, frozen), x_val, y_val))
+                           *trainer.score(trainer.masters(state, frozen), x_val, y_val))
 
 
 def _record(cfg: TrainConfig, hist: History, epoch: int, unscaled: bool, summary: tuple,

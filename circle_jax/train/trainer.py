@@ -42,13 +42,14 @@ from ..optim import (
 from ..optim.flat import flattened, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, loss_function, optimizer, output_index, select_trainable
-from .data import Batch, as_inputs, batched, correct, scoring_split, trailing
+from .data import Batch, batched, correct, scoring_split, trailing
 from .programs import CPU_COMPILER_OPTIONS, ProgramCache, compile_for, describe_config
+from .scoring import Scoring
 from .state import StepMetrics, TrainState
 from .summary import SUMMARY_SIZE, epoch_summary, host_summary
 
 
-class Trainer:
+class Trainer(Scoring):
     """Compiled training and evaluation for one model and configuration; ``placement``: the
     device mesh that batches are sharded over (`circle_jax.distributed`; None: one device),
     whose backend chooses the operator lowerings unless the model's lowering names one."""
@@ -358,32 +359,6 @@ class Trainer:
         rows = jnp.zeros((count, width), self.loss_dtype)
         return lax.fori_loop(0, n, body, (state, rows))
 
-    def _score_impl(self, trainable: dict, frozen: dict, full: Batch, tail: Batch | None
-                    ) -> tuple[jax.Array, jax.Array]:
-        """(loss, categorical accuracy) over the batches ``full`` ([steps, batch, ...]) and
-        the partial batch ``tail``: the batches' losses weighted by their sizes (see
-        `evaluate`)."""
-        def body(_: None, batch: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
-            return None, self._eval_batch_impl(trainable, frozen, *batch, in_loop=True)
-
-        _, (losses, hits) = lax.scan(body, None, full)
-        b = full[1].shape[1]
-        per_sample = self.reduction.value != "sum"  # the batch loss is a mean over it
-        total, right, n = jnp.sum(losses) * (b if per_sample else 1), jnp.sum(hits), \
-            full[1].shape[0] * b
-        if tail is not None:
-            loss, hit = self._eval_batch_impl(trainable, frozen, *tail)
-            rest = tail[1].shape[0]
-            total, right, n = total + loss * (rest if per_sample else 1), right + hit, n + rest
-        return total / n * (1 if per_sample else b), right / n
-
-    def _eval_batch_impl(self, trainable: dict, frozen: dict, x: tuple, y: jax.Array,
-                         in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
-        """(the batch's loss, how many of its samples are classified right), the forward as
-        in training (precision policy)."""
-        out = self._forward(trainable, frozen, x, in_loop=in_loop)
-        return self.loss_fn(out, y), jnp.sum(correct(out, y, self.config.ignore_index))
-
     # -- host-side driving ---------------------------------------------------------------
     def run_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array], y: jax.Array,
                   epoch: int = 0, *, every_steps: int | None = None, skip_steps: int = 0,
@@ -582,30 +557,3 @@ class Trainer:
             return
         frozen = shaped({k: v for k, v in params.items() if k not in self.trainable})
         self.program_cache.prefetch(epochs, self._epochs_arguments(state, frozen, x, y, val))
-
-    def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
-                 batch_size: int | None = None) -> tuple[float, float]:
-        """(loss, categorical accuracy) over ALL the samples, in batches of ``batch_size``
-        (default: the config's): the full batches in one compiled scan, then the trailing
-        partial batch.
-
-        The loss is what the configured reduction gives per batch, averaged over batches
-        with each batch weighted by its size: under "sum_over_batch_size" the mean over all
-        samples; under "sum" the sum over all samples divided by n / batch_size. ``params``
-        are all params (model dtypes, or ``{**state.params, **frozen}`` for the masters);
-        the forward runs as in training (precision policy).
-        """
-        x, y = jax.device_put((as_inputs(self.model, x), np.asarray(y)))
-        if y.shape[0] == 0:
-            raise DataError("no samples to evaluate")
-        trainable, frozen = self.placed(self.split_params(params))
-        loss, accuracy = jax.device_get(self._score(
-            trainable, frozen, *self.scoring_batches(x, y, batch_size)))
-        return float(loss), float(accuracy)
-
-    def scoring_batches(self, x: Sequence[jax.Array], y: jax.Array,
-                        batch_size: int | None = None) -> tuple[Batch, Batch | None]:
-        """`_score`'s arguments: the full batches of ``batch_size`` (default: the config's,
-        at most all samples) and the partial batch left over (None when there is none)."""
-        full, tail = scoring_split(x, y, batch_size or self.config.batch_size)
-        return self.placed(full, batch_axis=1), self.placed(tail)

@@ -129,6 +129,6 @@ def test_a_checkpoint_path_that_cannot_be_written_fails_before_training() -> Non
 
 
 def test_no_training_samples_is_one_line_also_keeping_the_remainder() -> None:
-    with pytest.raises(cj.DataError, match="no training samples"):
+    with pytest.raises(cj.DataError, match="no samples"):
         cj.fit(token_model(), [np.zeros((0, 5), np.int32)], np.zeros((0, 5), np.int32),
                loss="sparse_cce", drop_remainder=False, epochs=1)

@@ -4,6 +4,7 @@ compiled call equal whole ones, and ``circle-jax eval``."""
 
 from __future__ import annotations
 
+import re
 import signal
 import subprocess
 import sys
@@ -14,7 +15,8 @@ import numpy as np
 import pytest
 
 from circle_jax.cli import main
-from circle_jax.train import Trainer, fit
+from circle_jax.errors import DataError
+from circle_jax.train import TrainConfig, Trainer, fit
 from tests.paths import REPO_ROOT
 from tests.toy_models import reshape_mlp, toy_data
 
@@ -206,3 +208,51 @@ def test_fused_epochs_stop_for_an_interrupt_within_about_a_call() -> None:
         p.kill()
     word, when = out.split()
     assert word == "interrupted" and float(when) - sent < 5, out
+
+
+@pytest.mark.parametrize(("changes", "message"), [
+    (dict(batch_size=0), "TrainConfig.batch_size must be an integer >= 1, got 0"),
+    (dict(batch_size=4.0), "TrainConfig.batch_size must be an integer >= 1, got 4.0"),
+    (dict(epochs=-1), "TrainConfig.epochs must be an integer >= 0, got -1"),
+    (dict(epochs=1.5), "TrainConfig.epochs must be an integer >= 0, got 1.5"),
+    (dict(accumulate=0), "TrainConfig.accumulate must be an integer >= 1, got 0"),
+    (dict(seed=1 << 64), "TrainConfig.seed must be an integer in"),
+    (dict(learning_rate="0.1"), "TrainConfig.learning_rate must be a number or an optax "
+                                "schedule, got '0.1'"),
+])
+def test_a_configuration_that_cannot_train_is_refused_when_made(changes, message) -> None:
+    """Before: a ZeroDivisionError (batch 0), a reshape's TypeError (batch -1), JAX's
+    shape errors (floats), an empty history (epochs -1), an OverflowError (the seed)."""
+    with pytest.raises(ValueError, match=re.escape(message)):
+        TrainConfig(**changes)
+    model = reshape_mlp()
+    x, y = toy_data(8)
+    with pytest.raises(ValueError, match=re.escape(message)):
+        fit(model, x, y, **{"batch_size": 4, "epochs": 1, **changes})
+    if set(changes) == {"epochs"}:  # how many epochs a call with a trainer trains
+        with pytest.raises(ValueError, match=re.escape(message)):
+            fit(model, x, y, trainer=Trainer(model, batch_size=4), **changes)
+
+
+def test_evaluate_checks_its_samples_as_fit_does() -> None:
+    """Before, targets of 3 samples for inputs of 20 scored 3 of them, NaN targets gave a
+    NaN loss and batch_size 0 one batch of all."""
+    model = reshape_mlp()
+    x, y = toy_data(20)
+    trainer = Trainer(model, batch_size=4, loss="cce")
+    with pytest.raises(DataError, match=r"inputs have \[20\] samples, targets have 3"):
+        trainer.evaluate(model.params, x, y[:3])
+    with pytest.raises(DataError, match="sample 2 holds NaN"):
+        trainer.evaluate(model.params, x, np.where(np.arange(20)[:, None] == 2, np.nan, y))
+    with pytest.raises(ValueError, match="batch_size must be an integer >= 1, got 0"):
+        trainer.evaluate(model.params, x, y, batch_size=0)
+    loss, accuracy = trainer.evaluate(model.params, x, y)
+    assert np.isfinite(loss) and 0 <= accuracy <= 1
+
+
+def test_apply_names_a_missing_param() -> None:
+    model = reshape_mlp()
+    x, _ = toy_data(2)
+    partial = dict(list(model.params.items())[1:])
+    with pytest.raises(KeyError, match="params lack 1 of the model's .* expected every param"):
+        model.apply(partial, x)

@@ -1,0 +1,84 @@
+"""How a `Trainer` scores samples: `Scoring.evaluate` (loss and accuracy over all of
+them) and fit's validation, in batches of one compiled scan and a trailing partial batch."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..losses import loss_name
+from .data import Batch, checked_samples, correct, scoring_split
+
+
+class Scoring:
+    """`Trainer`'s scoring methods (a base of `Trainer`, whose attributes they read: the
+    model, configuration, loss, forward pass and placement)."""
+
+    def _score_impl(self, trainable: dict, frozen: dict, full: Batch, tail: Batch | None
+                    ) -> tuple[jax.Array, jax.Array]:
+        """(loss, categorical accuracy) over the batches ``full`` ([steps, batch, ...]) and
+        the partial batch ``tail``: the batches' losses weighted by their sizes (see
+        `evaluate`)."""
+        def body(_: None, batch: Batch) -> tuple[None, tuple[jax.Array, jax.Array]]:
+            return None, self._eval_batch_impl(trainable, frozen, *batch, in_loop=True)
+
+        _, (losses, hits) = lax.scan(body, None, full)
+        b = full[1].shape[1]
+        per_sample = self.reduction.value != "sum"  # the batch loss is a mean over it
+        total, right, n = jnp.sum(losses) * (b if per_sample else 1), jnp.sum(hits), \
+            full[1].shape[0] * b
+        if tail is not None:
+            loss, hit = self._eval_batch_impl(trainable, frozen, *tail)
+            rest = tail[1].shape[0]
+            total, right, n = total + loss * (rest if per_sample else 1), right + hit, n + rest
+        return total / n * (1 if per_sample else b), right / n
+
+    def _eval_batch_impl(self, trainable: dict, frozen: dict, x: tuple, y: jax.Array,
+                         in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
+        """(the batch's loss, how many of its samples are classified right), the forward as
+        in training (precision policy)."""
+        out = self._forward(trainable, frozen, x, in_loop=in_loop)
+        return self.loss_fn(out, y), jnp.sum(correct(out, y, self.config.ignore_index))
+
+    def evaluate(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
+                 batch_size: int | None = None) -> tuple[float, float]:
+        """(loss, categorical accuracy) over ALL the samples, in batches of ``batch_size``
+        (default: the config's): the full batches in one compiled scan, then the trailing
+        partial batch. The samples are checked as `fit` checks its own (`checked_samples`).
+
+        The loss is what the configured reduction gives per batch, averaged over batches
+        with each batch weighted by its size: under "sum_over_batch_size" the mean over all
+        samples; under "sum" the sum over all samples divided by n / batch_size. ``params``
+        are all params (model dtypes, or ``{**state.params, **frozen}`` for the masters);
+        the forward runs as in training (precision policy).
+        """
+        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
+            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        return self.score(params, *self.checked_samples(x, y), batch_size)
+
+    def checked_samples(self, x: Any, y: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+        """`circle_jax.train.data.checked_samples` for this run's model, loss and labels."""
+        sparse = loss_name(self.config.loss) == "sparse_categorical_crossentropy"
+        return checked_samples(self.model, x, y, self.loss_dtype, self.model.outputs[
+            self.loss_output].shape[-1] if sparse else None, self.config.ignore_index)
+
+    def score(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
+              batch_size: int | None = None) -> tuple[float, float]:
+        """`evaluate` of samples already checked (`checked_samples`): fit's validation."""
+        x, y = jax.device_put((tuple(x), y))
+        trainable, frozen = self.placed(self.split_params(params))
+        loss, accuracy = jax.device_get(self._score(
+            trainable, frozen, *self.scoring_batches(x, y, batch_size)))
+        return float(loss), float(accuracy)
+
+    def scoring_batches(self, x: Sequence[jax.Array], y: jax.Array,
+                        batch_size: int | None = None) -> tuple[Batch, Batch | None]:
+        """`_score`'s arguments: the full batches of ``batch_size`` (default: the config's,
+        at most all samples) and the partial batch left over (None when there is none)."""
+        full, tail = scoring_split(x, y, batch_size or self.config.batch_size)
+        return self.placed(full, batch_axis=1), self.placed(tail)
