@@ -116,3 +116,29 @@ def test_cli_trains_the_chosen_output_of_a_chosen_signature(tmp_path, capsys) ->
     assert len(losses) == 2 and losses[1] < losses[0]
     assert main([*args, "--loss_output", "0"]) == 1  # y has the logits' shape, not a cache's
     assert "E: " in capsys.readouterr().err
+
+
+def test_npz_arrays_may_be_named_as_the_signature_names_the_inputs(tmp_path, capsys) -> None:
+    """``np.savez(f, tokens=..., positions=...)``: the names a converted model's signature
+    gives its inputs select them as their tensor names do (in any order); before, only the
+    tensor names (``signature_1_tokens:0``) or arr_0.. were taken."""
+    path = shared_model(TRANSFORMER)
+    model = cj.load(path)
+    (sig,) = [s for s in model.ir.signature_defs if s.subgraph_index == 0]
+    by_tensor = dict(zip(model.ir.main.inputs, _inputs(model, 2)))
+    outputs = []
+    for keyed in ("tensor", "signature"):
+        x, out = tmp_path / f"{keyed}.npz", tmp_path / keyed
+        if keyed == "tensor":
+            arrays = {s.name: a for s, a in zip(model.inputs, by_tensor.values())}
+        else:
+            arrays = {name: by_tensor[i] for name, i in reversed(sig.inputs.items())}
+        np.savez(x, **arrays)
+        assert main(["run", path, "--input", str(x), "--output_dir", str(out)]) == 0
+        outputs.append([np.load(out / f"output_{k}.npy") for k in range(len(model.outputs))])
+    capsys.readouterr()
+    for a, b in zip(*outputs):
+        np.testing.assert_array_equal(a, b)
+    np.savez(tmp_path / "part.npz", **dict(list(arrays.items())[:-1]))
+    assert main(["run", path, "--input", str(tmp_path / "part.npz")]) == 1
+    assert "or tokens," in capsys.readouterr().err

@@ -46,7 +46,7 @@ def load_model(path: str, **options: Any) -> Any:
     return cj.load(path, **options)
 
 
-def read_data(path: str, specs: list[tuple[tuple[int, ...], Any]], names: list[str] | None,
+def read_data(path: str, specs: list[tuple[tuple[int, ...], Any]], names: Sequence[Any] | None,
               raw: bool = False, log: Log | None = None, finite: bool = True
               ) -> list[np.ndarray]:
     """Arrays for ``specs`` from a raw (onert_train's layout), .npy or .npz file, cast only
@@ -140,12 +140,22 @@ def _same_path(a: str, b: str) -> bool:
         return os.path.realpath(a) == os.path.realpath(b)
 
 
+def input_names(model: Any) -> list[list[str]]:
+    """Each model input's names, as a .npz file's keys may give them: its tensor name, then
+    its name in the signature of the model's main subgraph (``tokens``), if any."""
+    main = model.ir.main
+    signed = {i: name for sig in model.ir.signature_defs if sig.subgraph_index == main.index
+              for name, i in sig.inputs.items()}
+    return [[spec.name, *([signed[i]] if i in signed else [])]
+            for spec, i in zip(model.inputs, main.inputs)]
+
+
 def read_inputs(files: Sequence[str], model: Any) -> list[np.ndarray]:
     """The model's inputs from ``files``: one .npz (arrays named after the inputs, or in
     order), or one .npy/.npz/raw file per model input."""
     specs = [(s.shape[1:], s.dtype) for s in model.inputs]
     if len(files) == 1:
-        return read_data(files[0], specs, [s.name for s in model.inputs])
+        return read_data(files[0], specs, input_names(model))
     if len(files) == len(specs):
         return [read_data(f, [s], None)[0] for f, s in zip(files, specs)]
     raise CliError(f"the model has {len(specs)} inputs, got {len(files)} --input files")

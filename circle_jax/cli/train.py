@@ -23,7 +23,7 @@ from circle_jax.errors import DataError, LossScaleWarning
 
 from . import onert_output as out
 from .cache import cache_dir, enable_compile_cache, named_by_user
-from .common import CliError, Log, check_finite_data, load_model, read_data
+from .common import CliError, Log, check_finite_data, input_names, load_model, read_data
 from .config import DataFiles, TrainRun, train_run
 from .train_args import add_circle_jax_arguments, add_onert_train_arguments
 
@@ -208,7 +208,7 @@ def labelled_data(files: DataFiles, model: Any, sparse: bool = False, output: in
     from circle_jax.formats.rawdata import check_same_count
 
     in_specs = [(s.shape[1:], s.dtype) for s in model.inputs]
-    xs = read_data(files.inputs, in_specs, [s.name for s in model.inputs], raw=files.inputs_raw,
+    xs = read_data(files.inputs, in_specs, input_names(model), raw=files.inputs_raw,
                    log=log, finite=False)
     o = model.outputs[output]
     ex_specs = [(o.shape[1:-1], np.int32) if sparse else (o.shape[1:], o.dtype)]

@@ -203,14 +203,15 @@ def lossless_cast(arr: np.ndarray, dtype: np.dtype | str | type, what: str,
 def load_array_file(
     path: str | os.PathLike,
     specs: Sequence[tuple[Sequence[int], np.dtype | str | type]],
-    names: Sequence[str] | None = None,
+    names: Sequence[str | Sequence[str]] | None = None,
     on_cast: Callable[[str], None] | None = None,
 ) -> list[np.ndarray]:
     """Load data for the inputs in ``specs`` from a raw, ``.npy`` or ``.npz`` file.
 
     ``.npy`` holds the single input as (N, *shape). ``.npz`` holds one array per input:
-    under ``names`` (the model's input names) when its keys are exactly those, else under
-    ``arr_0``, ``arr_1``, ... (``np.savez`` positional order). An array of another dtype
+    under ``names`` (per input its name, or its names: a tensor name and a signature's
+    name for it) when each key is one input's, else under ``arr_0``, ``arr_1``, ...
+    (``np.savez`` positional order). An array of another dtype
     is cast only where every value converts exactly (`lossless_cast`; ``on_cast(line)``
     hears of it); other files are read as raw data.
     """
@@ -234,14 +235,17 @@ def load_array_file(
             _check_claims(z.zip, p)
             keys = list(z.files)
             positional = [f"arr_{i}" for i in range(len(sp))]
-            if names is not None and sorted(keys) == sorted(names) and len(names) == len(sp):
-                order = list(names)
+            named = None if names is None else _named_order(keys, names, len(sp))
+            if named is not None:
+                order = named
             elif sorted(keys) == sorted(positional):
                 order = positional
             elif len(keys) == 1 and len(sp) == 1:
                 order = keys
             else:
-                want = positional if names is None else [*names, "or", *positional]
+                want = positional if names is None else [
+                    " or ".join([n] if isinstance(n, str) else n) + "," for n in names
+                ] + ["or", *positional]
                 raise DataError(
                     f"{p!r} holds arrays {keys}; expected {len(sp)} arrays named {' '.join(want)}"
                 )
@@ -284,6 +288,22 @@ def _check_claims(archive: zipfile.ZipFile, path: str) -> None:
                             "one file; expected a smaller .npz archive")
         with archive.open(info) as member:
             _check_claim(member, info.file_size, f"array {info.filename!r} in {path!r}")
+
+
+def _named_order(keys: Sequence[str], names: Sequence[str | Sequence[str]], count: int
+                 ) -> list[str] | None:
+    """The keys in input order when each input has exactly one key among its names and
+    every key is an input's, else None."""
+    if len(names) != count or len(keys) != count:
+        return None
+    order = []
+    for alternatives in names:
+        found = [k for k in ([alternatives] if isinstance(alternatives, str) else alternatives)
+                 if k in keys]
+        if len(found) != 1:
+            return None
+        order.append(found[0])
+    return order if sorted(order) == sorted(keys) else None
 
 
 @contextmanager
