@@ -5,6 +5,7 @@ logging point after each, callbacks, and resumption at any step; checkpointing
 from __future__ import annotations
 
 import contextlib
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -128,8 +129,9 @@ def fit(
     elif config is not None or set(overrides) - {"epochs"} or devices or mesh is not None:
         raise ValueError("give either a trainer or a config (and overrides, devices, mesh), "
                          "not both")
-    if every_steps is not None and every_steps < 1:
-        raise ValueError(f"every_steps must be >= 1, got {every_steps}")
+    _check_count("every_steps", every_steps, 1)
+    _check_count("initial_epoch", initial_epoch, 0)
+    _check_count("initial_step", initial_step, 0)
     trainer.progress = progress
     cfg = trainer.config
     epochs = cfg.epochs if epochs is None else replace(cfg, epochs=epochs).epochs  # checked
@@ -139,6 +141,10 @@ def fit(
         x_tr, y_tr, val = prepare_data(trainer, x, y)
         hist = History()
         n_train = int(y_tr.shape[0])
+        steps = steps_per_epoch(cfg, n_train)
+        if initial_step >= max(steps, 1):
+            raise ValueError(f"initial_step {initial_step} is not inside an epoch of {steps} "
+                             "steps; expected 0 to steps - 1")
         # Whole epochs (not in chunks, at least one full batch) run as `Trainer.epochs_runner`;
         # when nothing needs the host between epochs, all of them in one compiled call.
         whole = every_steps is None and n_train >= cfg.batch_size
@@ -187,6 +193,18 @@ def fit(
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 
 
+def steps_per_epoch(cfg: TrainConfig, n: int) -> int:
+    """The steps of an epoch of ``n`` samples: full batches, and the partial one kept."""
+    return n // cfg.batch_size + (not cfg.drop_remainder and n % cfg.batch_size > 0)
+
+
+def _check_count(name: str, value: Any, low: int) -> None:
+    """ValueError unless ``value`` (None: not given) is an integer >= ``low``."""
+    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
+                              or value < low):
+        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
+
+
 #: about how long one call of fused epochs runs (`fit`): how long an interrupt waits
 FUSED_CALL_SECONDS = 0.5
 #: the most epochs one call of fused epochs runs (the rows of its summaries)
@@ -201,7 +219,7 @@ def _whole_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainSt
     many a call as took about `FUSED_CALL_SECONDS` at the last call's pace. Each epoch is
     appended to ``hist`` as `record_epoch` does; the final state."""
     cfg, n = trainer.config, int(y.shape[0])
-    steps = n // cfg.batch_size + (not cfg.drop_remainder and n % cfg.batch_size > 0)
+    steps = steps_per_epoch(cfg, n)
     unscaled = isinstance(state.loss_scale, NoLossScale)
     done, size = 0, 1
     while done < count:

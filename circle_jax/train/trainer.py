@@ -149,7 +149,7 @@ class Trainer(Scoring):
         """A fresh state and the frozen params for ``params`` (default: the model's): one
         compiled call (kept like the epochs, see `_compiled_for`) and one transfer,
         whatever the number of params."""
-        params = params if params is not None else self.model.params
+        params = self.model.params if params is None else checked_params(self.model, params)
         trainable, frozen = jax.device_put((
             {k: v for k, v in params.items() if k in self.trainable},
             {k: v for k, v in params.items() if k not in self.trainable}))
@@ -557,3 +557,24 @@ class Trainer(Scoring):
             return
         frozen = shaped({k: v for k, v in params.items() if k not in self.trainable})
         self.program_cache.prefetch(epochs, self._epochs_arguments(state, frozen, x, y, val))
+
+
+def checked_params(model: Model, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``params`` when they are ``model``'s: the same names (and a QAT model's moving
+    ranges), shapes and finite values; else one line naming the first that is not (a
+    wrong shape would fail inside an operator, a NaN after a whole epoch)."""
+    names = set(model.params)
+    extra, missing = sorted(set(params) - names - {RANGES}), sorted(names - set(params))
+    if extra or missing:
+        raise ValueError(f"params are not the model's: {len(missing)} missing, e.g. "
+                         f"{(missing or [None])[0]!r}; {len(extra)} unknown, e.g. "
+                         f"{(extra or [None])[0]!r} (expected the names of model.params)")
+    for name, want in model.params.items():
+        have = params[name]
+        if np.shape(have) != np.shape(want):
+            raise ValueError(f"params[{name!r}] has shape {list(np.shape(have))}, the model's "
+                             f"is {list(np.shape(want))}")
+        if jnp.issubdtype(jnp.result_type(have), jnp.inexact) and \
+                not np.isfinite(np.asarray(have)).all():
+            raise DataError(f"params[{name!r}] holds NaN or infinity; expected finite weights")
+    return params

@@ -256,3 +256,28 @@ def test_apply_names_a_missing_param() -> None:
     partial = dict(list(model.params.items())[1:])
     with pytest.raises(KeyError, match="params lack 1 of the model's .* expected every param"):
         model.apply(partial, x)
+
+
+def test_fit_refuses_params_and_positions_that_are_not_the_run_s() -> None:
+    """Params with another shape (before: an operator's error about rows), NaN weights
+    (before: a NaN loss after the epoch), unknown names; a first step outside the epoch
+    (before: an internal TypeError) and non-integer counts."""
+    model = reshape_mlp()
+    x, y = toy_data(20)
+    name = next(iter(model.params))
+    cfg = dict(batch_size=4, epochs=1)
+    cases = [
+        (dict(params={**model.params, name: np.zeros((3, 3), np.float32)}),
+         ValueError, rf"params\['{re.escape(name)}'\] has shape \[3, 3\], the model's is"),
+        (dict(params={**model.params, name: np.full(np.shape(model.params[name]), np.nan,
+                                                     np.float32)}),
+         DataError, "holds NaN or infinity; expected finite weights"),
+        (dict(params={**model.params, "typo": 1.0}), ValueError, "1 unknown, e.g. 'typo'"),
+        (dict(initial_step=5), ValueError, "initial_step 5 is not inside an epoch of 5 steps"),
+        (dict(initial_epoch=-1), ValueError, "initial_epoch must be an integer >= 0, got -1"),
+        (dict(every_steps=2.5), ValueError, "every_steps must be an integer >= 1, got 2.5"),
+    ]
+    for changes, error, message in cases:
+        with pytest.raises(error, match=message):
+            fit(model, x, y, **cfg, **changes)
+    assert len(fit(model, x, y, **cfg, initial_step=4).history.loss) == 1
