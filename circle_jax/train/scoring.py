@@ -3,8 +3,8 @@ them) and fit's validation, in batches of one compiled scan and a trailing parti
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from typing import Any
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import jax
 import jax.numpy as jnp
@@ -14,10 +14,26 @@ from jax import lax
 from ..losses import loss_name
 from .data import Batch, checked_samples, correct, scoring_split
 
+if TYPE_CHECKING:
+    from ..losses import Reduction
+    from ..model import Model
+    from .config import TrainConfig
+
 
 class Scoring:
     """`Trainer`'s scoring methods (a base of `Trainer`, whose attributes they read: the
     model, configuration, loss, forward pass and placement)."""
+
+    model: Model
+    config: TrainConfig
+    reduction: Reduction
+    loss_fn: Callable[..., jax.Array]
+    loss_dtype: np.dtype
+    loss_output: int
+    _score: Callable[..., tuple[jax.Array, jax.Array]]
+    _forward: Callable[..., jax.Array]
+    placed: Callable[..., Any]
+    split_params: Callable[[Mapping[str, Any]], tuple[dict, dict]]
 
     def _score_impl(self, trainable: dict, frozen: dict, full: Batch, tail: Batch | None
                     ) -> tuple[jax.Array, jax.Array]:
