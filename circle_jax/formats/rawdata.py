@@ -224,10 +224,10 @@ def load_array_file(
                 f"{p!r} is a .npy file holding one array, but the model has {len(sp)} inputs; "
                 "use a .npz file with one array per input"
             )
-        with _numpy_file(p, "a .npy array saved by numpy.save"):
-            with open(p, "rb") as f:
-                _check_claim(f, os.path.getsize(p), f"{p!r}")
-            arr = np.load(p, allow_pickle=False)
+        with _numpy_file(p, "a .npy array saved by numpy.save"), open(p, "rb") as f:
+            _check_claim(f, os.fstat(f.fileno()).st_size, f"{p!r}")
+            f.seek(0)
+            arr = np.load(f, allow_pickle=False)
         return [_fit(arr, *sp[0], f"array in {p!r}", on_cast)]
     if ext == ".npz":
         with _numpy_file(p, "a .npz archive saved by numpy.savez"), \

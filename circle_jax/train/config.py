@@ -70,20 +70,9 @@ class TrainConfig:
     def __post_init__(self) -> None:
         """ValueError (one line naming the field) for a count, rate or seed that cannot
         train: checked when the configuration is made, before anything compiles."""
-        def integer(name: str, low: int, high: int | None = None) -> None:
-            value = getattr(self, name)
-            if value is None:
-                return
-            if isinstance(value, bool) or not isinstance(value, numbers.Integral) or \
-                    value < low or (high is not None and value > high):
-                bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-                raise ValueError(f"TrainConfig.{name} must be an integer {bound}, got "
-                                 f"{value!r}")
-
-        integer("epochs", 0)
-        integer("batch_size", 1)
-        integer("accumulate", 1)
-        integer("seed", -(1 << 63), (1 << 63) - 1)
+        for name, low, high in (("epochs", 0, None), ("batch_size", 1, None),
+                                ("accumulate", 1, None), ("seed", -(1 << 63), (1 << 63) - 1)):
+            check_integer(f"TrainConfig.{name}", getattr(self, name), low, high)
         lr = self.learning_rate
         if lr is not None and not callable(lr) and (
                 isinstance(lr, bool) or not isinstance(lr, numbers.Real)):
@@ -114,6 +103,17 @@ class TrainConfig:
         if model.personal_params:  # a new head / adapters: they alone train by default
             defaults["trainable"] = tuple(sorted(model.personal_params))
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
+
+
+def check_integer(what: str, value: Any, low: int, high: int | None = None) -> None:
+    """ValueError naming ``what`` unless ``value`` (None: not given) is an integer (not a
+    bool) of at least ``low`` (and at most ``high``)."""
+    if value is None:
+        return
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (
+            high is not None and value > high):
+        bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+        raise ValueError(f"{what} must be an integer {bound}, got {value!r}")
 
 
 def _is_tail(ops: Sequence[int], n: int) -> bool:

@@ -5,7 +5,6 @@ logging point after each, callbacks, and resumption at any step; checkpointing
 from __future__ import annotations
 
 import contextlib
-import numbers
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +18,7 @@ from ..distributed import DataParallel, local
 from ..errors import DataError, LossScaleWarning, TrainingError
 from ..model import Model
 from ..optim import NoLossScale
-from .config import TrainConfig
+from .config import TrainConfig, check_integer
 from .data import split_validation
 from .diagnose import first_non_finite
 from .memory import host_memory_kept
@@ -111,9 +110,8 @@ def fit(
     ``every_steps``), they run fused: one compiled program for all of them (up to float32
     rounding the same results, see `Trainer.run_epoch`), called for the first epoch, then
     for as many epochs as take about `FUSED_CALL_SECONDS` a call (at most
-    `FUSED_MAX_EPOCHS`), so that an interrupt
-    (Ctrl-C, a notebook's stop) ends ``fit`` within about that time; ``ms_per_step`` is
-    each call's average.
+    `FUSED_MAX_EPOCHS`), so that an interrupt (Ctrl-C, a notebook's stop) ends ``fit``
+    within about that time; ``ms_per_step`` is each call's average.
     """
     started = time.perf_counter()
     epochs = overrides.get("epochs")
@@ -129,9 +127,9 @@ def fit(
     elif config is not None or set(overrides) - {"epochs"} or devices or mesh is not None:
         raise ValueError("give either a trainer or a config (and overrides, devices, mesh), "
                          "not both")
-    _check_count("every_steps", every_steps, 1)
-    _check_count("initial_epoch", initial_epoch, 0)
-    _check_count("initial_step", initial_step, 0)
+    check_integer("every_steps", every_steps, 1)
+    check_integer("initial_epoch", initial_epoch, 0)
+    check_integer("initial_step", initial_step, 0)
     trainer.progress = progress
     cfg = trainer.config
     epochs = cfg.epochs if epochs is None else replace(cfg, epochs=epochs).epochs  # checked
@@ -146,7 +144,7 @@ def fit(
             raise ValueError(f"initial_step {initial_step} is not inside an epoch of {steps} "
                              "steps; expected 0 to steps - 1")
         # Whole epochs (not in chunks, at least one full batch) run as `Trainer.epochs_runner`;
-        # when nothing needs the host between epochs, all of them in one compiled call.
+        # when nothing needs the host between epochs, fused: several a call (`_whole_epochs`).
         whole = every_steps is None and n_train >= cfg.batch_size
         fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None
                  and not initial_step)
@@ -196,13 +194,6 @@ def fit(
 def steps_per_epoch(cfg: TrainConfig, n: int) -> int:
     """The steps of an epoch of ``n`` samples: full batches, and the partial one kept."""
     return n // cfg.batch_size + (not cfg.drop_remainder and n % cfg.batch_size > 0)
-
-
-def _check_count(name: str, value: Any, low: int) -> None:
-    """ValueError unless ``value`` (None: not given) is an integer >= ``low``."""
-    if value is not None and (isinstance(value, bool) or not isinstance(value, numbers.Integral)
-                              or value < low):
-        raise ValueError(f"{name} must be an integer >= {low}, got {value!r}")
 
 
 #: about how long one call of fused epochs runs (`fit`): how long an interrupt waits

@@ -12,6 +12,7 @@ import numpy as np
 from jax import lax
 
 from ..losses import loss_name
+from .config import check_integer
 from .data import Batch, checked_samples, correct, scoring_split
 
 if TYPE_CHECKING:
@@ -73,8 +74,7 @@ class Scoring:
         are all params (model dtypes, or ``{**state.params, **frozen}`` for the masters);
         the forward runs as in training (precision policy).
         """
-        if batch_size is not None and (isinstance(batch_size, bool) or batch_size < 1):
-            raise ValueError(f"batch_size must be an integer >= 1, got {batch_size!r}")
+        check_integer("batch_size", batch_size, 1)
         return self.score(params, *self.checked_samples(x, y), batch_size)
 
     def checked_samples(self, x: Any, y: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
