@@ -2,22 +2,28 @@
 
 No grouped convolution anywhere, forward or backward: XLA CPU's grouped convolution and
 its gradient are the biggest performance trap of these models (benchmarks/README.md).
+
+The weight gradient is one variadic reduction per layer (:func:`weight_gradient`): every
+tap's product summed over the last spatial axis in one pass over the input and the output's
+cotangent, then over the rest. Transposing the weight tangent as JAX does would give one
+reduction per tap, each of which XLA CPU hands to YNNPACK after materializing its slice:
+nine passes over the data and eighteen kernels to compile per layer. To choose the
+transpose, the weight tangent is a primitive of its own, :data:`weight_product_p`.
 """
 
 from __future__ import annotations
 
 import functools
-import math
 
 import jax
+import jax.numpy as jnp
 from jax import lax
 from jax.custom_derivatives import SymbolicZero
+from jax.extend.core import Primitive
+from jax.interpreters import ad, batching, mlir
 
 from ..ops.conv import Geometry, out_sizes
 from ._taps import tangent_sum, taps
-
-#: Bytes of shifted slices one chunk of the weight-gradient scan may hold.
-CHUNK_BYTES = 8 << 20
 
 
 def shift_sum(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
@@ -29,27 +35,70 @@ def shift_sum(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
     return acc
 
 
-def shift_sum_chunked(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
-    """:func:`shift_sum` over batch chunks, rematerialized: transposed w.r.t. ``wk`` (the weight
-    gradient) it becomes a loop whose steps reduce the slices of ``CHUNK_BYTES`` of input."""
-    n = x.shape[0]
-    out = out_sizes(x.shape[1:-1], g)
-    per_image = math.prod(out) * x.shape[-1] * x.dtype.itemsize * math.prod(g.kernel)
-    b = max([d for d in range(1, n + 1) if n % d == 0 and d * per_image <= CHUNK_BYTES] or [1])
-    body = jax.checkpoint(lambda xc: shift_sum(xc, wk, g))
-    if b == n:
-        return body(x)
-    y = lax.map(body, x.reshape(n // b, b, *x.shape[1:]))
-    return y.reshape(n, *y.shape[2:])
+def weight_gradient(x: jax.Array, ct: jax.Array, g: Geometry) -> jax.Array:
+    """The cotangent of ``wk`` in :func:`shift_sum` for the output's cotangent ``ct``:
+    [K, C] = per tap, sum over samples and positions of slice_k(padded x) * ct.
+
+    One variadic reduction over the last spatial axis computes all K partial sums in one
+    pass (XLA fuses the slices into it; no slice is materialized), then one plain sum over
+    the samples and the other spatial axes. Half-precision inputs are accumulated in float32.
+    """
+    acc = jnp.promote_types(ct.dtype, jnp.float32)
+    products = tuple(t.astype(acc) * ct.astype(acc) for t in taps(x, g))
+    rows = lax.reduce(products, tuple(jnp.zeros((), acc) for _ in products),
+                      lambda a, b: tuple(u + v for u, v in zip(a, b, strict=True)),
+                      (x.ndim - 2,))
+    return jnp.stack(rows).sum(axis=tuple(range(1, x.ndim - 1))).astype(ct.dtype)
+
+
+#: ``weight_product_p.bind(x, wk, g=...)`` is :func:`shift_sum` (bilinear in ``x`` and
+#: ``wk``); transposed w.r.t. ``wk`` it is :func:`weight_gradient`.
+weight_product_p = Primitive("depthwise_weight_product")
+weight_product_p.def_impl(lambda x, wk, *, g: shift_sum(x, wk, g))
+
+
+@weight_product_p.def_abstract_eval
+def _abstract_eval(x: jax.core.ShapedArray, wk: jax.core.ShapedArray, *, g: Geometry
+                   ) -> jax.core.ShapedArray:
+    shape = (x.shape[0], *out_sizes(x.shape[1:-1], g), x.shape[-1])
+    return jax.core.ShapedArray(shape, jnp.result_type(x.dtype, wk.dtype))
+
+
+mlir.register_lowering(weight_product_p, mlir.lower_fun(
+    lambda x, wk, *, g: shift_sum(x, wk, g), multiple_results=False))
+
+
+def _transpose_x(ct: jax.Array, x: ad.UndefinedPrimal, wk: jax.Array, *, g: Geometry
+                 ) -> jax.Array:
+    return jax.linear_transpose(lambda u: shift_sum(u, wk, g), x.aval)(ct)[0]
+
+
+def _transpose_wk(ct: jax.Array, x: jax.Array, wk: ad.UndefinedPrimal, *, g: Geometry
+                  ) -> jax.Array:
+    return weight_gradient(x, ct, g).astype(wk.aval.dtype)
+
+
+def _batch(args: tuple, dims: tuple, *, g: Geometry) -> tuple[jax.Array, int]:
+    """vmap: a mapped ``x`` with shared weights folds its mapped axis into the samples';
+    mapped weights run :func:`shift_sum` under vmap."""
+    (x, wk), (dx, dwk) = args, dims
+    if dwk is not None:
+        return jax.vmap(functools.partial(shift_sum, g=g), in_axes=(dx, dwk))(x, wk), 0
+    x = jnp.moveaxis(x, dx, 0)
+    y = weight_product_p.bind(x.reshape(-1, *x.shape[2:]), wk, g=g)
+    return y.reshape(x.shape[0], -1, *y.shape[1:]), 0
+
+
+ad.defbilinear(weight_product_p, _transpose_x, _transpose_wk)
+batching.primitive_batchers[weight_product_p] = _batch
 
 
 @functools.partial(jax.custom_jvp, nondiff_argnums=(2,))
 def channelwise(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
     """Depthwise convolution with one weight per (tap, channel): x [N, *S, C], wk [K, C].
 
-    The value is :func:`shift_sum`; the weight tangent is :func:`shift_sum_chunked`, so the
-    weight gradient never materializes every shifted slice of the whole batch. All AD modes
-    work.
+    The value is :func:`shift_sum`; the weight tangent is :data:`weight_product_p`, so the
+    weight gradient is :func:`weight_gradient`. All AD modes and vmap work.
     """
     return shift_sum(x, wk, g)
 
@@ -63,5 +112,5 @@ def _channelwise_jvp(g: Geometry, primals: tuple, tangents: tuple) -> tuple:
     if not isinstance(tx, SymbolicZero):
         terms.append(shift_sum(tx, wk, g))
     if not isinstance(twk, SymbolicZero):
-        terms.append(shift_sum_chunked(x, twk, g))
+        terms.append(weight_product_p.bind(x, twk, g=g))
     return y, tangent_sum(terms, y)

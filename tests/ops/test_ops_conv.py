@@ -3,7 +3,6 @@ checks, the custom ops against numpy references, and the dispatch rule."""
 
 from __future__ import annotations
 
-import functools
 import struct
 from pathlib import Path
 
@@ -15,7 +14,7 @@ from flatbuffers import flexbuffers
 
 import circle_jax as cj
 from circle_jax.build import Builder
-from circle_jax.lowering import LoweringOptions, conv, depthwise, matmul, transpose_conv
+from circle_jax.lowering import LoweringOptions, conv, matmul, transpose_conv
 from circle_jax.lowering.depthwise import channelwise, shift_sum
 from circle_jax.ops.conv import Geometry, parse_transpose_conv_bias_options
 from tests.conformance import Const, check_op, check_op_grads, one_op_model, run_litert
@@ -237,28 +236,42 @@ def test_depthwise_conv_2d_grads(method):
                     "dilation_w_factor": 2}, lowering=_lw(method))
 
 
-def test_depthwise_shift_chunked_weight_gradient(monkeypatch):
-    """The batch-chunked weight gradient (a scan) equals the plain one, in every AD mode."""
-    monkeypatch.setattr(depthwise, "CHUNK_BYTES", 1)  # one image per chunk
+@pytest.mark.parametrize("shape, geom", [
+    ((3, 4, 5, 2), Geometry((3, 3), (1, 2), (1, 1), ((1, 1), (1, 1)))),
+    ((2, 7, 3), Geometry((3,), (2,), (2,), ((2, 1),))),  # 1-d, dilated, uneven padding
+])
+def test_depthwise_weight_gradient_in_every_ad_mode(shape, geom):
+    """channelwise (its weight tangent a primitive transposed to one variadic reduction)
+    equals plain shift_sum in value, vjp, jvp, forward-over-reverse (hvp), vmap over the
+    samples and over the weights, jitted and eagerly, in float64."""
     r = np.random.default_rng(11)
-    geom = Geometry((3, 3), (1, 2), (1, 1), ((1, 1), (1, 1)))
-    x, wk = jnp.asarray(_normal(r, 3, 4, 5, 2)), jnp.asarray(_normal(r, 9, 2))
-    tx, twk = jnp.asarray(_normal(r, 3, 4, 5, 2)), jnp.asarray(_normal(r, 9, 2))
-    chunked = lambda u, k: channelwise(u, k, geom)  # noqa: E731
+    c, k = shape[-1], int(np.prod(geom.kernel))
+    x, tx = (_normal(r, *shape).astype(np.float64) for _ in range(2))
+    wk, twk = (_normal(r, k, c).astype(np.float64) for _ in range(2))
+    fast = lambda u, k: channelwise(u, k, geom)  # noqa: E731
     plain = lambda u, k: shift_sum(u, k, geom)  # noqa: E731
 
-    @functools.partial(jax.jit, static_argnums=0)
     def derivatives(fn):
         y, vjp = jax.vjp(fn, x, wk)
         tangent = jax.jvp(fn, (x, wk), (tx, twk))[1]
         hvp = jax.jvp(jax.grad(lambda k: jnp.sum(fn(x, k) ** 2)), (wk,), (twk,))[1]
-        return y, vjp(jnp.cos(y)), tangent, hvp  # forward over reverse: hvp
+        per_sample = jax.vmap(jax.grad(lambda u, k: jnp.sum(jnp.sin(fn(u[None], k))),
+                                       argnums=1), (0, None))(x, wk)
+        per_weights = jax.vmap(jax.grad(lambda k: jnp.sum(jnp.sin(fn(x, k)))))(
+            jnp.stack([wk, twk]))
+        jacobian = jax.jacfwd(fn, argnums=1)(x, wk)  # the weight tangent mapped over twk
+        mapped_x = jax.vmap(lambda u: jax.jvp(fn, (u, wk), (u, twk))[1])(jnp.stack([x, tx]))
+        return (y, vjp(jnp.cos(y)), tangent, hvp, per_sample, per_weights, jacobian,
+                mapped_x)
 
-    got, want = derivatives(chunked), derivatives(plain)
-    for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(g, w, rtol=1e-4, atol=1e-4)
-    text = jax.jit(jax.grad(lambda k: jnp.sum(chunked(x, k)))).lower(wk).as_text()
-    assert "while" in text  # the weight gradient is a loop over batch chunks
+    with jax.enable_x64():
+        x, tx, wk, twk = map(jnp.asarray, (x, tx, wk, twk))
+        for run in (jax.jit(derivatives, static_argnums=0), derivatives):
+            got, want = run(fast), run(plain)
+            for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+                np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
+        text = jax.jit(jax.grad(lambda k: jnp.sum(fast(x, k)))).lower(wk).as_text()
+    assert f":{k} = stablehlo.reduce" in text  # one reduction for every tap
 
 
 def test_depthwise_multiplier_mismatch_is_an_error():
