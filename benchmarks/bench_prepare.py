@@ -113,8 +113,10 @@ def measure(name: str, setting: str, runs: int, tmp: str, batch: int = 0,
                     [trees[i], *filter(None, [env.get("PYTHONPATH")])])
             before = resource.getrusage(resource.RUSAGE_CHILDREN)
             start = time.perf_counter()
+            # cwd: ``python -m`` puts the working directory first on sys.path, ahead of
+            # PYTHONPATH, so a run from inside a checkout would import that checkout's package
             p = subprocess.run([*argv, "--compile_cache", caches[i]], capture_output=True,
-                               text=True, env=env)
+                               text=True, env=env, cwd=tmp)
             wall = time.perf_counter() - start
             found = re.search(r"^PREPARE +takes (\S+) ms$", p.stdout, re.M)
             if p.returncode or not found:
