@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import functools
+import gc
 import hashlib
 import json
 import os
@@ -282,6 +283,21 @@ def _strip_debug_info(lowered: jax.stages.Lowered) -> None:
                 module.operation)
     except Exception:  # noqa: BLE001 - an internal API: compile with the locations
         pass
+
+
+@contextlib.contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cyclic garbage collector off while a program is traced and compiled (the
+    objects a trace makes are freed by reference counting; the collector's passes over
+    them took about a quarter of MobileNet's trace, benchmarks/README.md); back on after,
+    if it was on before."""
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 @contextlib.contextmanager

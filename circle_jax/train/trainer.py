@@ -43,7 +43,13 @@ from ..optim.flat import flattened, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, loss_function, optimizer, output_index, select_trainable
 from .data import Batch, batched, correct, scoring_split, trailing
-from .programs import CPU_COMPILER_OPTIONS, ProgramCache, compile_for, describe_config
+from .programs import (
+    CPU_COMPILER_OPTIONS,
+    ProgramCache,
+    collector_paused,
+    compile_for,
+    describe_config,
+)
 from .scoring import Scoring
 from .state import StepMetrics, TrainState
 from .summary import SUMMARY_SIZE, epoch_summary, host_summary
@@ -517,11 +523,12 @@ class Trainer(Scoring):
                                  for a in leaves))
         if key not in self._compiled:
             cached = self._cache_key(name)
-            if cached is not None:
-                self._compiled[key] = self.program_cache.compiled(
-                    cached, fn, args, lambda low: compile_for(low, self.platform))
-            else:
-                self._compiled[key] = compile_for(jax.jit(fn).lower(*args), self.platform)
+            with collector_paused():
+                if cached is not None:
+                    self._compiled[key] = self.program_cache.compiled(
+                        cached, fn, args, lambda low: compile_for(low, self.platform))
+                else:
+                    self._compiled[key] = compile_for(jax.jit(fn).lower(*args), self.platform)
         return self._compiled[key]
 
     def _cache_key(self, name: str) -> tuple[str, ...] | None:

@@ -249,3 +249,29 @@ def test_the_configuration_text_is_deterministic() -> None:
     b = TrainConfig(trainable={"c", "a", "b"}, optimizer_kwargs={"beta_1": 0.8, "beta_2": 0.9})
     assert describe_config(a) == describe_config(b)
     assert describe_config(a) != describe_config(TrainConfig(trainable={"a"}))
+
+
+def test_collector_paused_while_a_program_is_traced_and_restored_after(model, monkeypatch):
+    """Python's cyclic collector is off while the trainer traces and compiles a program, and
+    comes back as it was: on after, and still off where the caller had turned it off."""
+    import gc
+
+    seen = []
+    lower = jax.stages.Traced.lower
+
+    def spy(self, *args, **kwargs):
+        seen.append(gc.isenabled())
+        return lower(self, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Traced, "lower", spy)
+    x, y = toy_data(16)
+    assert gc.isenabled()
+    fit(model, x, y, epochs=1, batch_size=4)
+    assert seen and not any(seen) and gc.isenabled()
+    gc.disable()
+    try:
+        with programs.collector_paused():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
