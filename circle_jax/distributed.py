@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import re
 import sys
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
@@ -29,6 +28,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from .errors import TrainingError
+from .rendezvous import meet, split_address
 
 #: the mesh axis that batches are sharded over
 DATA_AXIS = "data"
@@ -40,16 +40,19 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
 
     ``coordinator_address`` is ``HOST:PORT`` of process 0, which listens there; every process
     gives the same address and process count and its own id in ``[0, num_processes)``.
-    CPU collectives go through gloo. A second call in the same process does nothing.
+    The processes first meet on that port (`circle_jax.rendezvous.meet`: a taken port, an
+    unreachable process 0 or a process missing past ``timeout_s`` is a `TrainingError`, where
+    JAX would end the process). CPU collectives go through gloo. A second call in the same
+    process does nothing.
     """
-    if not re.fullmatch(r"\[?[\w.:-]+\]?:\d{1,5}", coordinator_address or ""):
-        raise TrainingError(f"coordinator address {coordinator_address!r} is not HOST:PORT")
+    split_address(coordinator_address or "")
     if num_processes < 1:
         raise TrainingError(f"the number of processes must be >= 1, got {num_processes}")
     if not 0 <= process_id < num_processes:
         raise TrainingError(f"process id {process_id} is not in [0, {num_processes})")
     if jax.distributed.is_initialized():
         return
+    meet(coordinator_address, num_processes, process_id, timeout_s)
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address, num_processes, process_id,
                                initialization_timeout=timeout_s)

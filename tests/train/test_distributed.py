@@ -173,3 +173,58 @@ def test_steps_are_lowered_for_the_mesh_backend() -> None:
         trainer = cj.Trainer(model, batch_size=4, placement=placement)
         jaxpr = str(jax.make_jaxpr(trainer.numerics.apply_in_loop)(model.params, x))
         assert ("conv_general_dilated" in jaxpr) is conv, placement.platform
+
+
+# ------------------------------------------------------------------- meeting on the port
+def _meet_all(port: int, ids: list[int], n: int, timeout_s: float = 5.0) -> dict:
+    """Run `rendezvous.meet` for each of ``ids`` on its own thread; id -> None or its error."""
+    import threading
+
+    from circle_jax.rendezvous import meet
+
+    results: dict = {}
+
+    def run(k: int) -> None:
+        try:
+            meet(f"127.0.0.1:{port}", n, k, timeout_s)
+            results[k] = None
+        except cj.TrainingError as e:
+            results[k] = str(e)
+
+    threads = [threading.Thread(target=run, args=(k,)) for k in ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout_s + 5)
+    return results
+
+
+def test_processes_meet_on_the_port_in_any_order() -> None:
+    assert _meet_all(_free_port(), [2, 1, 0], 3) == {0: None, 1: None, 2: None}
+
+
+def test_meeting_failures_are_one_error_where_jax_would_end_the_process() -> None:
+    """What ``jax.distributed.initialize`` ends the process for (a native abort or a
+    segmentation fault, measured with JAX 0.10.2) is a TrainingError before it is called:
+    the port taken, process 0 unreachable, a process missing or sent twice; and a port
+    outside 1..65535 is refused as the address."""
+    from circle_jax.distributed import initialize
+    from circle_jax.rendezvous import meet
+
+    with socket.socket() as taken:
+        taken.bind(("", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        with pytest.raises(cj.TrainingError, match=f"process 0 cannot listen on port {port}"):
+            meet(f"127.0.0.1:{port}", 2, 0, 1.0)
+    port = _free_port()
+    with pytest.raises(cj.TrainingError, match="process 0 cannot be reached at '127.0.0.1:"):
+        meet(f"127.0.0.1:{port}", 2, 1, 0.5)
+    assert _meet_all(port, [0, 1], 3, 1.0) == {
+        0: f"processes 2 did not reach '127.0.0.1:{port}' in time",
+        1: f"process 0 at '127.0.0.1:{port}' did not let process 1 join (another process "
+           "with the same id, or the others missing past the timeout)"}
+    twice = _meet_all(_free_port(), [0, 1, 1], 3, 2.0)
+    assert "expected one of [2]" in twice[0] and twice[1] is not None
+    with pytest.raises(cj.TrainingError, match="with a port in 1..65535"):
+        initialize("localhost:99999", 2, 1)
