@@ -146,12 +146,35 @@ def check_port(port: int, host: str = HOST) -> None:
                                  "with --port")
 
 
+def node_ids(tflite: str) -> dict[str, set[str]]:
+    """Graph id -> its node ids, as Model Explorer's built-in TFLite adapter builds them for
+    the TFL3 file ``tflite``."""
+    adapter = explorer("builtin_tflite_flatbuffer_adapter").BuiltinTfliteFlatbufferAdapter()
+    graphs = adapter.convert(tflite, {})["graphCollections"][0].graphs
+    return {g["id"]: {n["id"] for n in g["nodes"]} for g in graphs}
+
+
+def check_nodes(overlays: Sequence[str | os.PathLike], tflite: str, path: str) -> None:
+    """Refuse, in one line, an overlay naming nodes its graph lacks in the model shown (an
+    overlay made for another model)."""
+    nodes = node_ids(tflite)
+    for overlay in overlays:
+        for graph, data in read_overlay(overlay).graphsData.items():
+            unknown = sorted(set(data.results) - nodes.get(graph, set()),
+                             key=lambda i: (len(i), i))
+            if unknown:
+                shown = ", ".join(map(repr, unknown[:5])) + (", ..." if len(unknown) > 5 else "")
+                raise CircleFormatError(
+                    f"overlay {os.fspath(overlay)!r} names node(s) {shown} that graph "
+                    f"{graph!r} of {path!r} does not have (made for another model?)")
+
+
 def view(path: str | os.PathLike, overlays: Sequence[str | os.PathLike] = (), *,
           port: int = 8080, open_browser: bool = True) -> None:
     """Show the model at ``path`` (.circle/.tflite or an nnpackage directory) in Model
     Explorer on ``http://127.0.0.1:<port>`` with the node data files ``overlays``, until
     interrupted (Ctrl+C). The model and every overlay are read and checked first (an
-    overlay naming a graph the model lacks is refused); port 8080 lets Model Explorer take
+    overlay naming a graph or a node the model lacks is refused); port 8080 lets Model Explorer take
     the first free port of 8080..8099."""
     from ..formats.nnpackage import nnpackage_model_path
     from ..formats.reader import read_model
@@ -171,8 +194,10 @@ def view(path: str | os.PathLike, overlays: Sequence[str | os.PathLike] = (), *,
         check_port(port)
     apis = explorer("apis")
     with tempfile.TemporaryDirectory(prefix="circle-jax-view-") as tmp:
-        config = apis.config().add_model_from_path(tflite_path(model, path, tmp),
-                                                   adapterId=ADAPTER)
+        shown = tflite_path(model, path, tmp)
+        if overlays:
+            check_nodes(overlays, shown, path)
+        config = apis.config().add_model_from_path(shown, adapterId=ADAPTER)
         for overlay in overlays:
             config.add_node_data_from_path(os.fspath(overlay))
         apis.visualize_from_config(config, host=HOST, port=port,

@@ -197,6 +197,12 @@ def test_cli_overlays_and_bad_overlay_files(tmp_path, capsys):
     other.write_text(out.read_text().replace('"main"', '"decode"'))
     assert main(["view", CNN, "--overlay", str(other), "--no_browser"]) == 1
     assert "is for graph(s) 'decode'" in capsys.readouterr().err
+    foreign = json.loads(out.read_text())  # as made for a bigger model with the same graph id
+    foreign["main"]["results"]["999"] = {"value": 1.0}
+    other.write_text(json.dumps(foreign))
+    assert main(["view", CNN, "--overlay", str(other), "--no_browser"]) == 1
+    err = capsys.readouterr().err
+    assert "names node(s) '999' that graph 'main'" in err and err.count("E:") == 1
     assert main(["golden", CNN, "--input", str(tmp_path / "x.npy"), "-o", str(tmp_path / "h"),
                  "--overlay", str(tmp_path / "no" / "o.json")]) == 1
     assert "does not exist" in capsys.readouterr().err and not (tmp_path / "h").exists()
