@@ -243,7 +243,7 @@ def test_depthwise_conv_2d_grads(method):
 def test_depthwise_weight_gradient_in_every_ad_mode(shape, geom):
     """channelwise (its weight tangent a primitive transposed to one variadic reduction)
     equals plain shift_sum in value, vjp, jvp, forward-over-reverse (hvp), vmap over the
-    samples and over the weights, jitted and eagerly, in float64."""
+    samples and over the weights, jitted (the jvp eagerly too), in float64."""
     r = np.random.default_rng(11)
     c, k = shape[-1], int(np.prod(geom.kernel))
     x, tx = (_normal(r, *shape).astype(np.float64) for _ in range(2))
@@ -266,7 +266,8 @@ def test_depthwise_weight_gradient_in_every_ad_mode(shape, geom):
 
     with jax.enable_x64():
         x, tx, wk, twk = map(jnp.asarray, (x, tx, wk, twk))
-        for run in (jax.jit(derivatives, static_argnums=0), derivatives):
+        eager = lambda fn: jax.jvp(fn, (x, wk), (tx, twk))  # noqa: E731 (the primitive's impl)
+        for run in (jax.jit(derivatives, static_argnums=0), eager):
             got, want = run(fast), run(plain)
             for g, w in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
                 np.testing.assert_allclose(g, w, rtol=1e-12, atol=1e-12)
