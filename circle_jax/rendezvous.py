@@ -37,6 +37,11 @@ def split_address(address: str) -> tuple[str, int]:
     return host.strip("[]"), int(port)
 
 
+def _reason(e: OSError) -> str:
+    """The OS's reason alone (``socket.create_server`` adds the address it tried)."""
+    return os.strerror(e.errno) if e.errno else str(e)
+
+
 def meet(address: str, num_processes: int, process_id: int, timeout_s: float) -> None:
     """Return once all ``num_processes`` processes have met at ``address`` (see the module's
     rules); a `TrainingError` where they cannot within ``timeout_s`` seconds."""
@@ -57,7 +62,7 @@ def _gather(port: int, num_processes: int, deadline: float, address: str) -> Non
                                       else socket.AF_INET, dualstack_ipv6=dual)
     except OSError as e:
         raise TrainingError(f"process 0 cannot listen on port {port} of {address!r}: "
-                            f"{os.strerror(e.errno) if e.errno else e}") from None
+                            f"{_reason(e)}") from None
     waiting = set(range(1, num_processes))
     joined: list[socket.socket] = []
     try:
@@ -105,7 +110,7 @@ def _join(host: str, port: int, process_id: int, deadline: float, address: str) 
         except OSError as e:
             if time.monotonic() + RETRY_S > deadline:
                 raise TrainingError(f"process 0 cannot be reached at {address!r}: "
-                                    f"{e.strerror or e}") from None
+                                    f"{_reason(e)}") from None
             time.sleep(RETRY_S)
     with conn:
         try:

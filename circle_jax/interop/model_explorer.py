@@ -154,18 +154,18 @@ def node_ids(tflite: str) -> dict[str, set[str]]:
     return {g["id"]: {n["id"] for n in g["nodes"]} for g in graphs}
 
 
-def check_nodes(overlays: Sequence[str | os.PathLike], tflite: str, path: str) -> None:
-    """Refuse, in one line, an overlay naming nodes its graph lacks in the model shown (an
-    overlay made for another model)."""
+def check_nodes(overlays: Mapping[str, Any], tflite: str, path: str) -> None:
+    """Refuse, in one line, an overlay (path -> its `read_overlay` data) naming nodes its
+    graph lacks in the model shown (an overlay made for another model)."""
     nodes = node_ids(tflite)
-    for overlay in overlays:
-        for graph, data in read_overlay(overlay).graphsData.items():
+    for overlay, model_data in overlays.items():
+        for graph, data in model_data.graphsData.items():
             unknown = sorted(set(data.results) - nodes.get(graph, set()),
                              key=lambda i: (len(i), i))
             if unknown:
                 shown = ", ".join(map(repr, unknown[:5])) + (", ..." if len(unknown) > 5 else "")
                 raise CircleFormatError(
-                    f"overlay {os.fspath(overlay)!r} names node(s) {shown} that graph "
+                    f"overlay {overlay!r} names node(s) {shown} that graph "
                     f"{graph!r} of {path!r} does not have (made for another model?)")
 
 
@@ -174,8 +174,8 @@ def view(path: str | os.PathLike, overlays: Sequence[str | os.PathLike] = (), *,
     """Show the model at ``path`` (.circle/.tflite or an nnpackage directory) in Model
     Explorer on ``http://127.0.0.1:<port>`` with the node data files ``overlays``, until
     interrupted (Ctrl+C). The model and every overlay are read and checked first (an
-    overlay naming a graph or a node the model lacks is refused); port 8080 lets Model Explorer take
-    the first free port of 8080..8099."""
+    overlay naming a graph or a node the model lacks is refused); port 8080 lets Model
+    Explorer take the first free port of 8080..8099."""
     from ..formats.nnpackage import nnpackage_model_path
     from ..formats.reader import read_model
 
@@ -184,10 +184,11 @@ def view(path: str | os.PathLike, overlays: Sequence[str | os.PathLike] = (), *,
         path = nnpackage_model_path(path)
     model = read_model(path)
     ids = {graph_id(model, k) for k in range(len(model.subgraphs))}
-    for overlay in overlays:
-        missing = sorted(set(read_overlay(overlay).graphsData) - ids)
+    data = {os.fspath(overlay): read_overlay(overlay) for overlay in overlays}
+    for overlay, model_data in data.items():
+        missing = sorted(set(model_data.graphsData) - ids)
         if missing:
-            raise CircleFormatError(f"overlay {os.fspath(overlay)!r} is for graph(s) "
+            raise CircleFormatError(f"overlay {overlay!r} is for graph(s) "
                                     f"{', '.join(map(repr, missing))}; {path!r} has "
                                     f"{', '.join(map(repr, sorted(ids)))}")
     if port != 8080:
@@ -195,8 +196,8 @@ def view(path: str | os.PathLike, overlays: Sequence[str | os.PathLike] = (), *,
     apis = explorer("apis")
     with tempfile.TemporaryDirectory(prefix="circle-jax-view-") as tmp:
         shown = tflite_path(model, path, tmp)
-        if overlays:
-            check_nodes(overlays, shown, path)
+        if data:
+            check_nodes(data, shown, path)
         config = apis.config().add_model_from_path(shown, adapterId=ADAPTER)
         for overlay in overlays:
             config.add_node_data_from_path(os.fspath(overlay))

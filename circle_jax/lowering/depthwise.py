@@ -54,7 +54,13 @@ def weight_gradient(x: jax.Array, ct: jax.Array, g: Geometry) -> jax.Array:
 #: ``weight_product_p.bind(x, wk, g=...)`` is :func:`shift_sum` (bilinear in ``x`` and
 #: ``wk``); transposed w.r.t. ``wk`` it is :func:`weight_gradient`.
 weight_product_p = Primitive("depthwise_weight_product")
-weight_product_p.def_impl(lambda x, wk, *, g: shift_sum(x, wk, g))
+
+
+def _product(x: jax.Array, wk: jax.Array, *, g: Geometry) -> jax.Array:
+    return shift_sum(x, wk, g)
+
+
+weight_product_p.def_impl(_product)
 
 
 @weight_product_p.def_abstract_eval
@@ -64,8 +70,7 @@ def _abstract_eval(x: jax.core.ShapedArray, wk: jax.core.ShapedArray, *, g: Geom
     return jax.core.ShapedArray(shape, jnp.result_type(x.dtype, wk.dtype))
 
 
-mlir.register_lowering(weight_product_p, mlir.lower_fun(
-    lambda x, wk, *, g: shift_sum(x, wk, g), multiple_results=False))
+mlir.register_lowering(weight_product_p, mlir.lower_fun(_product, multiple_results=False))
 
 
 def _transpose_x(ct: jax.Array, x: ad.UndefinedPrimal, wk: jax.Array, *, g: Geometry
