@@ -1,23 +1,25 @@
 """Paired comparison of training-epoch variants, compiled side by side in one process.
 
-    python benchmarks/bench_paired.py [--model example|mnist|PATH] [--batch 1] [--epochs 12]
-                                      [--variants default,mlir-emitters,conv-xla]
+    python benchmarks/bench_paired.py [--model example|mnist|mlp|PATH] [--batch 1] [--epochs 12]
+                                      [--variants default,classic,mlir-emitters,conv-xla]
 
-Each variant is the same ``fit`` epoch (categorical crossentropy, SGD at 0.01, onert's
-settings) compiled differently; the compiled epochs then run in alternating order, so that
-every variant meets the same machine state (the development VM switches between two speeds
+Each variant is the same ``fit`` epoch (categorical crossentropy, SGD or Adam at 0.01,
+onert's settings) compiled differently; the compiled epochs then run in alternating order,
+so that every variant meets the same machine state (the development VM switches between two speeds
 from one second to the next: see README.md). Prints, per variant, the median ms/step and
 the median of its per-epoch ratio to the first variant's epoch that ran just before it,
 and the wall time of its compile (compiled first to last, so run it twice in the other
 order before reading a difference in compile time).
 
 Variants:
-- ``default``: what ``fit`` compiles (``train.CPU_COMPILER_OPTIONS``, automatic lowerings);
-- ``mlir-emitters``: XLA's default (MLIR) fusion emitters instead of the classic ones;
+- ``default``: what ``fit`` compiles (``Trainer.compiler_options``, by the model's operators:
+  ``train.cpu_compiler_options``; automatic lowerings);
+- ``classic``: XLA's classic fusion emitters (``train.CLASSIC_EMITTERS``);
+- ``mlir-emitters``: XLA's default (MLIR) fusion emitters;
 - ``conv-xla`` / ``conv-im2col``: every convolution forced to that lowering;
-- ``llvm-cheap``: the default with ``xla_llvm_disable_expensive_passes`` (XLA skips LLVM's
+- ``llvm-cheap``: classic with ``xla_llvm_disable_expensive_passes`` (XLA skips LLVM's
   costliest optimization passes), ``opt1`` / ``opt0``: the default at LLVM optimization
-  level 1 / 0 (``xla_backend_optimization_level``; XLA's default is 2), ``no-slp``: without
+  level 1 / 0 (``xla_backend_optimization_level``; XLA's default is 2), ``no-slp``: classic without
   LLVM's SLP vectorizer: options that may cut compile time (and cost step time).
 
 Not a test: numbers depend on the machine and its load.
@@ -35,28 +37,31 @@ import jax.numpy as jnp
 import numpy as np
 
 import circle_jax as cj
-import circle_jax.train.trainer as train
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.lowering import LoweringOptions
-from circle_jax.train import Trainer, batched
+from circle_jax.train import CLASSIC_EMITTERS, Trainer, batched
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "models")
-VARIANTS = {  # name -> (compiler options, forced convolution lowering)
-    "default": (train.CPU_COMPILER_OPTIONS, None),
+VARIANTS = {  # name -> (compiler options (None: the trainer's own), forced convolution lowering)
+    "default": (None, None),
+    "classic": (CLASSIC_EMITTERS, None),
     "mlir-emitters": ({}, None),
-    "conv-xla": (train.CPU_COMPILER_OPTIONS, "xla"),
-    "conv-im2col": (train.CPU_COMPILER_OPTIONS, "im2col"),
-    "llvm-cheap": ({**train.CPU_COMPILER_OPTIONS, "xla_llvm_disable_expensive_passes": True},
-                   None),
-    "opt1": ({**train.CPU_COMPILER_OPTIONS, "xla_backend_optimization_level": 1}, None),
-    "opt0": ({**train.CPU_COMPILER_OPTIONS, "xla_backend_optimization_level": 0}, None),
-    "no-slp": ({**train.CPU_COMPILER_OPTIONS, "xla_cpu_disable_slp_vectorizer": True}, None),
+    "conv-xla": (None, "xla"),
+    "conv-im2col": (None, "im2col"),
+    "llvm-cheap": ({**CLASSIC_EMITTERS, "xla_llvm_disable_expensive_passes": True}, None),
+    "opt1": ({**CLASSIC_EMITTERS, "xla_backend_optimization_level": 1}, None),
+    "opt0": ({**CLASSIC_EMITTERS, "xla_backend_optimization_level": 0}, None),
+    "no-slp": ({**CLASSIC_EMITTERS, "xla_cpu_disable_slp_vectorizer": True}, None),
 }
 
 
 def data(name: str) -> tuple[cj.Model, np.ndarray, np.ndarray]:
-    if name == "example":
+    if name in ("example", "mlp"):
+        from bench_vs_onert import _mlp  # the small-model table's MLP 64-64-10
+
         x, y = digits()
+        if name == "mlp":
+            return cj.load(_mlp().to_bytes()), x[:1792].reshape(1792, 64), y[:1792]
         return cj.load(branching_cnn().to_bytes()), x[:1792], y[:1792]
     path = os.path.join(SHARED, "onert_micro_simple_mnist_model.circle") if name == "mnist" \
         else name
@@ -71,7 +76,8 @@ def main() -> None:
     ap.add_argument("--model", default="example")
     ap.add_argument("--batch", type=int, default=1)
     ap.add_argument("--epochs", type=int, default=12)
-    ap.add_argument("--variants", default="default,mlir-emitters,conv-xla")
+    ap.add_argument("--variants", default="default,classic,mlir-emitters")
+    ap.add_argument("--optimizer", type=int, default=1, help="onert's code: 1 SGD, 2 Adam")
     ap.add_argument("--samples", type=int, default=0, help="train on the first N (0: all)")
     args = ap.parse_args()
     model, x, y = data(args.model)
@@ -82,10 +88,11 @@ def main() -> None:
     runs = []
     for name in args.variants.split(","):
         options, lowering = VARIANTS[name]
-        train.CPU_COMPILER_OPTIONS = options
         variant = cj.Model(model.ir, LoweringOptions(force=lowering) if lowering else None)
-        trainer = Trainer(variant, loss=2, optimizer=1, learning_rate=0.01,
+        trainer = Trainer(variant, loss=2, optimizer=args.optimizer, learning_rate=0.01,
                           batch_size=args.batch)
+        if options is not None:
+            trainer.compiler_options = options
         state, frozen = trainer.init()
         t = time.perf_counter()
         epoch = trainer._compiled_epoch(state, frozen, xs, ys)

@@ -24,7 +24,7 @@ if TYPE_CHECKING:
     from .dispatch import inline_cpu_dispatch
     from .loop import Callback, FitResult, fit, prepare_data, record_epoch
     from .memory import retain_host_memory
-    from .programs import CPU_COMPILER_OPTIONS, ProgramCache
+    from .programs import CLASSIC_EMITTERS, ProgramCache, cpu_compiler_options
     from .state import History, StepMetrics, TrainState
     from .trainer import Trainer
 
@@ -36,7 +36,8 @@ _LAZY = {
     "Callback": ".loop", "FitResult": ".loop", "fit": ".loop", "prepare_data": ".loop",
     "record_epoch": ".loop",
     "retain_host_memory": ".memory",
-    "CPU_COMPILER_OPTIONS": ".programs", "ProgramCache": ".programs",
+    "CLASSIC_EMITTERS": ".programs", "ProgramCache": ".programs",
+    "cpu_compiler_options": ".programs",
     "History": ".state", "StepMetrics": ".state", "TrainState": ".state",
     "Trainer": ".trainer",
 }
@@ -56,8 +57,9 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "CPU_COMPILER_OPTIONS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",
+    "CLASSIC_EMITTERS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",
     "TrainConfig",
-    "TrainState", "Trainer", "batched", "fit", "inline_cpu_dispatch", "prepare_data",
+    "TrainState", "Trainer", "batched", "cpu_compiler_options", "fit", "inline_cpu_dispatch",
+    "prepare_data",
     "record_epoch", "retain_host_memory", "select_trainable", "split_validation",
 ]

@@ -44,10 +44,10 @@ from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, loss_function, optimizer, output_index, select_trainable
 from .data import Batch, batched, correct, scoring_split, trailing
 from .programs import (
-    CPU_COMPILER_OPTIONS,
     ProgramCache,
     collector_paused,
     compile_for,
+    cpu_compiler_options,
     describe_config,
 )
 from .scoring import Scoring
@@ -77,6 +77,10 @@ class Trainer(Scoring):
         self.placement = placement
         #: the platform the epochs run on ("cpu", "gpu", ...)
         self.platform: str = jax.default_backend() if placement is None else placement.platform
+        #: the XLA options its programs compile with (`programs.cpu_compiler_options`)
+        self.compiler_options: dict[str, Any] = cpu_compiler_options(
+            op.type for sg in model.ir.subgraphs for op in sg.operators) \
+            if self.platform == "cpu" else {}
         self.policy: Policy = get_policy(config.precision)
         lowering: dict[str, Any] = {} if placement is None or \
             model.lowering.backend is not None else {"backend": placement.platform}
@@ -526,9 +530,10 @@ class Trainer(Scoring):
             with collector_paused():
                 if cached is not None:
                     self._compiled[key] = self.program_cache.compiled(
-                        cached, fn, args, lambda low: compile_for(low, self.platform))
+                        cached, fn, args, lambda low: compile_for(low, self.compiler_options))
                 else:
-                    self._compiled[key] = compile_for(jax.jit(fn).lower(*args), self.platform)
+                    self._compiled[key] = compile_for(jax.jit(fn).lower(*args),
+                                                       self.compiler_options)
         return self._compiled[key]
 
     def _cache_key(self, name: str) -> tuple[str, ...] | None:
@@ -539,8 +544,7 @@ class Trainer(Scoring):
         # how many epochs a run trains is not in the programs (``name`` says how many one
         # call runs), so runs of other lengths share them
         config = describe_config(replace(self.config, epochs=0))
-        options = repr(CPU_COMPILER_OPTIONS) if self.platform == "cpu" else ""
-        return (self.model.digest, name, config, str(self.hoist), options)
+        return (self.model.digest, name, config, str(self.hoist), repr(self.compiler_options))
 
     def prefetch_epochs(self, params: Mapping[str, Any] | None, x: Sequence[jax.Array],
                         y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None

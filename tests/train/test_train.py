@@ -384,11 +384,26 @@ def test_console_script_entry_point(cli_files) -> None:
                      p.stdout, re.M), p.stdout
 
 
-def test_epochs_compile_with_cpu_options_and_without_unknown_ones(monkeypatch) -> None:
-    """The epochs (and the fresh state) are compiled with CPU_COMPILER_OPTIONS; an XLA that
-    lacks an option compiles with its defaults and trains the same."""
-    import circle_jax.train.programs as train_module  # where the options and compile live
+def test_compiler_options_chosen_by_the_models_operators() -> None:
+    """XLA's classic fusion emitters for a model with a convolution or pooling, XLA's
+    defaults for a dense one (on CPU; every other platform compiles with its defaults)."""
+    from circle_jax.train import CLASSIC_EMITTERS, cpu_compiler_options
 
+    assert cpu_compiler_options(["FULLY_CONNECTED", "RELU", "SOFTMAX"]) == {}
+    for spatial in ("CONV_2D", "DEPTHWISE_CONV_2D", "TRANSPOSE_CONV", "MAX_POOL_2D",
+                    "AVERAGE_POOL_2D"):
+        assert cpu_compiler_options(["FULLY_CONNECTED", spatial]) == CLASSIC_EMITTERS
+    on_cpu = jax.default_backend() == "cpu"
+    assert Trainer(branching()).compiler_options == (CLASSIC_EMITTERS if on_cpu else {})
+    assert Trainer(reshape_mlp()).compiler_options == {}
+
+
+@pytest.mark.parametrize("model", ["dense", "conv"])
+def test_epochs_compile_with_the_trainers_options_and_without_unknown_ones(
+        monkeypatch, model: str) -> None:
+    """The epochs (and the fresh state) are compiled with the trainer's compiler options; an
+    XLA that lacks an option compiles with its defaults and trains the same (up to float32
+    rounding: the emitters may order a sum differently)."""
     seen = []
     original = jax.stages.Lowered.compile
 
@@ -397,14 +412,18 @@ def test_epochs_compile_with_cpu_options_and_without_unknown_ones(monkeypatch) -
         return original(self, compiler_options=compiler_options, **kw)
 
     monkeypatch.setattr(jax.stages.Lowered, "compile", recording)
-    model = reshape_mlp()
-    x, y = toy_data(16)
-    cfg = dict(epochs=2, batch_size=4, learning_rate=0.5, loss=2, optimizer=1)
-    reference = fit(model, x, y, **cfg)
-    on_cpu = jax.default_backend() == "cpu"
-    assert seen == [train_module.CPU_COMPILER_OPTIONS if on_cpu else None] * 2
-    monkeypatch.setattr(train_module, "CPU_COMPILER_OPTIONS", {"xla_cpu_no_such_option": True})
-    again = fit(model, x, y, **cfg)
-    # on CPU: refused, then XLA's defaults (the fresh state, then the epochs)
-    assert seen[2:] == ([{"xla_cpu_no_such_option": True}, None] * 2 if on_cpu else [None] * 2)
-    np.testing.assert_allclose(again.history.loss, reference.history.loss, rtol=1e-6)
+    if model == "dense":
+        net, (x, y) = reshape_mlp(), toy_data(16)
+    else:
+        net, (x, y) = branching(), digits16()
+    cfg = dict(epochs=2, batch_size=4, learning_rate=0.5 if model == "dense" else 0.01,
+               loss=2, optimizer=1)
+    reference = fit(net, x, y, **cfg)
+    options = reference.trainer.compiler_options
+    assert seen == [options or None] * 2
+    trainer = Trainer(net, **{k: v for k, v in cfg.items() if k != "epochs"})
+    trainer.compiler_options = {"xla_cpu_no_such_option": True}
+    again = fit(net, x, y, trainer=trainer, epochs=2)
+    # refused, then XLA's defaults (the fresh state, then the epochs)
+    assert seen[2:] == [{"xla_cpu_no_such_option": True}, None] * 2
+    np.testing.assert_allclose(again.history.loss, reference.history.loss, rtol=1e-5)
