@@ -550,24 +550,54 @@ def test_force_lowering_validates():
 
 
 @pytest.mark.parametrize("rows", [1, 3])
-def test_matmul_weight_gradient_of_one_row(rows):
-    """_matmul's jvp (a zero row appended for a single row, see its docstring) gives the
-    gradients, jvp and Hessian-vector product of a plain matmul, in float64."""
+@pytest.mark.parametrize("kernel", ["matmul_2d", "matmul_nt"])
+def test_matmul_weight_gradient_of_one_row(rows, kernel):
+    """The custom jvps of matmul_2d (a zero row appended for a single row) and matmul_nt
+    (the weight gradient from the output gradient's barred transpose) give the gradients,
+    jvp and Hessian-vector product of a plain matmul, in float64."""
     r = np.random.default_rng(22)
     with jax.enable_x64(True):
         x, w = jnp.asarray(r.standard_normal((rows, 5))), jnp.asarray(r.standard_normal((5, 3)))
         g = jnp.asarray(r.standard_normal((rows, 3)))
-        got = jax.grad(lambda x, w: jnp.sum(matmul.matmul_2d(x, w) * g), (0, 1))(x, w)
+        if kernel == "matmul_2d":
+            f, wt = matmul.matmul_2d, w
+        else:  # [O, K] weights
+            f, wt = matmul.matmul_nt, w.T
+        got = jax.grad(lambda x, w: jnp.sum(f(x, w) * g), (0, 1))(x, wt)
         np.testing.assert_allclose(got[0], g @ w.T, rtol=1e-12)
-        np.testing.assert_allclose(got[1], x.T @ g, rtol=1e-12)
-        tx, tw = jnp.ones_like(x), jnp.ones_like(w)
-        np.testing.assert_allclose(jax.jvp(matmul.matmul_2d, (x, w), (tx, tw))[1],
-                                   tx @ w + x @ tw, rtol=1e-12)
+        np.testing.assert_allclose(got[1], x.T @ g if kernel == "matmul_2d" else g.T @ x,
+                                   rtol=1e-12)
+        tx, tw = jnp.ones_like(x), jnp.asarray(r.standard_normal(wt.shape))
+        want = tx @ w + x @ (tw if kernel == "matmul_2d" else tw.T)
+        np.testing.assert_allclose(jax.jvp(f, (x, wt), (tx, tw))[1], want, rtol=1e-12)
 
         def hvp(f):
-            return jax.jvp(jax.grad(lambda w: jnp.sum(jnp.tanh(f(x, w)))), (w,), (tw,))[1]
+            return jax.jvp(jax.grad(lambda w: jnp.sum(jnp.tanh(f(x, w)))), (wt,), (tw,))[1]
 
-        np.testing.assert_allclose(hvp(matmul.matmul_2d), hvp(jnp.matmul), rtol=1e-10)
+        plain = jnp.matmul if kernel == "matmul_2d" else (lambda x, w: x @ w.T)
+        np.testing.assert_allclose(hvp(f), hvp(plain), rtol=1e-10)
+        # and under vmap (per-sample gradients), the jvp of the batched product
+        xs = jnp.asarray(r.standard_normal((2, rows, 5)))
+        per = jax.vmap(lambda x: jax.grad(lambda w: jnp.sum(jnp.tanh(f(x, w))))(wt))(xs)
+        ref = jax.vmap(lambda x: jax.grad(lambda w: jnp.sum(jnp.tanh(plain(x, w))))(wt))(xs)
+        np.testing.assert_allclose(per, ref, rtol=1e-12)
+
+
+@pytest.mark.parametrize("rows", [4, 16])
+def test_dense_weight_gradient_is_a_library_gemm(rows):
+    """FULLY_CONNECTED's weight gradient [O, K] is a GEMM of the output gradient's
+    materialized transpose and the inputs (lhs contracting its last axis), which XLA CPU
+    hands to YNNPACK, not its own dot contracting both operands' first axis. (At batch 1
+    XLA makes the product of one row an elementwise outer product.)"""
+    r = np.random.default_rng(25)
+    x = jnp.asarray(r.standard_normal((rows, 64)), jnp.float32)
+    w = jnp.asarray(r.standard_normal((10, 64)), jnp.float32)
+    step = jax.jit(jax.grad(lambda w: jnp.sum(jax.nn.softmax(matmul.matmul_nt(x, w)) ** 2)))
+    hlo = step.lower(w).compile().as_text()
+    producers = [line for line in hlo.splitlines()
+                 if " = f32[10,64]" in line and (" dot(" in line or "__ynn" in line)]
+    assert producers, hlo
+    assert not any("lhs_contracting_dims={0}" in line for line in producers), producers
 
 
 def test_one_row_weight_gradient_stays_a_matmul():
