@@ -28,8 +28,14 @@ trainable, sequential batches, trailing partial batch dropped.
 - library: circle-jax as a notebook runs it (runtime ``library``): a fresh process that
   calls neither `circle_jax.inline_cpu_dispatch` nor `circle_jax.retain_host_memory`
   (JAX's defaults), timed between ``fit``'s ``on_epoch`` callbacks (the median epoch after
-  the first of a second ``fit`` on the first one's ``Trainer``); its speed-up is onert's
-  ms/step over this.
+  the first of its first ``fit``); its speed-up is onert's ms/step over this.
+- paired: the library and onert in one process, epoch for epoch (runtime ``paired``): the
+  library's ``fit`` (as ``library``) whose ``on_epoch`` callback trains one onert epoch on
+  a session opened before it, so each of onert's epochs runs within milliseconds of one of
+  circle-jax's (the development VM switches between two speeds from one second to the
+  next, which separate processes meet at random). Reported apart, below the main table:
+  both runtimes' median ms/step (epochs after the first) and the median and range of the
+  per-epoch ratios. No memory figures (one process holds both).
 - memory: the peak resident set (RSS high-water mark) of the worker process, ``VmHWM`` of
   ``/proc/self/status``. It covers the whole process, the runtime's own libraries included;
   "delta" subtracts the same figure read right after importing the runtime and numpy,
@@ -208,7 +214,7 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
         if not notebook and host_memory == "retain":
             assert cj.retain_host_memory()
         jax.numpy.zeros(1).block_until_ready()  # backend up: part of the baseline
-    else:
+    if runtime in ("onert", "paired"):
         sys.path.insert(0, ROOT)
         from onert.native import libnnfw_api_pybind  # noqa: F401  (part of the baseline)
 
@@ -217,6 +223,18 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     extra: dict = {}
     path, xf, yf = files
     x, y = np.load(xf), np.load(yf)
+    if runtime == "paired":  # the library's fit, one onert epoch in each on_epoch callback
+        epoch = _onert_epochs(path, x, y, batch)
+        onert_ms: list[float] = []
+        h = fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,
+                learning_rate=LEARNING_RATE, loss=2, optimizer=1,
+                on_epoch=lambda i, h: onert_ms.append(epoch())).history
+        ms, theirs = h.ms_per_step[1:], onert_ms[1:]
+        return {"runtime": runtime, "model": name, "batch": batch, "steps": h.steps[0],
+                "ms_per_step": statistics.median(ms),
+                "onert_ms_per_step": statistics.median(theirs),
+                "ratios": [o / c for o, c in zip(theirs, ms)], "loss": h.loss,
+                "onert_first_loss": epoch.first_loss}
     if notebook:  # one fit, timed between its on_epoch callbacks (epochs after the first)
         t = time.perf_counter()
         r = fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,
@@ -263,6 +281,52 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
             "prepare_ms": prepare, "total_s": total, "loss": losses,
             "rss_after_import_mib": base, "rss_peak_mib": peak,
             "finite": bool(np.all(np.isfinite(losses)))}
+
+
+def _onert_epochs(path: str, x, y, batch: int):
+    """``epoch()``: one more onert epoch (tests/onert_peer.py) on one session, returning its
+    ms/step; ``epoch.first_loss`` is its first epoch's loss."""
+    import numpy as np
+
+    from tests.onert_peer import io_dtypes, open_session, train_epoch
+
+    session = open_session(path, batch_size=batch, learning_rate=LEARNING_RATE, loss=2,
+                           reduction=1, optimizer=1, trainable_ops=-1)
+    in_dt, out_dt = io_dtypes(session)
+    xs, ys = [np.ascontiguousarray(x, in_dt[0])], [np.ascontiguousarray(y, out_dt[0])]
+    steps = len(y) // batch
+
+    def epoch() -> float:
+        t = time.perf_counter()
+        losses, _ = train_epoch(session, xs, ys, batch, steps)
+        if not hasattr(epoch, "first_loss"):
+            epoch.first_loss = float(np.mean(losses))
+        return (time.perf_counter() - t) * 1000 / steps
+
+    return epoch
+
+
+def _paired_table(results: list[dict]) -> str:
+    """The ``paired`` runs: medians over rounds of each runtime's ms/step, and the median
+    and range of every per-epoch ratio of every round."""
+    rows = ["| model | batch | onert ms/step | library ms/step | speed-up (per-epoch range) | "
+            "epoch-1 loss onert / circle-jax |", "|---|---|---|---|---|---|"]
+    grouped: dict[tuple, list[dict]] = {}
+    for r in results:
+        if r["runtime"] == "paired":
+            grouped.setdefault((r["model"], r["batch"]), []).append(r)
+    for (name, batch), runs in grouped.items():
+        ok = [r for r in runs if "error" not in r]
+        if not ok:
+            rows.append(f"| {name} | {batch} | | | {runs[0]['error']} | |")
+            continue
+        ratios = [q for r in ok for q in r["ratios"]]
+        rows.append(f"| {name} | {batch} | "
+                    f"{statistics.median(r['onert_ms_per_step'] for r in ok):.3f} | "
+                    f"{statistics.median(r['ms_per_step'] for r in ok):.3f} | "
+                    f"{statistics.median(ratios):.1f}x ({min(ratios):.1f}-{max(ratios):.1f}) | "
+                    f"{ok[0]['onert_first_loss']:.4f} / {ok[0]['loss'][0]:.4f} |")
+    return "\n".join(rows)
 
 
 def _step_flops(result, x, y) -> float | None:
@@ -419,7 +483,8 @@ def main(argv: list[str] | None = None) -> int:
                          "glibc's malloc as it is")
     ap.add_argument("--runtimes", default="onert,circle-jax,library",
                     help="onert; circle-jax (with the command line's process settings); "
-                         "library (fit with on_epoch in a process without them)")
+                         "library (fit with on_epoch in a process without them); paired "
+                         "(the library and onert in one process, epoch for epoch)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every (model, batch) this many times, the runtimes "
                          "alternating; the table shows medians and the per-round ratios' range")
@@ -439,8 +504,9 @@ def main(argv: list[str] | None = None) -> int:
                                 args.dispatch, args.host_memory)
                 results.append(r)
                 print(f"# {name} b{batch} {runtime}: "
-                      + (r["error"] if "error" in r else
-                         f"{r['ms_per_step']:.3f} ms/step, peak {r['rss_peak_mib']:.0f} MiB"),
+                      + (r["error"] if "error" in r else f"{r['ms_per_step']:.3f} ms/step"
+                         + (f", peak {r['rss_peak_mib']:.0f} MiB" if "rss_peak_mib" in r
+                            else f", onert {r['onert_ms_per_step']:.3f}")),
                       file=sys.stderr, flush=True)
     if args.json:
         with open(args.json, "w") as f:
@@ -451,8 +517,13 @@ def main(argv: list[str] | None = None) -> int:
     if peak:
         print(f"- float32 matmul peak through XLA on this machine: {peak:.1f} GFLOP/s "
               "(1024x1024 products, best of 20)")
-    print()
-    print(_table(results, peak))
+    runtimes = args.runtimes.split(",")
+    if set(runtimes) - {"paired"}:
+        print()
+        print(_table([r for r in results if r["runtime"] != "paired"], peak))
+    if "paired" in runtimes:
+        print()
+        print(_paired_table(results))
     return 0
 
 

@@ -38,7 +38,8 @@ import numpy as np
 
 from circle_jax.interop.onert_session import io_dtypes, open_session, train_batch
 
-__all__ = ["OnertRun", "export_circle", "onert_fit", "open_session", "train_batch"]
+__all__ = ["OnertRun", "export_circle", "onert_fit", "open_session", "train_batch",
+           "train_epoch"]
 
 @dataclass
 class OnertRun:
@@ -105,15 +106,8 @@ def onert_fit(
     xs = [np.ascontiguousarray(a, dt) for a, dt in zip(xs, in_dt)]
     ys = [np.ascontiguousarray(a, dt) for a, dt in zip(ys, out_dt)]
     for _ in range(epochs):
-        losses, times = [], []
         t = time.perf_counter()
-        for s in range(steps):
-            lo, hi = s * batch_size, (s + 1) * batch_size
-            bx = [np.ascontiguousarray(a[lo:hi]) for a in xs]
-            by = [np.ascontiguousarray(a[lo:hi]) for a in ys]
-            step_loss, ms = train_batch(session, bx, by)
-            losses.append(step_loss)
-            times.append(ms)
+        losses, times = train_epoch(session, xs, ys, batch_size, steps)
         run.epoch_ms.append((time.perf_counter() - t) * 1000)
         run.step_loss.append(losses)
         run.loss.append(float(np.mean(losses)))
@@ -121,6 +115,21 @@ def onert_fit(
     if export:
         run.model = export_circle(session)
     return run
+
+
+def train_epoch(session: Any, xs: list[np.ndarray], ys: list[np.ndarray], batch_size: int,
+                steps: int) -> tuple[list[float], list[float]]:
+    """One epoch of ``steps`` sequential batches on an open session (arrays already in the
+    session's dtypes): each step's loss and ``train`` time (ms)."""
+    losses, times = [], []
+    for s in range(steps):
+        lo, hi = s * batch_size, (s + 1) * batch_size
+        bx = [np.ascontiguousarray(a[lo:hi]) for a in xs]
+        by = [np.ascontiguousarray(a[lo:hi]) for a in ys]
+        step_loss, ms = train_batch(session, bx, by)
+        losses.append(step_loss)
+        times.append(ms)
+    return losses, times
 
 
 def export_circle(session: Any) -> bytes:
