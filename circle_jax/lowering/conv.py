@@ -30,7 +30,12 @@ from ..ops.registry import OpContext
 from . import CONV_METHODS, LoweringOptions, fast
 from ._taps import offsets, pad_spatial, tap, taps
 from .depthwise import channelwise
-from .matmul import matmul_2d
+from .matmul import (
+    TRANSPOSED_OPERAND_ELEMENTS,
+    matmul_2d,
+    matmul_nt,
+    matmul_pretransposed,
+)
 
 #: Largest im2col depth (taps x input channels) and im2col matrix size lowered as im2col.
 IM2COL_MAX_DEPTH = 144
@@ -115,8 +120,13 @@ def _conv_impl(x: jax.Array, w: jax.Array, g: Geometry, method: str) -> jax.Arra
         return channelwise(x, w.reshape(-1, c_out), g)
     cols = taps(x, g)
     if groups == 1:
-        return matmul_2d(cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1),
-                         w.reshape(-1, c_out))
+        im2col = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
+        rows = math.prod(im2col.shape[:-1])
+        if rows * c_out > TRANSPOSED_OPERAND_ELEMENTS:
+            return matmul_2d(im2col, w.reshape(-1, c_out))
+        # the filter as [O, K] (K in im2col's tap-major order)
+        y = matmul_nt(im2col.reshape(rows, -1), jnp.moveaxis(w, -1, 0).reshape(c_out, -1))
+        return y.reshape(*im2col.shape[:-1], c_out)
     stacked = jnp.stack(cols, axis=-2)  # [N, *S', K, C_in]
     stacked = stacked.reshape(*stacked.shape[:-1], groups, cg)
     wg = w.reshape(len(cols), cg, groups, c_out // groups)
@@ -135,7 +145,12 @@ def _kn2row(x: jax.Array, w: jax.Array, g: Geometry) -> jax.Array:
     c_in, c_out = w.shape[-2], w.shape[-1]
     n_taps = math.prod(w.shape[:nd])
     w_all = jnp.moveaxis(w.reshape(n_taps, c_in, c_out), 0, 1).reshape(c_in, n_taps * c_out)
-    parts = lax.split(matmul_2d(x, w_all), [c_out] * n_taps, axis=x.ndim - 1)
+    if x.size > TRANSPOSED_OPERAND_ELEMENTS:
+        products = matmul_2d(x, w_all)
+    else:
+        products = matmul_pretransposed(x.reshape(-1, c_in), w_all).reshape(
+            *x.shape[:-1], n_taps * c_out)
+    parts = lax.split(products, [c_out] * n_taps, axis=x.ndim - 1)
     out = out_sizes(x.shape[1:-1], g)
     return functools.reduce(jnp.add, (
         tap(pad_spatial(p, g.pads), offset, g, out)

@@ -1,6 +1,7 @@
 """Matrix products whose weight gradients XLA CPU computes fast: `matmul` on [K, O] weights
-(the convolutions' lowerings) and `matmul_nt` on FULLY_CONNECTED's [O, K] ones; a tiny
-FULLY_CONNECTED product is one broadcast multiply and sum (`small_matmul`)."""
+(the convolutions' lowerings), `matmul_nt` on [O, K] ones (FULLY_CONNECTED's, and a small
+im2col convolution's filter) and `matmul_pretransposed` (a small kn2row convolution); a
+tiny FULLY_CONNECTED product is one broadcast multiply and sum (`small_matmul`)."""
 
 from __future__ import annotations
 
@@ -84,6 +85,35 @@ def _matmul_nt_jvp(primals: tuple, tangents: tuple) -> tuple:
         terms.append(lax.optimization_barrier(matmul_nt(tw, x)).T)
     return y, tangent_sum(terms, y)
 
+
+@jax.custom_jvp
+def matmul_pretransposed(x: jax.Array, w: jax.Array) -> jax.Array:
+    """``x @ w`` for 2-d operands (``w`` [K, O]) whose weight gradient is the GEMM of ``x``'s
+    transpose, materialized behind an optimization barrier, and the output gradient: the
+    operand order XLA CPU hands to its library GEMM, at the cost of copying ``x``. Worth it
+    for a small ``x`` (`TRANSPOSED_OPERAND_ELEMENTS`)."""
+    return jnp.matmul(x, w)
+
+
+@functools.partial(matmul_pretransposed.defjvp, symbolic_zeros=True)
+def _matmul_pretransposed_jvp(primals: tuple, tangents: tuple) -> tuple:
+    x, w = primals
+    tx, tw = tangents
+    y = jnp.matmul(x, w)
+    terms = []
+    if not isinstance(tx, SymbolicZero):
+        terms.append(jnp.matmul(tx, w))
+    if not isinstance(tw, SymbolicZero):
+        terms.append(jnp.matmul(lax.optimization_barrier(x.T).T, tw))
+    return y, tangent_sum(terms, y)
+
+
+#: A convolution's weight gradient multiplies a materialized transpose (`matmul_nt`'s of
+#: the output gradient for im2col, `matmul_pretransposed`'s of the input for kn2row) when
+#: that transpose has at most this many elements: the library GEMM then replaces XLA's own
+#: dot. Small CNNs' batch-1 steps ran 7-17% faster; at 4096 elements (batch 16) the
+#: change was within this VM's noise either way (benchmarks/README.md).
+TRANSPOSED_OPERAND_ELEMENTS = 1024
 
 #: A FULLY_CONNECTED of at most this many multiply-adds (rows x inputs x outputs) runs as
 #: :func:`small_matmul`: XLA CPU calls a GEMM routine per dot, a fixed cost larger than such

@@ -73,8 +73,16 @@ CONVS = [  # x shape, filter [*K, C_in/groups, C_out], strides, dilations, paddi
 ]
 
 
+@pytest.mark.parametrize("transposed", [True, False])
 @pytest.mark.parametrize("x_shape, w_shape, strides, dilations, padding, methods", CONVS)
-def test_conv_methods_match_reference(x_shape, w_shape, strides, dilations, padding, methods):
+def test_conv_methods_match_reference(monkeypatch, x_shape, w_shape, strides, dilations,
+                                      padding, methods, transposed):
+    """Every lowering equals the reference (float64: value, vjp, jvp), with the weight
+    gradient from a materialized transpose (these small products) and without (the GEMM
+    operand order of large ones, `matmul.TRANSPOSED_OPERAND_ELEMENTS` set to 0)."""
+    if not transposed:
+        monkeypatch.setattr(conv, "TRANSPOSED_OPERAND_ELEMENTS", 0)
+        jax.clear_caches()  # _conv_impl's traces were made with the default
     nd = len(strides)
     pads = padding_pairs(padding, x_shape[1:-1], w_shape[:nd], strides, dilations)
     g = ref_conv.Geometry(w_shape[:nd], strides, dilations, tuple(tuple(p) for p in pads))
@@ -82,6 +90,19 @@ def test_conv_methods_match_reference(x_shape, w_shape, strides, dilations, padd
     for method in methods:
         _same(lambda a, b, m=method: conv.conv_nd(a, b, g, m),
               lambda a, b: ref_conv.conv(a, b, g), [x, w])
+
+
+@pytest.mark.parametrize("method", ["im2col", "kn2row"])
+def test_small_conv_weight_gradient_is_a_library_gemm(method):
+    """A small convolution's weight gradient is a GEMM contracting the lhs's last axis
+    (XLA CPU's library GEMM), not XLA's own dot contracting both operands' first axis."""
+    g = ref_conv.Geometry((3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)))
+    x = jnp.asarray(_normal(1, 8, 8, 4), jnp.float32)
+    w = jnp.asarray(_normal(3, 3, 4, 4, seed=2), jnp.float32)
+    step = jax.jit(jax.grad(lambda w: jnp.sum(jnp.tanh(conv.conv_nd(x, w, g, method)))))
+    dots = [line for line in step.lower(w).compile().as_text().splitlines()
+            if " dot(" in line]
+    assert not any("lhs_contracting_dims={0}" in line for line in dots), dots
 
 
 def test_depthwise_channelwise_matches_reference():
