@@ -5,7 +5,7 @@ tiny FULLY_CONNECTED product is one broadcast multiply and sum (`small_matmul`).
 
 from __future__ import annotations
 
-import functools
+from collections.abc import Callable
 from typing import Any
 
 import jax
@@ -39,23 +39,41 @@ def matmul(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.matmul(x, w)
 
 
-@functools.partial(matmul.defjvp, symbolic_zeros=True)
-def _matmul_jvp(primals: tuple, tangents: tuple) -> tuple:
-    x, w = primals
-    tx, tw = tangents
-    y = jnp.matmul(x, w)
-    terms = []
-    if not isinstance(tx, SymbolicZero):
-        terms.append(jnp.matmul(tx, w))
-    if not isinstance(tw, SymbolicZero):
-        one_row = x.shape[0] == 1
-        rows = jnp.pad(x, ((0, 1), (0, 0))) if one_row else x
-        if w.shape[1] < w.shape[0]:  # O < K: the tangent as [O, K]
-            t = lax.dot_general(rows, lax.optimization_barrier(tw.T), (((1,), (1,)), ((), ())))
-        else:
-            t = jnp.matmul(rows, tw)
-        terms.append(t[:1] if one_row else t)
-    return y, tangent_sum(terms, y)
+def _contract_last(a: jax.Array, b: jax.Array) -> jax.Array:
+    """``a @ b.T``: both operands' last axis contracted."""
+    return lax.dot_general(a, b, (((1,), (1,)), ((), ())))
+
+
+def _product_jvp(product: Callable[[jax.Array, jax.Array], jax.Array],
+                 weight_tangent: Callable[[jax.Array, jax.Array], jax.Array]) -> Callable:
+    """A jvp rule (symbolic zeros) for the bilinear ``product(x, w)``: its input tangent as
+    the product itself, its weight tangent as ``weight_tangent(x, tw)`` (written for the
+    weight gradient its transpose becomes)."""
+
+    def rule(primals: tuple, tangents: tuple) -> tuple:
+        (x, w), (tx, tw) = primals, tangents
+        y = product(x, w)
+        terms = []
+        if not isinstance(tx, SymbolicZero):
+            terms.append(product(tx, w))
+        if not isinstance(tw, SymbolicZero):
+            terms.append(weight_tangent(x, tw))
+        return y, tangent_sum(terms, y)
+
+    return rule
+
+
+def _matmul_weight_tangent(x: jax.Array, tw: jax.Array) -> jax.Array:
+    one_row = x.shape[0] == 1
+    rows = jnp.pad(x, ((0, 1), (0, 0))) if one_row else x
+    if tw.shape[1] < tw.shape[0]:  # O < K: the tangent as [O, K]
+        t = _contract_last(rows, lax.optimization_barrier(tw.T))
+    else:
+        t = jnp.matmul(rows, tw)
+    return t[:1] if one_row else t
+
+
+matmul.defjvp(_product_jvp(jnp.matmul, _matmul_weight_tangent), symbolic_zeros=True)
 
 
 @jax.custom_jvp
@@ -66,24 +84,15 @@ def matmul_nt(x: jax.Array, w: jax.Array) -> jax.Array:
     [O, M] behind an optimization barrier, and ``x`` as it is: the operand order XLA CPU
     hands to its library GEMM (YNNPACK). Written as XLA would fold it, the product
     contracts both operands' first axis, which XLA runs as its own slower dot (Eigen's): a
-    dense step 13% faster at batch 16 and up to 2.8x at batch 1, where the single row's
-    gradient is that GEMM of one row instead of an outer product (benchmarks/README.md)."""
-    return lax.dot_general(x, w, (((1,), (1,)), ((), ())))
+    dense step 13% faster at batch 16 and up to 2.8x at batch 1 (benchmarks/README.md)."""
+    return _contract_last(x, w)
 
 
-@functools.partial(matmul_nt.defjvp, symbolic_zeros=True)
-def _matmul_nt_jvp(primals: tuple, tangents: tuple) -> tuple:
-    x, w = primals
-    tx, tw = tangents
-    y = matmul_nt(x, w)
-    terms = []
-    if not isinstance(tx, SymbolicZero):
-        terms.append(matmul_nt(tx, w))
-    if not isinstance(tw, SymbolicZero):
-        # [O, M] behind a barrier: transposed, the output gradient is materialized as
-        # [O, M] and multiplied by x as it is (no transpose folded into the GEMM)
-        terms.append(lax.optimization_barrier(matmul_nt(tw, x)).T)
-    return y, tangent_sum(terms, y)
+# the tangent as [O, M] behind a barrier: transposed, the output gradient is materialized
+# as [O, M] and multiplied by x as it is (no transpose folded into the GEMM)
+matmul_nt.defjvp(_product_jvp(
+    _contract_last, lambda x, tw: lax.optimization_barrier(_contract_last(tw, x)).T),
+    symbolic_zeros=True)
 
 
 @jax.custom_jvp
@@ -95,17 +104,9 @@ def matmul_pretransposed(x: jax.Array, w: jax.Array) -> jax.Array:
     return jnp.matmul(x, w)
 
 
-@functools.partial(matmul_pretransposed.defjvp, symbolic_zeros=True)
-def _matmul_pretransposed_jvp(primals: tuple, tangents: tuple) -> tuple:
-    x, w = primals
-    tx, tw = tangents
-    y = jnp.matmul(x, w)
-    terms = []
-    if not isinstance(tx, SymbolicZero):
-        terms.append(jnp.matmul(tx, w))
-    if not isinstance(tw, SymbolicZero):
-        terms.append(jnp.matmul(lax.optimization_barrier(x.T).T, tw))
-    return y, tangent_sum(terms, y)
+matmul_pretransposed.defjvp(_product_jvp(
+    jnp.matmul, lambda x, tw: jnp.matmul(lax.optimization_barrier(x.T).T, tw)),
+    symbolic_zeros=True)
 
 
 #: A convolution's weight gradient multiplies a materialized transpose (`matmul_nt`'s of
