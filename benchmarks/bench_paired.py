@@ -5,8 +5,8 @@
 
 Each variant is the same ``fit`` epoch (categorical crossentropy, SGD or Adam at 0.01,
 onert's settings) compiled differently; the compiled epochs then run in alternating order,
-so that every variant meets the same machine state (the development VM switches between two speeds
-from one second to the next: see README.md). Prints, per variant, the median ms/step and
+so that every variant meets the same machine state (the development VM switches between
+two speeds from one second to the next: see README.md). Prints, per variant, the median ms/step and
 the median of its per-epoch ratio to the first variant's epoch that ran just before it,
 and the wall time of its compile (compiled first to last, so run it twice in the other
 order before reading a difference in compile time).
@@ -18,9 +18,9 @@ Variants:
 - ``mlir-emitters``: XLA's default (MLIR) fusion emitters;
 - ``conv-xla`` / ``conv-im2col``: every convolution forced to that lowering;
 - ``llvm-cheap``: classic with ``xla_llvm_disable_expensive_passes`` (XLA skips LLVM's
-  costliest optimization passes), ``opt1`` / ``opt0``: the default at LLVM optimization
-  level 1 / 0 (``xla_backend_optimization_level``; XLA's default is 2), ``no-slp``: classic without
-  LLVM's SLP vectorizer: options that may cut compile time (and cost step time).
+  costliest optimization passes), ``opt1`` / ``opt0``: classic at LLVM optimization level
+  1 / 0 (``xla_backend_optimization_level``; XLA's default is 2), ``no-slp``: classic
+  without LLVM's SLP vectorizer: options that may cut compile time (and cost step time).
 
 Not a test: numbers depend on the machine and its load.
 """

@@ -202,7 +202,8 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     """Runs in a fresh process: train one model with one runtime; returns the figures."""
     import numpy as np
 
-    notebook = runtime == "library"  # no process settings: JAX's and glibc's defaults
+    # no process settings: JAX's and glibc's defaults
+    notebook = runtime in ("library", "paired")
     if runtime != "onert":
         import jax
 
@@ -223,12 +224,15 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     extra: dict = {}
     path, xf, yf = files
     x, y = np.load(xf), np.load(yf)
+
+    def library_fit(on_epoch):  # as a notebook calls it, timed between on_epoch callbacks
+        return fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,
+                   learning_rate=LEARNING_RATE, loss=2, optimizer=1, on_epoch=on_epoch)
+
     if runtime == "paired":  # the library's fit, one onert epoch in each on_epoch callback
         epoch = _onert_epochs(path, x, y, batch)
         onert_ms: list[float] = []
-        h = fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,
-                learning_rate=LEARNING_RATE, loss=2, optimizer=1,
-                on_epoch=lambda i, h: onert_ms.append(epoch())).history
+        h = library_fit(lambda i, h: onert_ms.append(epoch())).history
         ms, theirs = h.ms_per_step[1:], onert_ms[1:]
         return {"runtime": runtime, "model": name, "batch": batch, "steps": h.steps[0],
                 "ms_per_step": statistics.median(ms),
@@ -237,8 +241,7 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
                 "onert_first_loss": epoch.first_loss}
     if notebook:  # one fit, timed between its on_epoch callbacks (epochs after the first)
         t = time.perf_counter()
-        r = fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,
-                learning_rate=LEARNING_RATE, loss=2, optimizer=1, on_epoch=lambda i, h: None)
+        r = library_fit(lambda i, h: None)
         total = time.perf_counter() - t
         h = r.history
         ms, prepare, losses, steps = h.ms_per_step[1:], h.compile_ms, h.loss, h.steps[0]
