@@ -18,10 +18,12 @@ def offsets(kernel: Sequence[int]) -> Iterator[tuple[int, ...]]:
 
 
 def pad_spatial(x: jax.Array, pads: Sequence[tuple[int, int]]) -> jax.Array:
-    """Zero-pad the spatial dims of [N, *S, C]."""
+    """Zero-pad the spatial dims of [N, *S, C] (``lax.pad``: ``jnp.pad`` adds a jitted call
+    per use, which a gradient's trace pays for again)."""
     if not any(lo or hi for lo, hi in pads):
         return x
-    return jnp.pad(x, [(0, 0), *pads, (0, 0)])
+    return lax.pad(x, jnp.zeros((), x.dtype), [(0, 0, 0), *((lo, hi, 0) for lo, hi in pads),
+                                                (0, 0, 0)])
 
 
 def tap(xp: jax.Array, offset: Sequence[int], g: Geometry, out: Sequence[int]) -> jax.Array:

@@ -122,9 +122,7 @@ def _conv_impl(x: jax.Array, w: jax.Array, g: Geometry, method: str) -> jax.Arra
     if groups == 1:
         im2col = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
         rows = math.prod(im2col.shape[:-1])
-        if rows * c_out > TRANSPOSED_OPERAND_ELEMENTS:
-            return matmul_2d(im2col, w.reshape(-1, c_out))
-        # the filter as [O, K] (K in im2col's tap-major order)
+        # the filter as [O, K] (K in im2col's tap-major order): CONV_2D's stored layout
         y = matmul_nt(im2col.reshape(rows, -1), jnp.moveaxis(w, -1, 0).reshape(c_out, -1))
         return y.reshape(*im2col.shape[:-1], c_out)
     stacked = jnp.stack(cols, axis=-2)  # [N, *S', K, C_in]

@@ -1,6 +1,6 @@
 """Matrix products whose weight gradients XLA CPU computes fast: `matmul` on [K, O] weights
-(the convolutions' lowerings), `matmul_nt` on [O, K] ones (FULLY_CONNECTED's, and a small
-im2col convolution's filter) and `matmul_pretransposed` (a small kn2row convolution); a
+(kn2row and transposed convolutions), `matmul_nt` on [O, K] ones (FULLY_CONNECTED's, and
+an im2col convolution's filter) and `matmul_pretransposed` (a small kn2row convolution); a
 tiny FULLY_CONNECTED product is one broadcast multiply and sum (`small_matmul`)."""
 
 from __future__ import annotations
@@ -78,21 +78,29 @@ matmul.defjvp(_product_jvp(jnp.matmul, _matmul_weight_tangent), symbolic_zeros=T
 
 @jax.custom_jvp
 def matmul_nt(x: jax.Array, w: jax.Array) -> jax.Array:
-    """``x @ w.T`` for 2-d ``x`` [M, K] and ``w`` [O, K] (FULLY_CONNECTED's layout).
+    """``x @ w.T`` for 2-d ``x`` [M, K] and ``w`` [O, K] (FULLY_CONNECTED's layout, and a
+    convolution filter's [O, *K, I] read as [O, K]): both GEMMs read ``w`` as stored, so no
+    transposed copy of it is made in a training step.
 
-    Its weight gradient is the GEMM of the output gradient's transpose, materialized as
-    [O, M] behind an optimization barrier, and ``x`` as it is: the operand order XLA CPU
-    hands to its library GEMM (YNNPACK). Written as XLA would fold it, the product
-    contracts both operands' first axis, which XLA runs as its own slower dot (Eigen's): a
-    dense step 13% faster at batch 16 and up to 2.8x at batch 1 (benchmarks/README.md)."""
+    For a small output gradient (M x O up to `TRANSPOSED_OPERAND_ELEMENTS`) the weight
+    gradient is the GEMM of its transpose, materialized as [O, M] behind an optimization
+    barrier, and ``x`` as it is: the operand order XLA CPU hands to its library GEMM
+    (YNNPACK). Written as XLA would fold it, the product contracts both operands' first
+    axis, which XLA runs as its own slower dot (Eigen's): a dense step 13% faster at batch
+    16 and up to 2.8x at batch 1 (benchmarks/README.md). A larger one is :func:`matmul`'s
+    weight gradient of ``w.T``, transposed."""
     return _contract_last(x, w)
 
 
-# the tangent as [O, M] behind a barrier: transposed, the output gradient is materialized
-# as [O, M] and multiplied by x as it is (no transpose folded into the GEMM)
-matmul_nt.defjvp(_product_jvp(
-    _contract_last, lambda x, tw: lax.optimization_barrier(_contract_last(tw, x)).T),
-    symbolic_zeros=True)
+def _nt_weight_tangent(x: jax.Array, tw: jax.Array) -> jax.Array:
+    if x.shape[0] * tw.shape[0] <= TRANSPOSED_OPERAND_ELEMENTS:
+        # transposed, the output gradient is materialized as [O, M] and multiplied by x as
+        # it is (no transpose folded into the GEMM)
+        return lax.optimization_barrier(_contract_last(tw, x)).T
+    return _matmul_weight_tangent(x, tw.T)
+
+
+matmul_nt.defjvp(_product_jvp(_contract_last, _nt_weight_tangent), symbolic_zeros=True)
 
 
 @jax.custom_jvp
@@ -109,9 +117,9 @@ matmul_pretransposed.defjvp(_product_jvp(
     symbolic_zeros=True)
 
 
-#: A convolution's weight gradient multiplies a materialized transpose (`matmul_nt`'s of
-#: the output gradient for im2col, `matmul_pretransposed`'s of the input for kn2row) when
-#: that transpose has at most this many elements: the library GEMM then replaces XLA's own
+#: A product's weight gradient multiplies a materialized transpose (`matmul_nt`'s of the
+#: output gradient, `matmul_pretransposed`'s of a kn2row convolution's input) when that
+#: transpose has at most this many elements: the library GEMM then replaces XLA's own
 #: dot. Small CNNs' batch-1 steps ran 7-17% faster; at 4096 elements (batch 16) the
 #: change was within this VM's noise either way (benchmarks/README.md).
 TRANSPOSED_OPERAND_ELEMENTS = 1024

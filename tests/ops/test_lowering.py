@@ -82,6 +82,7 @@ def test_conv_methods_match_reference(monkeypatch, x_shape, w_shape, strides, di
     operand order of large ones, `matmul.TRANSPOSED_OPERAND_ELEMENTS` set to 0)."""
     if not transposed:
         monkeypatch.setattr(conv, "TRANSPOSED_OPERAND_ELEMENTS", 0)
+        monkeypatch.setattr(matmul, "TRANSPOSED_OPERAND_ELEMENTS", 0)
         jax.clear_caches()  # _conv_impl's traces were made with the default
     nd = len(strides)
     pads = padding_pairs(padding, x_shape[1:-1], w_shape[:nd], strides, dilations)
