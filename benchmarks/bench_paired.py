@@ -20,7 +20,12 @@ Variants:
 - ``llvm-cheap``: classic with ``xla_llvm_disable_expensive_passes`` (XLA skips LLVM's
   costliest optimization passes), ``opt1`` / ``opt0``: classic at LLVM optimization level
   1 / 0 (``xla_backend_optimization_level``; XLA's default is 2), ``no-slp``: classic
-  without LLVM's SLP vectorizer: options that may cut compile time (and cost step time).
+  without LLVM's SLP vectorizer: options that may cut compile time (and cost step time);
+- ``ynn-eltwise``: classic, with elementwise fusions handed to YNNPACK too;
+  ``ynn-conv-xla``: every convolution XLA's, handed to YNNPACK where it takes them.
+
+Also prints each variant's number of fused kernels (XLA compiles each of its own with LLVM,
+about 10 ms of CPU time apiece on this VM; library calls cost next to nothing to compile).
 
 Not a test: numbers depend on the machine and its load.
 """
@@ -52,6 +57,11 @@ VARIANTS = {  # name -> (compiler options (None: the trainer's own), forced conv
     "opt1": ({**CLASSIC_EMITTERS, "xla_backend_optimization_level": 1}, None),
     "opt0": ({**CLASSIC_EMITTERS, "xla_backend_optimization_level": 0}, None),
     "no-slp": ({**CLASSIC_EMITTERS, "xla_cpu_disable_slp_vectorizer": True}, None),
+    # YNNPACK library fusions (XLA's default: LIBRARY_FUSION_TYPE_DOT and _REDUCE) widened
+    "ynn-eltwise": ({**CLASSIC_EMITTERS, "xla_cpu_experimental_ynn_fusion_type": ",".join(
+        f"LIBRARY_FUSION_TYPE_{t}" for t in ("DOT", "ELTWISE", "REDUCE"))}, None),
+    "ynn-conv-xla": ({**CLASSIC_EMITTERS, "xla_cpu_experimental_ynn_fusion_type": ",".join(
+        f"LIBRARY_FUSION_TYPE_{t}" for t in ("DOT", "REDUCE", "INDIVIDUAL_CONVOLUTION"))}, "xla"),
 }
 
 
@@ -97,6 +107,9 @@ def main() -> None:
         t = time.perf_counter()
         epoch = trainer._compiled_epoch(state, frozen, xs, ys)
         compile_ms = (time.perf_counter() - t) * 1000
+        hlo = epoch.as_text()
+        print(f"  {name}: {hlo.count(' fusion(')} fused kernels "
+              f"({hlo.count('kind=kCustom')} of them library calls)", flush=True)
         state, m = epoch(state, frozen, xs, ys)  # first execution, not timed
         jax.block_until_ready(m)
         runs.append({"name": name, "epoch": epoch, "state": state, "frozen": frozen, "ms": [],

@@ -104,7 +104,7 @@ def _short(dt: np.dtype) -> str:
 
 def _cast(tree: Any, dtype: np.dtype) -> Any:
     def leaf(x):
-        if hasattr(x, "dtype") and jnp.issubdtype(x.dtype, jnp.floating) and x.dtype != dtype:
+        if hasattr(x, "dtype") and x.dtype != dtype and jnp.issubdtype(x.dtype, jnp.floating):
             return x.astype(dtype)
         return x
 
