@@ -427,6 +427,23 @@ def test_fused_activation_kink_rules(act: str, want: list) -> None:
     np.testing.assert_array_equal(g[0], want)
 
 
+def test_clip_gradient_reads_the_clipped_output() -> None:
+    """clip_tf's backward tests the clipped output, not the input: a layer's gradient keeps
+    no mask of its pre-activation (XLA fuses the test into the gradient's consumers). The
+    rule is the same (1 strictly inside, 0 at and beyond the bounds), in forward-over-reverse
+    too."""
+    from circle_jax.ops.common import clip_tf
+
+    x = jnp.asarray(f32(-1, 0, 3, 6, 7))
+    jaxpr = jax.make_jaxpr(jax.grad(lambda v: jnp.sum(clip_tf(v * 2.0, 0.0, 6.0))))(x).jaxpr
+    clamped = {e.outvars[0] for e in jaxpr.eqns if e.primitive.name == "clamp"}
+    tests = [e for e in jaxpr.eqns if e.primitive.name in ("gt", "lt")]
+    assert tests and all(e.invars[0] in clamped for e in tests), jaxpr
+    g = jax.grad(lambda v: jnp.sum(clip_tf(v, 0.0, 6.0)))
+    np.testing.assert_array_equal(g(x), [0, 0, 1, 0, 0])
+    np.testing.assert_array_equal(jax.jvp(g, (x,), (jnp.ones_like(x),))[1], np.zeros(5))
+
+
 def test_pow_exponent_gradient_at_non_positive_base() -> None:
     # TF's _PowGrad: d/dy = x**y * log(x) where x > 0, else 0 (no NaN for negative bases).
     gx, gy = _grad("POW", [f32(-2, 0, 2), f32(2, 2, 2)])
