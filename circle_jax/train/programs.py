@@ -103,7 +103,8 @@ class ProgramCache:
             return loaded
         self.misses += 1
         with _persistent_cache_off():
-            lowered = jax.jit(fn).lower(*args)
+            with _no_source_locations():
+                lowered = jax.jit(fn).lower(*args)
             _strip_debug_info(lowered)
             compiled = compile(lowered)
         try:
@@ -298,6 +299,27 @@ def collector_paused() -> Iterator[None]:
     finally:
         if was_on:
             gc.enable()
+
+
+#: JAX's settings for a lowering without Python stack frames in its source locations
+_NO_LOCATIONS = {"jax_include_full_tracebacks_in_locations": False,
+                 "jax_traceback_in_locations_limit": 0}
+
+
+@contextlib.contextmanager
+def _no_source_locations() -> Iterator[None]:
+    """Lower without the Python stack frames of each operation's source location (and the
+    settings as they were after): a kept program's locations are stripped before it
+    compiles (`_strip_debug_info`), and writing them took a fifth of MobileNet 0.25/128's
+    epoch lowering (benchmarks/README.md)."""
+    before = {name: getattr(jax.config, name) for name in _NO_LOCATIONS}
+    for name, value in _NO_LOCATIONS.items():
+        jax.config.update(name, value)
+    try:
+        yield
+    finally:
+        for name, value in before.items():
+            jax.config.update(name, value)
 
 
 @contextlib.contextmanager

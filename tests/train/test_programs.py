@@ -275,3 +275,29 @@ def test_collector_paused_while_a_program_is_traced_and_restored_after(model, mo
         assert not gc.isenabled()
     finally:
         gc.enable()
+
+
+def test_a_kept_program_lowers_without_stack_frames_and_restores_the_settings(
+        model, tmp_path, monkeypatch) -> None:
+    """A program written to the cache lowers without Python stack frames in its source
+    locations (they are stripped before it compiles), and JAX's settings come back as they
+    were, also when the lowering raises."""
+    seen = []
+    lower = jax.stages.Traced.lower
+
+    def spy(self, *args, **kwargs):
+        seen.append((jax.config.jax_include_full_tracebacks_in_locations,
+                     jax.config.jax_traceback_in_locations_limit))
+        return lower(self, *args, **kwargs)
+
+    monkeypatch.setattr(jax.stages.Traced, "lower", spy)
+    before = (jax.config.jax_include_full_tracebacks_in_locations,
+              jax.config.jax_traceback_in_locations_limit)
+    _fit(model, tmp_path)
+    assert seen and all(s == (False, 0) for s in seen), seen
+    assert (jax.config.jax_include_full_tracebacks_in_locations,
+            jax.config.jax_traceback_in_locations_limit) == before
+    with pytest.raises(RuntimeError), programs._no_source_locations():
+        raise RuntimeError("lowering failed")
+    assert (jax.config.jax_include_full_tracebacks_in_locations,
+            jax.config.jax_traceback_in_locations_limit) == before
