@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import itertools
 from collections.abc import Iterator, Sequence
 
@@ -43,5 +44,11 @@ def taps(x: jax.Array, g: Geometry) -> list[jax.Array]:
 
 
 def tangent_sum(terms: list[jax.Array], y: jax.Array) -> jax.Array:
-    """The sum of a jvp rule's tangent terms (zeros like ``y`` when every input's is zero)."""
-    return sum(terms[1:], terms[0]) if terms else jnp.zeros_like(y)
+    """The sum of a jvp rule's tangent terms (zeros like ``y`` when every input's is zero),
+    in `jax.lax` where the terms agree in shape and dtype (``jnp``'s ``+`` is a jitted
+    call, traced again per use)."""
+    if not terms:
+        return jnp.zeros_like(y)
+    if all(t.shape == terms[0].shape and t.dtype == terms[0].dtype for t in terms):
+        return functools.reduce(lax.add, terms)
+    return sum(terms[1:], terms[0])

@@ -27,11 +27,18 @@ from ._taps import tangent_sum, taps
 
 
 def shift_sum(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
-    """sum_k slice_k(padded x) * wk[k] for x [N, *S, C], wk [K, C]: one elementwise fusion."""
+    """sum_k slice_k(padded x) * wk[k] for x [N, *S, C], wk [K, C]: one elementwise fusion.
+
+    Written in `jax.lax` primitives: ``jnp``'s arithmetic is a jitted call per operation,
+    which a gradient's trace pays for at every tap of every layer."""
+    dtype = jnp.result_type(x.dtype, wk.dtype)
+    x, wk = x.astype(dtype), wk.astype(dtype)
     acc = None
     for k, t in enumerate(taps(x, g)):
-        term = t * wk[k]
-        acc = term if acc is None else acc + term
+        w = lax.broadcast_in_dim(lax.index_in_dim(wk, k, keepdims=False), t.shape,
+                                 (t.ndim - 1,))
+        term = lax.mul(t, w)
+        acc = term if acc is None else lax.add(acc, term)
     return acc
 
 
@@ -44,9 +51,10 @@ def weight_gradient(x: jax.Array, ct: jax.Array, g: Geometry) -> jax.Array:
     the samples and the other spatial axes. Half-precision inputs are accumulated in float32.
     """
     acc = jnp.promote_types(ct.dtype, jnp.float32)
-    products = tuple(t.astype(acc) * ct.astype(acc) for t in taps(x, g))
+    ct = ct.astype(acc)
+    products = tuple(lax.mul(t.astype(acc), ct) for t in taps(x, g))
     rows = lax.reduce(products, tuple(jnp.zeros((), acc) for _ in products),
-                      lambda a, b: tuple(u + v for u, v in zip(a, b, strict=True)),
+                      lambda a, b: tuple(map(lax.add, a, b)),
                       (x.ndim - 2,))
     return jnp.stack(rows).sum(axis=tuple(range(1, x.ndim - 1))).astype(ct.dtype)
 

@@ -69,7 +69,11 @@ def bias_act(y: jax.Array, b: Any, act: int | None) -> jax.Array:
     """Add the bias, then the fused activation (a clamp, as in LiteRT's conv kernels: TANH and
     SIGN_BIT leave the output unchanged, checked against LiteRT in the tests)."""
     if b is not None:
-        y = y + b
+        if jnp.ndim(b) == 1 and b.shape[0] == y.shape[-1] and b.dtype == y.dtype:
+            # in `jax.lax`: ``jnp``'s ``+`` is a jitted call, traced again per layer
+            y = lax.add(y, lax.broadcast_in_dim(b, y.shape, (y.ndim - 1,)))
+        else:
+            y = y + b
     return fused_activation(y, act)
 
 

@@ -322,6 +322,7 @@ def scaled_value_and_grad(
     micro_batches: int = 1,
     reduction: str = "mean",
     micro_batch_groups: int = 1,
+    test_unscaled: bool = True,
 ) -> Callable[..., ScaledGrads]:
     """Wrap ``loss_fn(params, *args)`` into ``fn(loss_scale, params, *args) -> ScaledGrads``.
 
@@ -336,6 +337,11 @@ def scaled_value_and_grad(
     micro-batches are combined (``reduction`` "mean" or "sum") before unscaling, so one
     micro-batch of activations is live at a time and loss scaling composes with it.
     ``micro_batch_groups``: the devices a batch is sharded over (see `split_batch`).
+
+    ``test_unscaled=False``: without loss scaling (a `NoLossScale`) the gradients are not
+    tested and ``grads_finite`` reads True, for a caller that applies every unscaled update
+    (as the trainer does): the test is two operations a gradient leaf, which the trace of
+    a many-leaf step pays for.
     """
     try:
         policy = OverflowPolicy(on_overflow)
@@ -364,6 +370,8 @@ def scaled_value_and_grad(
         else:
             grads, (loss, aux) = jax.grad(scaled_loss, has_aux=True)(params, loss_scale, *args)
         grads = loss_scale.unscale(grads)
+        if not test_unscaled and isinstance(loss_scale, NoLossScale):
+            return loss, aux, grads, jnp.ones([], bool)
         return loss, aux, grads, all_finite(grads)
 
     def fn(loss_scale: LossScale, params: Any, *args: Any) -> ScaledGrads:

@@ -126,6 +126,7 @@ class Trainer(Scoring):
             functools.partial(self._loss, in_loop=in_loop), config.on_overflow, has_aux=True,
             micro_batches=self.micro_batches, reduction=acc_reduction,
             micro_batch_groups=1 if placement is None else placement.size,
+            test_unscaled=False,  # unscaled updates are all applied (see train_step)
         ) for in_loop in (False, True)}
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None

@@ -245,3 +245,19 @@ def test_all_finite():
     assert not bool(optim.all_finite({"a": jnp.array([1.0, jnp.nan])}))
     assert not bool(optim.all_finite([jnp.ones(1), jnp.array([jnp.inf], jnp.float16)]))
     assert bool(optim.all_finite({}))
+
+
+def test_unscaled_gradients_untested_when_asked():
+    """``test_unscaled=False``: without loss scaling the gradients are not tested
+    (``grads_finite`` reads True even for infinite ones, no is_finite in the program); with
+    a loss scale they still are."""
+    def bad_loss(params, x):
+        return _loss_fn(params, x) * jnp.inf
+
+    params, x = _params()
+    fn = optim.scaled_value_and_grad(bad_loss, test_unscaled=False)
+    assert bool(fn(NoLossScale(), params, x).grads_finite)
+    assert not bool(optim.scaled_value_and_grad(bad_loss)(NoLossScale(), params, x).grads_finite)
+    assert not bool(fn(StaticLossScale(2.0), params, x).grads_finite)
+    jaxpr = str(jax.make_jaxpr(lambda p: fn(NoLossScale(), p, x).grads)(params))
+    assert "is_finite" not in jaxpr
