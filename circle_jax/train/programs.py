@@ -301,25 +301,31 @@ def collector_paused() -> Iterator[None]:
             gc.enable()
 
 
-#: JAX's settings for a lowering without Python stack frames in its source locations
-_NO_LOCATIONS = {"jax_include_full_tracebacks_in_locations": False,
-                 "jax_traceback_in_locations_limit": 0}
-
-
 @contextlib.contextmanager
-def _no_source_locations() -> Iterator[None]:
-    """Lower without the Python stack frames of each operation's source location (and the
-    settings as they were after): a kept program's locations are stripped before it
-    compiles (`_strip_debug_info`), and writing them took a fifth of MobileNet 0.25/128's
-    epoch lowering (benchmarks/README.md)."""
-    before = {name: getattr(jax.config, name) for name in _NO_LOCATIONS}
-    for name, value in _NO_LOCATIONS.items():
+def _jax_settings(settings: dict[str, Any]) -> Iterator[None]:
+    """JAX's configuration ``settings`` (name -> value) for the block, and as they were
+    after."""
+    before = {name: getattr(jax.config, name) for name in settings}
+    for name, value in settings.items():
         jax.config.update(name, value)
     try:
         yield
     finally:
         for name, value in before.items():
             jax.config.update(name, value)
+
+
+#: JAX's settings for a lowering without Python stack frames in its source locations
+_NO_LOCATIONS = {"jax_include_full_tracebacks_in_locations": False,
+                 "jax_traceback_in_locations_limit": 0}
+
+
+def _no_source_locations() -> contextlib.AbstractContextManager[None]:
+    """Lower without the Python stack frames of each operation's source location (and the
+    settings as they were after): a kept program's locations are stripped before it
+    compiles (`_strip_debug_info`), and writing them took a fifth of MobileNet 0.25/128's
+    epoch lowering (benchmarks/README.md)."""
+    return _jax_settings(_NO_LOCATIONS)
 
 
 @contextlib.contextmanager
@@ -330,13 +336,11 @@ def _persistent_cache_off() -> Iterator[None]:
     JAX decides once per process whether its cache is used, at the first compile, so the
     setting alone changes nothing after one: the decision is reset on entry and on exit
     (``reset_cache``, JAX's public way to have the setting read again)."""
-    before = jax.config.jax_enable_compilation_cache
-    jax.config.update("jax_enable_compilation_cache", False)
-    compilation_cache.reset_cache()
     try:
-        yield
+        with _jax_settings({"jax_enable_compilation_cache": False}):
+            compilation_cache.reset_cache()
+            yield
     finally:
-        jax.config.update("jax_enable_compilation_cache", before)
         compilation_cache.reset_cache()
 
 
