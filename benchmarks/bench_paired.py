@@ -4,7 +4,9 @@
                                       [--variants default,classic,mlir-emitters,conv-xla]
 
 Each variant is the same ``fit`` epoch (categorical crossentropy, SGD or Adam at 0.01,
-onert's settings) compiled differently; the compiled epochs then run in alternating order,
+onert's settings; `Trainer.epochs_runner`'s program, one epoch a call and its summary read
+on the host, as ``fit`` with an ``on_epoch`` callback runs it) compiled differently; the
+compiled epochs then run in alternating order,
 so that every variant meets the same machine state (the development VM switches between
 two speeds from one second to the next: see README.md). Prints, per variant, the median ms/step and
 the median of its per-epoch ratio to the first variant's epoch that ran just before it,
@@ -22,7 +24,9 @@ Variants:
   1 / 0 (``xla_backend_optimization_level``; XLA's default is 2), ``no-slp``: classic
   without LLVM's SLP vectorizer: options that may cut compile time (and cost step time);
 - ``ynn-eltwise``: classic, with elementwise fusions handed to YNNPACK too;
-  ``ynn-conv-xla``: every convolution XLA's, handed to YNNPACK where it takes them.
+  ``ynn-conv-xla``: every convolution XLA's, handed to YNNPACK where it takes them;
+- ``by-name``: the trainable weights carried by name between steps and calls, not as one
+  `circle_jax.optim.flat.Packed` vector (`Trainer.packed` off).
 
 Also prints each variant's number of fused kernels (XLA compiles each of its own with LLVM,
 about 10 ms of CPU time apiece on this VM; library calls cost next to nothing to compile).
@@ -37,18 +41,18 @@ import os
 import statistics
 import time
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 
 import circle_jax as cj
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.lowering import LoweringOptions
-from circle_jax.train import CLASSIC_EMITTERS, Trainer, batched
+from circle_jax.train import CLASSIC_EMITTERS, Trainer
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "models")
 VARIANTS = {  # name -> (compiler options (None: the trainer's own), forced convolution lowering)
     "default": (None, None),
+    "by-name": (None, None),
     "classic": (CLASSIC_EMITTERS, None),
     "mlir-emitters": ({}, None),
     "conv-xla": (None, "xla"),
@@ -94,7 +98,7 @@ def main() -> None:
     if args.samples:
         x, y = x[:args.samples], y[:args.samples]
     steps = len(y) // args.batch
-    xs, ys = batched((jnp.asarray(x),), jnp.asarray(y), args.batch, steps)
+    x, y = jnp.asarray(x), jnp.asarray(y)
     runs = []
     for name in args.variants.split(","):
         options, lowering = VARIANTS[name]
@@ -103,22 +107,22 @@ def main() -> None:
                           batch_size=args.batch)
         if options is not None:
             trainer.compiler_options = options
+        if name == "by-name":
+            trainer.packed = lambda s: s
         state, frozen = trainer.init()
         t = time.perf_counter()
-        epoch = trainer._compiled_epoch(state, frozen, xs, ys)
+        run = trainer.epochs_runner(state, frozen, (x,), y, 1)
         compile_ms = (time.perf_counter() - t) * 1000
-        hlo = epoch.as_text()
+        hlo = list(trainer._compiled.values())[-1].as_text()  # the epochs program
         print(f"  {name}: {hlo.count(' fusion(')} fused kernels "
               f"({hlo.count('kind=kCustom')} of them library calls)", flush=True)
-        state, m = epoch(state, frozen, xs, ys)  # first execution, not timed
-        jax.block_until_ready(m)
-        runs.append({"name": name, "epoch": epoch, "state": state, "frozen": frozen, "ms": [],
+        state, _ = run(state, 0, 1)  # first execution, not timed
+        runs.append({"name": name, "run": run, "state": state, "ms": [],
                      "compile_ms": compile_ms})
-    for _ in range(args.epochs):
+    for epoch in range(args.epochs):
         for r in runs:
             t = time.perf_counter()
-            r["state"], m = r["epoch"](r["state"], r["frozen"], xs, ys)
-            jax.block_until_ready(m)
+            r["state"], _ = r["run"](r["state"], epoch + 1, 1)
             r["ms"].append((time.perf_counter() - t) * 1000 / steps)
     base = runs[0]["ms"]
     print(f"{args.model}, batch {args.batch}, {steps} steps/epoch, {args.epochs} epochs each")

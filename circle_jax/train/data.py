@@ -1,8 +1,9 @@
-"""Training data on its way into the compiled epoch: checked, split, cut into batches."""
+"""Training data on its way into the compiled epoch: checked, split, cut into batches; and
+the params a run is given, checked."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from typing import Any
 
 import jax
@@ -11,6 +12,7 @@ import numpy as np
 
 from ..errors import DataError
 from ..formats.rawdata import check_training_data
+from ..lower import RANGES
 from ..model import Model
 
 Batch = tuple[tuple[jax.Array, ...], jax.Array]
@@ -100,3 +102,24 @@ def checked_samples(model: Model, x: Any, y: Any, dtype: Any, classes: int | Non
         raise DataError("no samples: expected at least one (samples on axis 0)")
     check_training_data(xs, y, classes, ignore_index)
     return xs, ys
+
+
+def checked_params(model: Model, params: Mapping[str, Any]) -> Mapping[str, Any]:
+    """``params`` when they are ``model``'s: the same names (and a QAT model's moving
+    ranges), shapes and finite values; else one line naming the first that is not (a
+    wrong shape would fail inside an operator, a NaN after a whole epoch)."""
+    names = set(model.params)
+    extra, missing = sorted(set(params) - names - {RANGES}), sorted(names - set(params))
+    if extra or missing:
+        raise ValueError(f"params are not the model's: {len(missing)} missing, e.g. "
+                         f"{(missing or [None])[0]!r}; {len(extra)} unknown, e.g. "
+                         f"{(extra or [None])[0]!r} (expected the names of model.params)")
+    for name, want in model.params.items():
+        have = params[name]
+        if np.shape(have) != np.shape(want):
+            raise ValueError(f"params[{name!r}] has shape {list(np.shape(have))}, the model's "
+                             f"is {list(np.shape(want))}")
+        if jnp.issubdtype(jnp.result_type(have), jnp.inexact) and \
+                not np.isfinite(np.asarray(have)).all():
+            raise DataError(f"params[{name!r}] holds NaN or infinity; expected finite weights")
+    return params

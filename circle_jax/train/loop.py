@@ -183,11 +183,13 @@ def fit(
                                              after_chunk=chunk_done)
                 record_epoch(trainer, hist, i, state, frozen, m, t, n_train, val)
             warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
+            if callbacks:  # they read the params by name
+                state = trainer.unpacked(state)
             for cb in callbacks:
                 cb.on_epoch_end(epoch, hist, state, frozen)
             if on_epoch is not None:
                 on_epoch(i, hist)
-    state, frozen = local((state, frozen))
+    state, frozen = local((trainer.unpacked(state), frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
 
 
@@ -208,7 +210,7 @@ def _whole_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainSt
     """``count`` whole epochs by ``run`` (a `Trainer.epochs_runner` of ``per_call``
     epochs at most: validation included, one transfer a call): the first alone, then as
     many a call as took about `FUSED_CALL_SECONDS` at the last call's pace. Each epoch is
-    appended to ``hist`` as `record_epoch` does; the final state."""
+    appended to ``hist`` as `record_epoch` does; the final state (`Trainer.packed`)."""
     cfg, n = trainer.config, int(y.shape[0])
     steps = steps_per_epoch(cfg, n)
     unscaled = isinstance(state.loss_scale, NoLossScale)
@@ -237,7 +239,8 @@ def warn_if_stuck(trainer: Trainer, hist: History, state: TrainState, frozen: di
     if hist.overflow is not None or not hist.skipped or not hist.skipped[-1] or \
             bool(state.loss_scale.can_back_off()):
         return
-    found = first_non_finite(trainer, state.params, frozen, x, y, hist.loss_scale[-1])
+    found = first_non_finite(trainer, trainer.unpacked(state).params, frozen, x, y,
+                             hist.loss_scale[-1])
     epoch = len(hist.loss)
     hist.overflow = (f"epoch {epoch}: {hist.skipped[-1]} of {hist.steps[-1]} steps skipped "
                      f"with the loss scale at its floor ({hist.loss_scale[-1]:g}): "

@@ -39,10 +39,10 @@ from ..optim import (
     scaled_value_and_grad,
     select_tree,
 )
-from ..optim.flat import flattened, per_weight, raveled
+from ..optim.flat import Packed, flattened, packable, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, loss_function, optimizer, output_index, select_trainable
-from .data import Batch, batched, correct, scoring_split, trailing
+from .data import Batch, batched, checked_params, correct, scoring_split, trailing
 from .programs import (
     ProgramCache,
     collector_paused,
@@ -146,6 +146,23 @@ class Trainer(Scoring):
         masters = jax.eval_shape(lambda p: self.split_params(p)[0], self.model.params)
         return flattened(self.per_weight_tx, masters) or self.per_weight_tx
 
+    def packed(self, state: TrainState) -> TrainState:
+        """``state`` (arrays, or ``jax.ShapeDtypeStruct``) with its params as one `Packed`
+        vector, as `epochs_runner`'s programs carry them where that is exact
+        (`circle_jax.optim.flat.packable`, on one device, no Keras sparse-gradient Adam);
+        else (or packed already) as it is."""
+        if isinstance(state.params, Packed) or self.placement is not None \
+                or self.row_squares or not packable(state.params, state.opt_state):
+            return state
+        return state._replace(params=Packed.pack(state.params))
+
+    @staticmethod
+    def unpacked(state: TrainState) -> TrainState:
+        """``state`` with its params by name (the inverse of `packed`)."""
+        if not isinstance(state.params, Packed):
+            return state
+        return state._replace(params=state.params.unpack())
+
     # -- state -------------------------------------------------------------------------
     def split_params(self, params: Mapping[str, Any]) -> tuple[dict, dict]:
         """(trainable masters in ``master_dtype``, frozen params as stored)."""
@@ -189,13 +206,14 @@ class Trainer(Scoring):
 
     def masters(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, Any]:
         """All params, the trainable ones as their masters, and the moving ranges."""
-        return {**state.params, **frozen, **({RANGES: state.stats} if state.stats else {})}
+        return {**self.unpacked(state).params, **frozen,
+                **({RANGES: state.stats} if state.stats else {})}
 
     def merge(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, jax.Array]:
         """All params in the model's own dtypes (for ``model.apply`` and export), with a QAT
         model's moving activation ranges (`circle_jax.lower.RANGES`)."""
         stored = {k: v.dtype for k, v in self.model.params.items()}
-        out = {k: jnp.asarray(v, stored[k]) for k, v in state.params.items()}
+        out = {k: jnp.asarray(v, stored[k]) for k, v in self.unpacked(state).params.items()}
         out.update(frozen)
         return {**out, RANGES: state.stats} if state.stats else out
 
@@ -246,8 +264,10 @@ class Trainer(Scoring):
         finiteness test and the state selection cost a quarter of a small model's step.)
         """
         # in_loop: traced in a loop body (an epoch's scan, or the in-step micro-batch scan)
-        differentiated = state.params if not self.row_squares else (state.params, {
-            k: jnp.zeros_like(state.params[k]) for k in self.row_squares})
+        packed = state.params if isinstance(state.params, Packed) else None
+        params = state.params if packed is None else packed.unpack()
+        differentiated = params if not self.row_squares else (params, {
+            k: jnp.zeros_like(params[k]) for k in self.row_squares})
         if state.stats:  # a QAT model's moving ranges: the forward reads them as params
             frozen = {**frozen, RANGES: state.stats}
         r = self._grads[in_loop or self.micro_batches > 1](state.loss_scale, differentiated,
@@ -257,7 +277,8 @@ class Trainer(Scoring):
             updates, opt_state = self.tx.update(grads, state.opt_state, state.params, squares={
                 k: squares.get(k) for k in grads})
         else:
-            updates, opt_state = self.tx.update(r.grads, state.opt_state, state.params)
+            grads = r.grads if packed is None else packed.like(r.grads)
+            updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
         params = optax.apply_updates(state.params, updates)
         right, seen = (r.aux, {}) if not state.stats else r.aux
         stats = {k: moving_average(v, *seen[k], self.model.qat_range_decay)
@@ -421,17 +442,21 @@ class Trainer(Scoring):
                       ) -> Callable[[TrainState, int, int], tuple[TrainState, list]]:
         """``runner(state, first_epoch, n)``: ``n`` epochs (`run_epoch`'s steps), at most
         ``count``, in one compiled call, compiled or looked up here once, for states laid
-        out as ``state``; returns the state and per epoch (the `summarize_epoch` values, the
-        validation (loss, accuracy) over ``val`` or None): one transfer to the host."""
-        args = self._epochs_arguments(state, frozen, x, y, val)
+        out as ``state``; returns the state (`packed`: `unpacked` gives its params by name)
+        and per epoch (the `summarize_epoch` values, the validation (loss, accuracy) over
+        ``val`` or None): one transfer to the host."""
+        initial = [state, self.packed(state)]  # packed once, for the first call only
+        args = self._epochs_arguments(initial[1], frozen, x, y, val)
         compiled = self._compiled_epochs(args, count)
         fixed = args[1:-2]  # all but the state, the first epoch and the epochs' count
 
-        def runner(state: TrainState, first_epoch: int, n: int) -> tuple[TrainState, list]:
+        def runner(s: TrainState, first_epoch: int, n: int) -> tuple[TrainState, list]:
             if not 1 <= n <= count:
                 raise ValueError(f"this runner trains 1 to {count} epochs a call, not {n}")
-            state, summaries = compiled(state, *fixed, np.int32(first_epoch), np.int32(n))
-            return state, [host_summary(row) for row in np.asarray(summaries)[:n].tolist()]
+            s = initial[1] if initial and s is initial[0] else self.packed(s)
+            initial.clear()
+            s, summaries = compiled(s, *fixed, np.int32(first_epoch), np.int32(n))
+            return s, [host_summary(row) for row in np.asarray(summaries)[:n].tolist()]
 
         return runner
 
@@ -568,25 +593,5 @@ class Trainer(Scoring):
         if state is None:
             return
         frozen = shaped({k: v for k, v in params.items() if k not in self.trainable})
-        self.program_cache.prefetch(epochs, self._epochs_arguments(state, frozen, x, y, val))
-
-
-def checked_params(model: Model, params: Mapping[str, Any]) -> Mapping[str, Any]:
-    """``params`` when they are ``model``'s: the same names (and a QAT model's moving
-    ranges), shapes and finite values; else one line naming the first that is not (a
-    wrong shape would fail inside an operator, a NaN after a whole epoch)."""
-    names = set(model.params)
-    extra, missing = sorted(set(params) - names - {RANGES}), sorted(names - set(params))
-    if extra or missing:
-        raise ValueError(f"params are not the model's: {len(missing)} missing, e.g. "
-                         f"{(missing or [None])[0]!r}; {len(extra)} unknown, e.g. "
-                         f"{(extra or [None])[0]!r} (expected the names of model.params)")
-    for name, want in model.params.items():
-        have = params[name]
-        if np.shape(have) != np.shape(want):
-            raise ValueError(f"params[{name!r}] has shape {list(np.shape(have))}, the model's "
-                             f"is {list(np.shape(want))}")
-        if jnp.issubdtype(jnp.result_type(have), jnp.inexact) and \
-                not np.isfinite(np.asarray(have)).all():
-            raise DataError(f"params[{name!r}] holds NaN or infinity; expected finite weights")
-    return params
+        self.program_cache.prefetch(epochs, self._epochs_arguments(self.packed(state), frozen,
+                                                                   x, y, val))

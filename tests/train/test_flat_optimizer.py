@@ -15,10 +15,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from jax.flatten_util import ravel_pytree
 
 import circle_jax as cj
 from circle_jax.optim import adam_tf, sgd
-from circle_jax.optim.flat import flattened, per_weight, raveled
+from circle_jax.optim.flat import Packed, flattened, packable, per_weight, raveled
 from circle_jax.train import Trainer
 from tests.paths import KERAS_DATA
 
@@ -114,3 +115,90 @@ def test_adam_adds_a_few_kernels_not_a_few_per_weight() -> None:
     sgd_kernels = kernels("sgd")
     assert kernels("adam", flat=False) - sgd_kernels >= 2 * weights  # m and v, each weight
     assert kernels("adam") - sgd_kernels < weights
+
+
+# ------------------------------------------------------- weights carried as one vector
+
+
+def _runner_epochs(kwargs: dict, packed: bool, epochs: int = 2) -> tuple[Trainer, list, dict]:
+    """``epochs`` epochs through `Trainer.epochs_runner` (what ``fit`` runs), its params
+    `Packed` between the calls or (``packed=False``) by name."""
+    model = _model()
+    x, y = _data(model)
+    trainer = Trainer(model, batch_size=4, **kwargs)
+    if not packed:
+        trainer.packed = lambda s: s
+    state, frozen = trainer.init()
+    run = trainer.epochs_runner(state, frozen, (jnp.asarray(x),), jnp.asarray(y), 1)
+    summaries = []
+    for epoch in range(epochs):
+        state, rows = run(state, epoch, 1)
+        summaries += rows
+    assert isinstance(state.params, Packed) == packed
+    return trainer, summaries, jax.device_get(trainer.unpacked(state).params)
+
+
+@pytest.mark.parametrize("kwargs", [
+    dict(optimizer="sgd", learning_rate=1e-2),
+    dict(optimizer="adam", learning_rate=1e-3),
+    dict(optimizer="momentum", learning_rate=1e-2, accumulate=2),
+    dict(optimizer="adam", learning_rate=1e-3, precision="p=f32,c=f16,o=f32",
+         loss_scale="dynamic"),
+], ids=["sgd", "adam", "momentum-accumulate", "adam-float16"])
+def test_packed_weights_train_as_the_weights_by_name(kwargs) -> None:
+    """The epochs' programs carry the trainable weights as one vector; they train bit for
+    bit as the program that carries them by name (the same operations on the same values)."""
+    _, summaries, params = _runner_epochs(kwargs, packed=True)
+    _, want_summaries, want_params = _runner_epochs(kwargs, packed=False)
+    assert summaries == want_summaries
+    assert params.keys() == want_params.keys()
+    for k in params:
+        np.testing.assert_array_equal(params[k], want_params[k], err_msg=k)
+
+
+def test_packed_weights_round_trip_in_ravel_pytree_order() -> None:
+    params = {"w": jnp.arange(6.0).reshape(3, 2), "b": jnp.arange(2.0) + 10,
+              "c": jnp.ones((1, 2, 2))}
+    packed = Packed.pack(params)
+    # the flattened optimizers' layout: a packed state's moments line up with the weights
+    np.testing.assert_array_equal(packed.vector, ravel_pytree(params)[0])
+    back = packed.unpack()
+    assert back.keys() == params.keys()
+    jax.tree.map(np.testing.assert_array_equal, back, params)
+    in_program = jax.jit(lambda v: Packed(v, packed.layout).unpack())(packed.vector)
+    jax.tree.map(np.testing.assert_array_equal, in_program, params)
+    grads = {k: v * 2 for k, v in params.items()}
+    like = jax.jit(lambda g: packed.like(g).vector)(grads)
+    np.testing.assert_array_equal(like, ravel_pytree(grads)[0])
+    shapes = Packed.pack(jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), params))
+    assert shapes.vector.shape == (12,) and shapes.layout == packed.layout
+
+
+def test_which_weights_are_packed() -> None:
+    f32 = {"a": jnp.zeros((3, 2)), "b": jnp.zeros(2)}
+    assert packable(f32, sgd(0.1).init(f32))
+    assert packable(f32, flattened(adam_tf(0.1), f32).init(f32))  # moments as vectors
+    assert not packable(f32, adam_tf(0.1).init(f32))  # moments by name
+    assert not packable({**f32, "b": jnp.zeros(2, jnp.float16)}, ())  # would promote
+    assert not packable({"a": f32["a"]}, ())  # one weight: nothing to gain
+    assert not packable({**f32, "i": jnp.zeros(2, jnp.int32)}, ())
+
+
+def test_packed_weights_update_in_one_kernel() -> None:
+    """What packing is for: one update kernel for all weights instead of one each (the
+    weights a library matrix product reads are sliced out of the vector: a copy each)."""
+    model = _model()
+    x, y = _data(model)
+
+    def kernels(packed: bool) -> int:
+        trainer = Trainer(model, batch_size=4, optimizer="sgd")
+        if not packed:
+            trainer.packed = lambda s: s
+        state, frozen = trainer.init()
+        args = trainer._epochs_arguments(trainer.packed(state), frozen, (jnp.asarray(x),),
+                                         jnp.asarray(y), None)
+        return trainer._compiled_epochs(args, 1).as_text().count(" fusion(")
+
+    biases = sum(np.ndim(v) == 1 for k, v in model.params.items()
+                 if k in Trainer(model).trainable)
+    assert kernels(packed=False) - kernels(packed=True) >= biases - 1
