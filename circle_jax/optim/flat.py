@@ -15,18 +15,23 @@ same values, element by element, in a few kernels. Rules:
   entry per weight (what checkpoints store and what one reads to compare a moment with
   another runtime's) and `raveled` gives the vector layout back, both on the host.
 
-The weights themselves can be carried the same way between a program's calls (`Packed`):
-each weight's update is otherwise a kernel of its own, which XLA compiles apart (about
-10 ms of CPU each on a 2-core machine; MobileNet 0.25/128 has 56). On one vector the update
-is one kernel; the weights are sliced out of it where the forward pass reads them. Rules:
+The weights that are vectors (biases, per-channel scales) can be carried as one vector too,
+between a program's calls (`Packed`): each weight's update is otherwise a kernel of its
+own, which XLA compiles apart (about 10 ms of CPU each on a 2-core machine; MobileNet
+0.25/128 has 56 weights, 28 of them biases). Rules:
 
-- `packable`: the weights share one floating dtype (so one vector holds them exactly) and
-  the optimizer's state holds no per-weight part laid out per weight (it is stateless, or
-  `flattened`): every optimizer here updates element by element, so the vector's update is
-  the weights' updates, value for value;
-- `Packed` lays the weights out in `jax.tree` order, as ``ravel_pytree`` and `flattened`'s
-  state do; packing and unpacking concrete weights happens on the host (one transfer each
-  way; in a program, a slice per weight).
+- only weights of at most one axis go into the vector, and only where there are at least
+  `PACKED_MIN_WEIGHTS` of them: a fused elementwise kernel reads a vector weight, so
+  slicing it out of the packed vector is free, and gathering their gradients into it is a
+  short pass every step. A matrix or filter that a library matrix product reads would be
+  copied out of the vector every step instead, and gathering all weights' gradients costs
+  about 2.5 ns per element here (measured in benchmarks/README.md); those stay by name;
+- `packable`: the packed weights share one floating dtype (one vector holds them exactly)
+  and the optimizer keeps no per-weight state (SGD: every optimizer here updates element
+  by element, so the update of the vector is the weights' updates, value for value; a
+  per-weight state is laid out for the weights by name or in `flattened`'s order);
+- `Packed` lays the vector weights out in `jax.tree` order; packing and unpacking concrete
+  weights happens on the host (one transfer each way; in a program, a slice per weight).
 """
 
 from __future__ import annotations
@@ -69,58 +74,79 @@ def flattened(tx: optax.GradientTransformation, params: Any
     return optax.flatten(tx)
 
 
-def packable(params: Any, opt_state: Any) -> bool:
-    """Whether ``params`` may be updated as one `Packed` vector by the optimizer whose state
-    is ``opt_state`` (the rules above; read from the state, so nothing is traced)."""
+#: The fewest vector weights worth a `Packed` vector.
+PACKED_MIN_WEIGHTS = 8
+
+
+def _small(params: Mapping[str, Any]) -> list[str]:
+    """The names of ``params``' weights that go into a `Packed` vector (at most one axis),
+    in `jax.tree` order."""
+    names = [k.key for (k,), _ in jax.tree_util.tree_flatten_with_path(dict(params))[0]]
+    return [k for k in names if np.ndim(params[k]) <= 1]
+
+
+def packable(params: Mapping[str, Any], opt_state: Any) -> bool:
+    """Whether ``params`` may be carried `Packed` through updates by the optimizer whose
+    state is ``opt_state`` (the rules above; read from the state, so nothing is traced)."""
+    small = _small(params)
     like = _per_weight(params)
-    return len(jax.tree.leaves(params)) > 1 and _one_float_dtype(params) and not any(
-        like(n) for n in jax.tree.leaves(opt_state, is_leaf=like))
+    total = sum(int(np.prod(np.shape(v))) for v in params.values())
+    return len(small) >= PACKED_MIN_WEIGHTS and _one_float_dtype([params[k] for k in small]) \
+        and not any(like(n) or np.shape(n) == (total,)
+                    for n in jax.tree.leaves(opt_state, is_leaf=like))
 
 
 @jax.tree_util.register_pytree_node_class
 class Packed:
-    """Weights raveled into one vector (a pytree of that one leaf; the names and shapes are
-    its static layout), in `jax.tree` order of their mapping."""
+    """Weights by name, the vector ones (`packable`) raveled into one vector: a pytree of
+    that vector and the mapping of the others; the packed ones' names and shapes are its
+    static layout."""
 
-    def __init__(self, vector: Any, layout: tuple[tuple[str, tuple[int, ...]], ...]):
-        self.vector, self.layout = vector, layout
+    def __init__(self, vector: Any, others: dict[str, Any],
+                 layout: tuple[tuple[str, tuple[int, ...]], ...]):
+        self.vector, self.others, self.layout = vector, others, layout
 
-    def tree_flatten(self) -> tuple[tuple[Any], tuple]:
-        return (self.vector,), self.layout
+    def tree_flatten(self) -> tuple[tuple[Any, dict], tuple]:
+        return (self.vector, self.others), self.layout
 
     @classmethod
     def tree_unflatten(cls, layout: tuple, children: Any) -> Packed:
-        return cls(children[0], layout)
+        return cls(*children, layout)
 
     @classmethod
     def pack(cls, params: Mapping[str, Any]) -> Packed:
-        """``params`` (device arrays, or ``jax.ShapeDtypeStruct``: the vector's shape) in one
-        vector, assembled on the host."""
-        names = [k.key for (k,), _ in jax.tree_util.tree_flatten_with_path(dict(params))[0]]
-        layout = tuple((k, tuple(np.shape(params[k]))) for k in names)
-        size = sum(int(np.prod(s)) for _, s in layout)
+        """``params`` (device arrays, or ``jax.ShapeDtypeStruct``: the vector's shape), the
+        vector ones assembled into one vector on the host."""
+        small = _small(params)
+        layout = tuple((k, tuple(np.shape(params[k]))) for k in small)
+        others = {k: v for k, v in params.items() if k not in small}
         if any(isinstance(v, jax.ShapeDtypeStruct) for v in params.values()):
-            return cls(jax.ShapeDtypeStruct((size,), params[names[0]].dtype), layout)
-        host = jax.device_get([params[k] for k in names])  # one transfer
-        return cls(jax.device_put(np.concatenate([np.ravel(a) for a in host])), layout)
+            size = sum(int(np.prod(s)) for _, s in layout)
+            return cls(jax.ShapeDtypeStruct((size,), params[small[0]].dtype), others, layout)
+        host = jax.device_get([params[k] for k in small])  # one transfer
+        return cls(jax.device_put(np.concatenate([np.ravel(a) for a in host])), others,
+                   layout)
 
     def like(self, tree: Mapping[str, jax.Array]) -> Packed:
-        """``tree`` (laid out as the unpacked weights: their gradients) raveled in this
-        layout, in a program."""
+        """``tree`` (laid out as the weights by name: their gradients) in this layout, in a
+        program."""
         return Packed(lax.concatenate([lax.reshape(tree[k], (int(np.prod(s)),))
-                                       for k, s in self.layout], 0), self.layout)
+                                       for k, s in self.layout], 0),
+                      {k: tree[k] for k in self.others}, self.layout)
 
     def unpack(self) -> dict[str, jax.Array]:
-        """The weights by name: slices of the vector in a program, else arrays on the
-        vector's device made from one transfer to the host."""
+        """The weights by name: the packed ones slices of the vector in a program, else
+        arrays on the vector's device made from one transfer to the host."""
         ends = np.cumsum([0] + [int(np.prod(s)) for _, s in self.layout])
+        spans = list(zip(self.layout, ends[:-1], ends[1:]))
         if isinstance(self.vector, jax.core.Tracer):
-            return {k: lax.reshape(lax.slice(self.vector, (int(a),), (int(b),)), s)
-                    for (k, s), a, b in zip(self.layout, ends[:-1], ends[1:])}
-        flat = np.asarray(self.vector)
-        return jax.device_put({k: flat[a:b].reshape(s) for (k, s), a, b in
-                               zip(self.layout, ends[:-1], ends[1:])},
-                              next(iter(self.vector.devices())))
+            small = {k: lax.reshape(lax.slice(self.vector, (int(a),), (int(b),)), s)
+                     for (k, s), a, b in spans}
+        else:
+            flat = np.asarray(self.vector)
+            small = jax.device_put({k: flat[a:b].reshape(s) for (k, s), a, b in spans},
+                                   next(iter(self.vector.devices())))
+        return {**small, **self.others}
 
 
 def per_weight(opt_state: Any, tx: optax.GradientTransformation, params: Any) -> Any:
