@@ -21,7 +21,8 @@ Variants:
 - ``conv-xla`` / ``conv-im2col``: every convolution forced to that lowering;
 - ``llvm-cheap``: classic with ``xla_llvm_disable_expensive_passes`` (XLA skips LLVM's
   costliest optimization passes), ``opt1`` / ``opt0``: classic at LLVM optimization level
-  1 / 0 (``xla_backend_optimization_level``; XLA's default is 2), ``no-slp``: classic
+  1 / 0 (``xla_backend_optimization_level``; XLA's default is 3), ``opt2``: the
+  trainer's own options at level 2, ``no-slp``: classic
   without LLVM's SLP vectorizer: options that may cut compile time (and cost step time);
 - ``ynn-eltwise``: classic, with elementwise fusions handed to YNNPACK too;
   ``ynn-conv-xla``: every convolution XLA's, handed to YNNPACK where it takes them;
@@ -60,6 +61,7 @@ VARIANTS = {  # name -> (compiler options (None: the trainer's own), forced conv
     "llvm-cheap": ({**CLASSIC_EMITTERS, "xla_llvm_disable_expensive_passes": True}, None),
     "opt1": ({**CLASSIC_EMITTERS, "xla_backend_optimization_level": 1}, None),
     "opt0": ({**CLASSIC_EMITTERS, "xla_backend_optimization_level": 0}, None),
+    "opt2": (None, None),
     "no-slp": ({**CLASSIC_EMITTERS, "xla_cpu_disable_slp_vectorizer": True}, None),
     # YNNPACK library fusions (XLA's default: LIBRARY_FUSION_TYPE_DOT and _REDUCE) widened
     "ynn-eltwise": ({**CLASSIC_EMITTERS, "xla_cpu_experimental_ynn_fusion_type": ",".join(
@@ -109,6 +111,9 @@ def main() -> None:
             trainer.compiler_options = options
         if name == "by-name":
             trainer.packed = lambda s: s
+        if name == "opt2":
+            trainer.compiler_options = {**trainer.compiler_options,
+                                        "xla_backend_optimization_level": 2}
         state, frozen = trainer.init()
         t = time.perf_counter()
         run = trainer.epochs_runner(state, frozen, (x,), y, 1)

@@ -21,12 +21,13 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+import circle_jax as cj
 from circle_jax.cli import main
 from circle_jax.errors import DataError, TrainingError
 from circle_jax.formats.reader import read_model
 from circle_jax.losses import get_loss
 from circle_jax.train import Trainer, fit, select_trainable
-from tests.paths import SHARED_MODELS
+from tests.paths import SHARED_MODELS, shared_model
 from tests.toy_models import branching, digits16, reshape_mlp, toy_data
 
 
@@ -396,6 +397,25 @@ def test_compiler_options_chosen_by_the_models_operators() -> None:
     on_cpu = jax.default_backend() == "cpu"
     assert Trainer(branching()).compiler_options == (CLASSIC_EMITTERS if on_cpu else {})
     assert Trainer(reshape_mlp()).compiler_options == {}
+
+
+def test_large_convolutional_models_compile_at_llvm_level_2() -> None:
+    """LLVM at level 2 for convolutional models of at least LLVM_O2_MIN_OPERATORS operators
+    (MobileNet 0.25/128: 31), XLA's level 3 for smaller or dense ones."""
+    from circle_jax.train.programs import (
+        CLASSIC_EMITTERS,
+        LLVM_O2,
+        LLVM_O2_MIN_OPERATORS,
+        cpu_compiler_options,
+    )
+
+    n = LLVM_O2_MIN_OPERATORS
+    assert cpu_compiler_options(["CONV_2D"] * n) == {**CLASSIC_EMITTERS, **LLVM_O2}
+    assert cpu_compiler_options(["CONV_2D"] * (n - 1)) == CLASSIC_EMITTERS
+    assert cpu_compiler_options(["FULLY_CONNECTED"] * 2 * n) == {}
+    if jax.default_backend() == "cpu":
+        mobilenet = cj.load(shared_model("mobilenet_v1_0.25_128_float.tflite"))
+        assert Trainer(mobilenet).compiler_options == {**CLASSIC_EMITTERS, **LLVM_O2}
 
 
 @pytest.mark.parametrize("model", ["dense", "conv"])
