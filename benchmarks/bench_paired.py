@@ -49,6 +49,7 @@ import circle_jax as cj
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.lowering import LoweringOptions
 from circle_jax.train import CLASSIC_EMITTERS, Trainer
+from circle_jax.train.programs import LLVM_O2
 
 SHARED = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..", "shared", "models")
 VARIANTS = {  # name -> (compiler options (None: the trainer's own), forced convolution lowering)
@@ -112,8 +113,7 @@ def main() -> None:
         if name == "by-name":
             trainer.packed = lambda s: s
         if name == "opt2":
-            trainer.compiler_options = {**trainer.compiler_options,
-                                        "xla_backend_optimization_level": 2}
+            trainer.compiler_options = {**trainer.compiler_options, **LLVM_O2}
         state, frozen = trainer.init()
         t = time.perf_counter()
         run = trainer.epochs_runner(state, frozen, (x,), y, 1)

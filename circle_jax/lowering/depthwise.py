@@ -10,7 +10,7 @@ reduction per tap, each of which XLA CPU hands to YNNPACK after materializing it
 nine passes over the data and eighteen kernels to compile per layer. To choose that
 transpose, the convolution is a primitive of its own, :data:`channelwise_p`; a gradient's
 trace then holds one primitive per layer where the taps' slices, products and sums were
-dozens (MobileNet 0.25/128's training epoch traces in 28% less time).
+dozens (measured in benchmarks/README.md, "2026-11-28 evening").
 """
 
 from __future__ import annotations
@@ -75,8 +75,7 @@ channelwise_p.def_impl(_product)
 @channelwise_p.def_abstract_eval
 def _abstract_eval(x: jax.core.ShapedArray, wk: jax.core.ShapedArray, *, geometry: Geometry
                    ) -> jax.core.ShapedArray:
-    g = geometry
-    shape = (x.shape[0], *out_sizes(x.shape[1:-1], g), x.shape[-1])
+    shape = (x.shape[0], *out_sizes(x.shape[1:-1], geometry), x.shape[-1])
     return jax.core.ShapedArray(shape, jnp.result_type(x.dtype, wk.dtype))
 
 

@@ -78,8 +78,8 @@ def flattened(tx: optax.GradientTransformation, params: Any
 PACKED_MIN_WEIGHTS = 8
 
 
-def _small(params: Mapping[str, Any]) -> list[str]:
-    """The names of ``params``' weights that go into a `Packed` vector (at most one axis),
+def _vector_weights(params: Mapping[str, Any]) -> list[str]:
+    """The names of ``params``' weights of at most one axis (what a `Packed` vector holds),
     in `jax.tree` order."""
     names = [k.key for (k,), _ in jax.tree_util.tree_flatten_with_path(dict(params))[0]]
     return [k for k in names if np.ndim(params[k]) <= 1]
@@ -88,7 +88,7 @@ def _small(params: Mapping[str, Any]) -> list[str]:
 def packable(params: Mapping[str, Any], opt_state: Any) -> bool:
     """Whether ``params`` may be carried `Packed` through updates by the optimizer whose
     state is ``opt_state`` (the rules above; read from the state, so nothing is traced)."""
-    small = _small(params)
+    small = _vector_weights(params)
     like = _per_weight(params)
     total = sum(int(np.prod(np.shape(v))) for v in params.values())
     return len(small) >= PACKED_MIN_WEIGHTS and _one_float_dtype([params[k] for k in small]) \
@@ -117,7 +117,7 @@ class Packed:
     def pack(cls, params: Mapping[str, Any]) -> Packed:
         """``params`` (device arrays, or ``jax.ShapeDtypeStruct``: the vector's shape), the
         vector ones assembled into one vector on the host."""
-        small = _small(params)
+        small = _vector_weights(params)
         layout = tuple((k, tuple(np.shape(params[k]))) for k in small)
         others = {k: v for k, v in params.items() if k not in small}
         if any(isinstance(v, jax.ShapeDtypeStruct) for v in params.values()):

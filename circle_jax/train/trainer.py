@@ -147,10 +147,10 @@ class Trainer(Scoring):
         return flattened(self.per_weight_tx, masters) or self.per_weight_tx
 
     def packed(self, state: TrainState) -> TrainState:
-        """``state`` (arrays, or ``jax.ShapeDtypeStruct``) with its params as one `Packed`
-        vector, as `epochs_runner`'s programs carry them where that is exact
-        (`circle_jax.optim.flat.packable`, on one device, no Keras sparse-gradient Adam);
-        else (or packed already) as it is."""
+        """``state`` (arrays, or ``jax.ShapeDtypeStruct``) with its params `Packed` (the
+        vector weights in one vector), as `epochs_runner`'s programs carry them where that
+        is exact (`circle_jax.optim.flat.packable`, on one device, no Keras sparse-gradient
+        Adam); else (or packed already) as it is."""
         if isinstance(state.params, Packed) or self.placement is not None \
                 or self.row_squares or not packable(state.params, state.opt_state):
             return state
@@ -446,6 +446,7 @@ class Trainer(Scoring):
         and per epoch (the `summarize_epoch` values, the validation (loss, accuracy) over
         ``val`` or None): one transfer to the host."""
         initial = [state, self.packed(state)]  # packed once, for the first call only
+        packs = isinstance(initial[1].params, Packed)  # as for every state of this layout
         args = self._epochs_arguments(initial[1], frozen, x, y, val)
         compiled = self._compiled_epochs(args, count)
         fixed = args[1:-2]  # all but the state, the first epoch and the epochs' count
@@ -453,7 +454,7 @@ class Trainer(Scoring):
         def runner(s: TrainState, first_epoch: int, n: int) -> tuple[TrainState, list]:
             if not 1 <= n <= count:
                 raise ValueError(f"this runner trains 1 to {count} epochs a call, not {n}")
-            s = initial[1] if initial and s is initial[0] else self.packed(s)
+            s = initial[1] if initial and s is initial[0] else self.packed(s) if packs else s
             initial.clear()
             s, summaries = compiled(s, *fixed, np.int32(first_epoch), np.int32(n))
             return s, [host_summary(row) for row in np.asarray(summaries)[:n].tolist()]
