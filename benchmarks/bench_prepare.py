@@ -152,6 +152,9 @@ def main() -> int:
         if not os.path.isdir(os.path.join(args.against, "circle_jax")):
             ap.error(f"--against {args.against!r}: no circle_jax package in that directory")
         trees.append(os.path.abspath(args.against))
+    from machine import describe
+
+    print(f"Machine: {describe()}\n")
     print("| model | setting |" + (" tree |" if args.against else "") +
           " PREPARE first run (ms) | repeated runs (ms) | process wall s, first / repeated | "
           "process CPU s, first / repeated | load |")

@@ -514,6 +514,9 @@ def main(argv: list[str] | None = None) -> int:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(results, f, indent=1)
+    from machine import describe
+
+    print(f"- machine: {describe()}")
     for name in names:
         print(f"- {name}: {MODELS[name][2]}, {MODELS[name][1]} samples")
     peak = matmul_peak_gflops() if "circle-jax" in args.runtimes.split(",") else None
