@@ -1,14 +1,14 @@
 """Where a compiled training epoch spends its time, by the JAX operation that made each kernel.
 
     python benchmarks/profile_epoch.py MODEL [--batch 32] [--samples 64] [--epochs 5]
-                                             [--repeats 5] [--top 25]
+                                             [--repeats 5] [--top 25] [--kernels]
 
 Trains MODEL (a .circle/.tflite; random inputs, one-hot labels; CCE, SGD) with ``fit`` on
 inline CPU dispatch, times ``--repeats`` warm fused ``fit`` calls (ms/step: median and
 each), then runs one more under JAX's profiler and maps every XLA kernel event of the trace
 to the ``op_name`` of its HLO instruction in the compiled epoch: time per step, kernels per
-step and one example kernel per JAX operation. Kernels run on two threads at once, so the
-sum may exceed the wall time.
+step and one example kernel per JAX operation (``--kernels``: per kernel). Kernels run on
+two threads at once, so the sum may exceed the wall time.
 """
 
 from __future__ import annotations
@@ -35,6 +35,8 @@ def main() -> int:
     ap.add_argument("--epochs", type=int, default=5)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--top", type=int, default=25)
+    ap.add_argument("--kernels", action="store_true",
+                    help="list the slowest kernels one by one instead of by JAX operation")
     args = ap.parse_args()
 
     import circle_jax as cj
@@ -75,14 +77,15 @@ def main() -> int:
     for e in events:
         name = e.get("name", "")
         if e.get("ph") == "X" and name in ops and not name.startswith("while"):
-            total[ops[name]] += e["dur"]
-            count[ops[name]] += 1
-            example[ops[name]] = name
+            key = name if args.kernels else ops[name]
+            total[key] += e["dur"]
+            count[key] += 1
+            example[key] = name
     print(f"kernels: {sum(total.values()) / 1e3 / steps:.2f} ms/step over {steps} steps")
     print("ms/step  kernels/step  JAX operation  (example kernel, its shape)")
-    for op, us in total.most_common(args.top):
-        k = example[op]
-        print(f"{us / 1e3 / steps:7.2f} {count[op] / steps:8.1f}  {op[:80]}  ({k}, "
+    for key, us in total.most_common(args.top):
+        k = example[key]
+        print(f"{us / 1e3 / steps:7.2f} {count[key] / steps:8.1f}  {ops[k][:80]}  ({k}, "
               f"{shapes[k][:40]})")
     return 0
 

@@ -27,3 +27,10 @@ def inline_cpu_dispatch() -> bool:
     if not xla_bridge.backends_are_initialized():
         jax.config.update("jax_cpu_enable_async_dispatch", False)
     return not jax.config.read("jax_cpu_enable_async_dispatch")
+
+
+def dispatches_async(platform: str) -> bool:
+    """Whether a compiled call on ``platform`` returns before its program has run: on CPU
+    unless this process runs CPU programs inline (`inline_cpu_dispatch`), on accelerators
+    always."""
+    return platform != "cpu" or bool(jax.config.read("jax_cpu_enable_async_dispatch"))

@@ -21,8 +21,10 @@ from ..optim import NoLossScale
 from .config import TrainConfig, check_integer
 from .data import split_validation
 from .diagnose import first_non_finite
+from .dispatch import dispatches_async
 from .memory import host_memory_kept
 from .state import History, StepMetrics, TrainState
+from .summary import host_rows
 from .trainer import Trainer
 
 
@@ -70,6 +72,7 @@ def fit(
     callbacks: Sequence[Callback] = (),
     on_epoch: Callable[[int, History], None] | None = None,
     on_start: Callable[[History], None] | None = None,
+    overlap_epochs: bool = True,
     progress: Callable[[Any, Any], None] | None = None,
     devices: int | Sequence[jax.Device] | None = None,
     mesh: jax.sharding.Mesh | None = None,
@@ -102,7 +105,11 @@ def fit(
     history is recorded (per-epoch loss = mean of the batches' pre-update losses, accuracy,
     validation loss and accuracy over all validation samples, skipped steps, loss scale,
     ms/step), then the callbacks and ``on_epoch(i, history)`` (``i`` from 0 in this call)
-    run. ``on_start(history)`` is called once, when the epochs are compiled and before the
+    run. With ``on_epoch`` alone (no callbacks, ``progress`` or ``every_steps``) and
+    asynchronous dispatch (JAX's default; not after `inline_cpu_dispatch`), epoch i + 1 is
+    queued before epoch i's logging point, so the device trains while ``on_epoch`` runs:
+    the same results (``overlap_epochs=False``: one epoch at a time).
+    ``on_start(history)`` is called once, when the epochs are compiled and before the
     first runs (``history.prepare_ms`` and ``compile_ms`` set). ``progress(done, total)``
     is called from the compiled epoch about 40 times (a host callback: such a trace is not
     kept by a ``Trainer.program_cache``).
@@ -162,11 +169,19 @@ def fit(
         hist.prepare_ms = (time.perf_counter() - started) * 1000
         if on_start is not None:
             on_start(hist)
+        # with on_epoch alone and calls that return before their program runs, the next
+        # epoch is queued before this one's logging point (`_overlapped_epochs`)
+        overlapped = (overlap_epochs and whole and not fused and on_epoch is not None
+                      and not callbacks and progress is None and not initial_step
+                      and dispatches_async(trainer.platform))
         if fused:
             state = _whole_epochs(trainer, run, hist, state, y_tr, initial_epoch, epochs,
                                   per_call)
             warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
-        for i in range(0 if fused else epochs):
+        elif overlapped and epochs:
+            state = _overlapped_epochs(trainer, run, hist, state, frozen, x_tr, y_tr,
+                                       initial_epoch, epochs, on_epoch)
+        for i in range(0 if fused or overlapped else epochs):
             epoch = initial_epoch + i
             if whole and not (i == 0 and initial_step):
                 state = _whole_epochs(trainer, run, hist, state, y_tr, epoch, 1)
@@ -227,6 +242,35 @@ def _whole_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainSt
         done += size
         size = min(count - done, per_call,
                    max(1, int(size * FUSED_CALL_SECONDS / max(seconds, 1e-6))))
+    return state
+
+
+def _overlapped_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainState,
+                       frozen: dict, x: tuple, y: jax.Array, first_epoch: int, count: int,
+                       on_epoch: Callable[[int, History], None]) -> TrainState:
+    """``count`` whole epochs by ``run`` (a `Trainer.epochs_runner` of one epoch a call),
+    each queued before the previous one's summary is read: while the device trains epoch
+    i + 1 the host records epoch i, as `_whole_epochs` does, and calls ``on_epoch(i,
+    hist)``. The same programs on the same states as one call at a time; an epoch's
+    ms/step is the time between two summaries read. Should ``on_epoch`` raise, the queued
+    epoch's result is dropped. The final state (`Trainer.packed`)."""
+    cfg, n = trainer.config, int(y.shape[0])
+    steps = steps_per_epoch(cfg, n)
+    unscaled = isinstance(state.loss_scale, NoLossScale)
+    t = time.perf_counter()
+    state, queued = run(state, first_epoch, 1, read=False)
+    for i in range(count):
+        done, summaries = state, queued
+        if i + 1 < count:
+            state, queued = run(state, first_epoch + i + 1, 1, read=False)
+        ((summary, validation),) = host_rows(summaries, 1)
+        now = time.perf_counter()
+        _record(cfg, hist, len(hist.loss), unscaled, summary, steps, (now - t) * 1000 / steps, n)
+        t = now
+        if validation is not None:
+            _record_validation(hist, len(hist.val_loss), *validation)
+        warn_if_stuck(trainer, hist, done, frozen, x, y)
+        on_epoch(i, hist)
     return state
 
 

@@ -7,6 +7,7 @@ from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from ..optim import all_finite
 from .state import StepMetrics
@@ -41,3 +42,9 @@ def host_summary(row: Sequence[float]) -> tuple[tuple, tuple | None]:
     loss, scale, skipped, right, finite, *validation = row
     return ((loss, int(skipped), int(right), bool(finite), scale),
             (tuple(validation) or None))
+
+
+def host_rows(summaries: jax.Array, n: int) -> list[tuple[tuple, tuple | None]]:
+    """`host_summary` of each of the first ``n`` rows of a program's summaries (one
+    transfer)."""
+    return [host_summary(row) for row in np.asarray(summaries)[:n].tolist()]

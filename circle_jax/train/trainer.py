@@ -52,7 +52,7 @@ from .programs import (
 )
 from .scoring import Scoring
 from .state import StepMetrics, TrainState
-from .summary import SUMMARY_SIZE, epoch_summary, host_summary
+from .summary import SUMMARY_SIZE, epoch_summary, host_rows, host_summary
 
 
 class Trainer(Scoring):
@@ -439,25 +439,27 @@ class Trainer(Scoring):
 
     def epochs_runner(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                       y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
-                      ) -> Callable[[TrainState, int, int], tuple[TrainState, list]]:
-        """``runner(state, first_epoch, n)``: ``n`` epochs (`run_epoch`'s steps), at most
-        ``count``, in one compiled call, compiled or looked up here once, for states laid
-        out as ``state``; returns the state (`packed`: `unpacked` gives its params by name)
-        and per epoch (the `summarize_epoch` values, the validation (loss, accuracy) over
-        ``val`` or None): one transfer to the host."""
+                      ) -> Callable[..., tuple[TrainState, Any]]:
+        """``runner(state, first_epoch, n, read=True)``: ``n`` epochs (`run_epoch`'s steps),
+        at most ``count``, in one compiled call, compiled or looked up here once, for states
+        laid out as ``state``; returns the state (`packed`: `unpacked` gives its params by
+        name) and per epoch (the `summarize_epoch` values, the validation (loss, accuracy)
+        over ``val`` or None): one transfer to the host, or with ``read=False`` none (the
+        summaries on the device, for `host_rows`)."""
         initial = [state, self.packed(state)]  # packed once, for the first call only
         packs = isinstance(initial[1].params, Packed)  # as for every state of this layout
         args = self._epochs_arguments(initial[1], frozen, x, y, val)
         compiled = self._compiled_epochs(args, count)
         fixed = args[1:-2]  # all but the state, the first epoch and the epochs' count
 
-        def runner(s: TrainState, first_epoch: int, n: int) -> tuple[TrainState, list]:
+        def runner(s: TrainState, first_epoch: int, n: int, read: bool = True
+                   ) -> tuple[TrainState, Any]:
             if not 1 <= n <= count:
                 raise ValueError(f"this runner trains 1 to {count} epochs a call, not {n}")
             s = initial[1] if initial and s is initial[0] else self.packed(s) if packs else s
             initial.clear()
             s, summaries = compiled(s, *fixed, np.int32(first_epoch), np.int32(n))
-            return s, [host_summary(row) for row in np.asarray(summaries)[:n].tolist()]
+            return s, host_rows(summaries, n) if read else summaries
 
         return runner
 

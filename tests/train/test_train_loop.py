@@ -113,6 +113,74 @@ def test_epochs_in_one_compiled_call_equal_epoch_by_epoch(shuffle: bool) -> None
     assert h.val_accuracy == g.val_accuracy and len(h.val_loss) == 3
 
 
+def _recorded_fit(model, x, y, events: list[str], fail_at: int | None = None, **kwargs):
+    """``fit`` with an ``on_epoch``, recording the order of its compiled epoch calls
+    ("run <first epoch>") and its ``on_epoch`` calls ("epoch <i>")."""
+    trainer = Trainer(model, epochs=3, batch_size=4, learning_rate=0.1, loss="cce",
+                      optimizer="adam", validation_split=0.1)
+    runner = trainer.epochs_runner
+
+    def recording_runner(*args, **kw):
+        run = runner(*args, **kw)
+
+        def recorded(s, first_epoch, n, read=True):
+            events.append(f"run {first_epoch}")
+            return run(s, first_epoch, n, read)
+        return recorded
+
+    trainer.epochs_runner = recording_runner
+
+    def on_epoch(i, h):
+        events.append(f"epoch {i}")
+        if i == fail_at:
+            raise KeyboardInterrupt
+
+    return fit(model, x, y, trainer=trainer, on_epoch=on_epoch, **kwargs)
+
+
+def test_with_on_epoch_alone_the_next_epoch_is_queued_before_it(monkeypatch) -> None:
+    """Under asynchronous dispatch (JAX's default, a notebook's), ``fit`` queues epoch
+    i + 1 before ``on_epoch(i)``: the same programs on the same states, so the same bits as
+    one epoch at a time (``overlap_epochs=False``); an ``on_epoch`` that raises still ends
+    ``fit`` at that epoch."""
+    import jax
+
+    import circle_jax.train.loop as loop
+    from circle_jax.train.dispatch import dispatches_async
+
+    assert dispatches_async("gpu")
+    assert dispatches_async("cpu") == jax.config.read("jax_cpu_enable_async_dispatch")
+    # as asynchronous dispatch decides (a command-line test may have made this worker's
+    # CPU programs run inline; the order of the calls is the same either way)
+    monkeypatch.setattr(loop, "dispatches_async", lambda platform: True)
+    model = reshape_mlp()
+    x, y = toy_data(31)
+    overlapped: list[str] = []
+    a = _recorded_fit(model, x, y, overlapped)
+    assert overlapped == ["run 0", "run 1", "epoch 0", "run 2", "epoch 1", "epoch 2"]
+    sequential: list[str] = []
+    b = _recorded_fit(model, x, y, sequential, overlap_epochs=False)
+    assert sequential == ["run 0", "epoch 0", "run 1", "epoch 1", "run 2", "epoch 2"]
+    assert a.history.loss == b.history.loss and a.history.val_loss == b.history.val_loss
+    assert all(np.array_equal(a.params[k], b.params[k]) for k in a.params)
+    assert len(a.history.ms_per_step) == 3 and min(a.history.ms_per_step) > 0
+    stopped: list[str] = []
+    with pytest.raises(KeyboardInterrupt):
+        _recorded_fit(model, x, y, stopped, fail_at=1)
+    assert stopped == ["run 0", "run 1", "epoch 0", "run 2", "epoch 1"]
+
+
+def test_inline_dispatch_runs_one_epoch_at_a_time(monkeypatch) -> None:
+    """Where a call runs its program before returning (`inline_cpu_dispatch`), queuing
+    would only delay ``on_epoch``: epochs run one at a time."""
+    import circle_jax.train.loop as loop
+
+    monkeypatch.setattr(loop, "dispatches_async", lambda platform: False)
+    events: list[str] = []
+    _recorded_fit(reshape_mlp(), *toy_data(31), events)
+    assert events == ["run 0", "epoch 0", "run 1", "epoch 1", "run 2", "epoch 2"]
+
+
 def _same_run(a, b) -> None:
     """The same training up to float32 rounding: each compiled program is deterministic, but
     XLA may round the tiny products' sums (`small_matmul`) differently in differently shaped
