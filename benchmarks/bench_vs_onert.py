@@ -30,14 +30,17 @@ trainable, sequential batches, trailing partial batch dropped.
   (JAX's defaults), timed between ``fit``'s ``on_epoch`` callbacks (the median epoch after
   the first of its first ``fit``; each epoch queued before the previous one's callback,
   as ``fit`` does with asynchronous dispatch); its speed-up is onert's ms/step over this.
-- paired: the library and onert in one process, epoch for epoch (runtime ``paired``): the
-  library's ``fit`` (as ``library``, but one epoch at a time: ``overlap_epochs=False``)
-  whose ``on_epoch`` callback trains one onert epoch on
-  a session opened before it, so each of onert's epochs runs within milliseconds of one of
-  circle-jax's (the development VM switches between two speeds from one second to the
-  next, which separate processes meet at random). Reported apart, below the main table:
-  both runtimes' median ms/step (epochs after the first) and the median and range of the
-  per-epoch ratios. No memory figures (one process holds both).
+- paired: the library and onert in one process, in turns (runtime ``paired``):
+  `PAIRED_BLOCKS` blocks of ``--epochs`` epochs each, a block of the library's ``fit`` with
+  an ``on_epoch`` callback (as ``library``: each epoch queued before the previous one's
+  callback) then a block of onert's epochs on a session opened before, so that both
+  runtimes meet the same speed of the development VM (which switches between two speeds
+  from one second to the next; separate processes meet them at random; one onert epoch
+  inside ``on_epoch`` would train alongside the queued epoch). Reported apart, below the
+  main table: both runtimes' median ms/step (the first epoch of each library block and
+  onert's first epoch left out) and the
+  median and range of the per-block ratios of medians. No memory figures (one process
+  holds both).
 - memory: the peak resident set (RSS high-water mark) of the worker process, ``VmHWM`` of
   ``/proc/self/status``. It covers the whole process, the runtime's own libraries included;
   "delta" subtracts the same figure read right after importing the runtime and numpy,
@@ -227,22 +230,25 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     path, xf, yf = files
     x, y = np.load(xf), np.load(yf)
 
-    def library_fit(on_epoch, overlap=True):  # as a notebook calls it, timed between
-        return fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,  # on_epoch calls
-                   learning_rate=LEARNING_RATE, loss=2, optimizer=1, on_epoch=on_epoch,
-                   overlap_epochs=overlap)
+    def library_fit(on_epoch):  # as a notebook calls it, timed between on_epoch callbacks
+        return fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,
+                   learning_rate=LEARNING_RATE, loss=2, optimizer=1, on_epoch=on_epoch)
 
-    if runtime == "paired":  # the library's fit, one onert epoch in each on_epoch callback
+    if runtime == "paired":  # blocks of epochs, the library's and onert's in turn
         epoch = _onert_epochs(path, x, y, batch)
-        onert_ms: list[float] = []
-        # one epoch at a time: a queued epoch would train alongside onert's
-        h = library_fit(lambda i, h: onert_ms.append(epoch()), overlap=False).history
-        ms, theirs = h.ms_per_step[1:], onert_ms[1:]
-        return {"runtime": runtime, "model": name, "batch": batch, "steps": h.steps[0],
-                "ms_per_step": statistics.median(ms),
-                "onert_ms_per_step": statistics.median(theirs),
-                "ratios": [o / c for o, c in zip(theirs, ms)], "loss": h.loss,
-                "onert_first_loss": epoch.first_loss}
+        first = library_fit(lambda i, h: None)  # compiled; its epochs as `library` times
+        theirs = [epoch() for _ in range(epochs + 1)][1:]
+        ours, ratios = first.history.ms_per_step[1:], []
+        for _ in range(PAIRED_BLOCKS - 1):
+            ratios.append(statistics.median(theirs[-epochs:]) / statistics.median(ours[-epochs:]))
+            ours += fit(first.model, x, y, trainer=first.trainer, epochs=epochs + 1,
+                        on_epoch=lambda i, h: None).history.ms_per_step[1:]
+            theirs += [epoch() for _ in range(epochs)]
+        ratios.append(statistics.median(theirs[-epochs:]) / statistics.median(ours[-epochs:]))
+        return {"runtime": runtime, "model": name, "batch": batch,
+                "steps": first.history.steps[0], "ms_per_step": statistics.median(ours),
+                "onert_ms_per_step": statistics.median(theirs), "ratios": ratios,
+                "loss": first.history.loss, "onert_first_loss": epoch.first_loss}
     if notebook:  # one fit, timed between its on_epoch callbacks (epochs after the first)
         t = time.perf_counter()
         r = library_fit(lambda i, h: None)
@@ -290,6 +296,10 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
             "finite": bool(np.all(np.isfinite(losses)))}
 
 
+#: how many blocks of epochs of each runtime ``paired`` runs in turn
+PAIRED_BLOCKS = 5
+
+
 def _onert_epochs(path: str, x, y, batch: int):
     """``epoch()``: one more onert epoch (tests/onert_peer.py) on one session, returning its
     ms/step; ``epoch.first_loss`` is its first epoch's loss."""
@@ -315,8 +325,8 @@ def _onert_epochs(path: str, x, y, batch: int):
 
 def _paired_table(results: list[dict]) -> str:
     """The ``paired`` runs: medians over rounds of each runtime's ms/step, and the median
-    and range of every per-epoch ratio of every round."""
-    rows = ["| model | batch | onert ms/step | library ms/step | speed-up (per-epoch range) | "
+    and range of every per-block ratio of every round."""
+    rows = ["| model | batch | onert ms/step | library ms/step | speed-up (per-block range) | "
             "epoch-1 loss onert / circle-jax |", "|---|---|---|---|---|---|"]
     grouped: dict[tuple, list[dict]] = {}
     for r in results:
