@@ -234,11 +234,8 @@ def _whole_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainSt
         t = time.perf_counter()
         state, summaries = run(state, first_epoch + done, size)
         seconds = time.perf_counter() - t
-        for summary, validation in summaries:
-            _record(cfg, hist, len(hist.loss), unscaled, summary, steps,
-                    seconds * 1000 / (size * steps), n)
-            if validation is not None:
-                _record_validation(hist, len(hist.val_loss), *validation)
+        for row in summaries:
+            _record_row(cfg, hist, unscaled, row, steps, seconds * 1000 / (size * steps), n)
         done += size
         size = min(count - done, per_call,
                    max(1, int(size * FUSED_CALL_SECONDS / max(seconds, 1e-6))))
@@ -263,12 +260,10 @@ def _overlapped_epochs(trainer: Trainer, run: Callable, hist: History, state: Tr
         done, summaries = state, queued
         if i + 1 < count:
             state, queued = run(state, first_epoch + i + 1, 1, read=False)
-        ((summary, validation),) = host_rows(summaries, 1)
+        (row,) = host_rows(summaries, 1)
         now = time.perf_counter()
-        _record(cfg, hist, len(hist.loss), unscaled, summary, steps, (now - t) * 1000 / steps, n)
+        _record_row(cfg, hist, unscaled, row, steps, (now - t) * 1000 / steps, n)
         t = now
-        if validation is not None:
-            _record_validation(hist, len(hist.val_loss), *validation)
         warn_if_stuck(trainer, hist, done, frozen, x, y)
         on_epoch(i, hist)
     return state
@@ -339,6 +334,15 @@ def _record(cfg: TrainConfig, hist: History, epoch: int, unscaled: bool, summary
     hist.loss_scale.append(scale)
     hist.ms_per_step.append(ms)
     hist.steps.append(steps)
+
+
+def _record_row(cfg: TrainConfig, hist: History, unscaled: bool, row: tuple, steps: int,
+                ms: float, n_train: int) -> None:
+    """Append the next epoch's `host_rows` row: its summary and any validation."""
+    summary, validation = row
+    _record(cfg, hist, len(hist.loss), unscaled, summary, steps, ms, n_train)
+    if validation is not None:
+        _record_validation(hist, len(hist.val_loss), *validation)
 
 
 def _record_validation(hist: History, epoch: int, loss: float, accuracy: float) -> None:
