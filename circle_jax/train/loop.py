@@ -106,9 +106,12 @@ def fit(
     validation loss and accuracy over all validation samples, skipped steps, loss scale,
     ms/step), then the callbacks and ``on_epoch(i, history)`` (``i`` from 0 in this call)
     run. With ``on_epoch`` alone (no callbacks, ``progress`` or ``every_steps``) and
-    asynchronous dispatch (JAX's default; not after `inline_cpu_dispatch`), epoch i + 1 is
-    queued before epoch i's logging point, so the device trains while ``on_epoch`` runs:
-    the same results (``overlap_epochs=False``: one epoch at a time).
+    asynchronous dispatch (JAX's default; not after `inline_cpu_dispatch`), epochs run in
+    calls of about `QUEUED_CALL_SECONDS` (at most `QUEUED_MAX_EPOCHS` epochs), each queued
+    before the previous one's logging points, so the device trains while ``on_epoch`` runs
+    and ``on_epoch(i, ...)`` comes up to about that long after epoch i ended: the results
+    of fused epochs (``overlap_epochs=False``: one epoch a call, each ``on_epoch`` before
+    the next epoch starts).
     ``on_start(history)`` is called once, when the epochs are compiled and before the
     first runs (``history.prepare_ms`` and ``compile_ms`` set). ``progress(done, total)``
     is called from the compiled epoch about 40 times (a host callback: such a trace is not
@@ -155,7 +158,14 @@ def fit(
         whole = every_steps is None and n_train >= cfg.batch_size
         fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None
                  and not initial_step)
-        per_call = min(epochs, FUSED_MAX_EPOCHS) if fused else 1  # the program's most a call
+        # with on_epoch alone and calls that return before their programs run, epochs are
+        # queued ahead of their logging points (`_queued_epochs`)
+        queued = (overlap_epochs and whole and not fused and on_epoch is not None
+                  and not callbacks and progress is None and not initial_step
+                  and dispatches_async(trainer.platform))
+        # the program's most epochs a call
+        per_call = (min(epochs, FUSED_MAX_EPOCHS) if fused else
+                    QUEUED_MAX_EPOCHS if queued and epochs > 1 else 1)
         if whole and state is None:  # a kept program loads while the fresh state is made
             trainer.prefetch_epochs(params, x_tr, y_tr, per_call, val)
         fresh, frozen = trainer.init(params)
@@ -169,19 +179,14 @@ def fit(
         hist.prepare_ms = (time.perf_counter() - started) * 1000
         if on_start is not None:
             on_start(hist)
-        # with on_epoch alone and calls that return before their program runs, the next
-        # epoch is queued before this one's logging point (`_overlapped_epochs`)
-        overlapped = (overlap_epochs and whole and not fused and on_epoch is not None
-                      and not callbacks and progress is None and not initial_step
-                      and dispatches_async(trainer.platform))
         if fused:
             state = _whole_epochs(trainer, run, hist, state, y_tr, initial_epoch, epochs,
                                   per_call)
             warn_if_stuck(trainer, hist, state, frozen, x_tr, y_tr)
-        elif overlapped and epochs:
-            state = _overlapped_epochs(trainer, run, hist, state, frozen, x_tr, y_tr,
-                                       initial_epoch, epochs, on_epoch)
-        for i in range(0 if fused or overlapped else epochs):
+        elif queued and epochs:
+            state = _queued_epochs(trainer, run, hist, state, frozen, x_tr, y_tr,
+                                   initial_epoch, epochs, per_call, on_epoch)
+        for i in range(0 if fused or queued else epochs):
             epoch = initial_epoch + i
             if whole and not (i == 0 and initial_step):
                 state = _whole_epochs(trainer, run, hist, state, y_tr, epoch, 1)
@@ -217,6 +222,11 @@ def steps_per_epoch(cfg: TrainConfig, n: int) -> int:
 FUSED_CALL_SECONDS = 0.5
 #: the most epochs one call of fused epochs runs (the rows of its summaries)
 FUSED_MAX_EPOCHS = 1024
+#: about how long one call of queued epochs runs (`fit` with ``on_epoch``): how late
+#: ``on_epoch`` may run after its epoch
+QUEUED_CALL_SECONDS = 0.05
+#: the most epochs one call of queued epochs runs (one program whatever ``epochs`` is)
+QUEUED_MAX_EPOCHS = 64
 
 
 def _whole_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainState,
@@ -242,30 +252,39 @@ def _whole_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainSt
     return state
 
 
-def _overlapped_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainState,
-                       frozen: dict, x: tuple, y: jax.Array, first_epoch: int, count: int,
-                       on_epoch: Callable[[int, History], None]) -> TrainState:
-    """``count`` whole epochs by ``run`` (a `Trainer.epochs_runner` of one epoch a call),
-    each queued before the previous one's summary is read: while the device trains epoch
-    i + 1 the host records epoch i, as `_whole_epochs` does, and calls ``on_epoch(i,
-    hist)``. The same programs on the same states as one call at a time; an epoch's
-    ms/step is the time between two summaries read. Should ``on_epoch`` raise, the queued
-    epoch's result is dropped. The final state (`Trainer.packed`)."""
+def _queued_epochs(trainer: Trainer, run: Callable, hist: History, state: TrainState,
+                   frozen: dict, x: tuple, y: jax.Array, first_epoch: int, count: int,
+                   per_call: int, on_epoch: Callable[[int, History], None]) -> TrainState:
+    """``count`` whole epochs by ``run`` (a `Trainer.epochs_runner` of ``per_call`` epochs
+    at most), each call queued before the previous one's summaries are read: while the
+    device trains the next call the host records the epochs of the last one, as
+    `_whole_epochs` does, calling ``on_epoch(i, hist)`` after each. The first two calls
+    train one epoch each, later ones as many as took about `QUEUED_CALL_SECONDS` at the
+    last call's pace, so ``on_epoch`` runs about that long after its epoch at most. The
+    results of fused epochs; an epoch's ms/step is its call's share of the time between
+    two reads. Should ``on_epoch`` raise, the queued call's epochs are dropped. The final
+    state (`Trainer.packed`)."""
     cfg, n = trainer.config, int(y.shape[0])
     steps = steps_per_epoch(cfg, n)
     unscaled = isinstance(state.loss_scale, NoLossScale)
-    t = time.perf_counter()
-    state, queued = run(state, first_epoch, 1, read=False)
-    for i in range(count):
-        done, summaries = state, queued
-        if i + 1 < count:
-            state, queued = run(state, first_epoch + i + 1, 1, read=False)
-        (row,) = host_rows(summaries, 1)
+    t, pace = time.perf_counter(), None  # pace: seconds an epoch, from the last read
+    state, summaries = run(state, first_epoch, 1, read=False)
+    size, sent, i = 1, 1, 0  # epochs in the call in flight, epochs sent, epochs recorded
+    while i < count:
+        done, read, n_read = state, summaries, size
+        if sent < count:
+            size = 1 if pace is None else max(1, int(QUEUED_CALL_SECONDS / pace))
+            size = min(count - sent, per_call, size)
+            state, summaries = run(state, first_epoch + sent, size, read=False)
+            sent += size
+        rows = host_rows(read, n_read)
         now = time.perf_counter()
-        _record_row(cfg, hist, unscaled, row, steps, (now - t) * 1000 / steps, n)
-        t = now
-        warn_if_stuck(trainer, hist, done, frozen, x, y)
-        on_epoch(i, hist)
+        pace, t = (now - t) / n_read, now
+        for row in rows:
+            _record_row(cfg, hist, unscaled, row, steps, pace * 1000 / steps, n)
+            warn_if_stuck(trainer, hist, done, frozen, x, y)
+            on_epoch(i, hist)
+            i += 1
     return state
 
 

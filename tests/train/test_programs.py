@@ -64,7 +64,7 @@ def test_another_configuration_is_another_program(model, tmp_path) -> None:
     fit(model, x, y, trainer=trainer, on_epoch=lambda i, h: None)  # epoch by epoch
     trainer = Trainer(model, **{**CFG, "epochs": 4})
     trainer.program_cache = again = ProgramCache(tmp_path)
-    fit(model, x, y, trainer=trainer, on_epoch=lambda i, h: None)  # the same one-epoch program
+    fit(model, x, y, trainer=trainer, on_epoch=lambda i, h: None)  # the same program
     assert (cache.misses, again.hits, again.misses) == (1, 2, 0)
 
 

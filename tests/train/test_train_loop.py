@@ -101,7 +101,8 @@ def test_epochs_in_one_compiled_call_equal_epoch_by_epoch(shuffle: bool) -> None
                shuffle=shuffle, drop_remainder=False, validation_split=0.1)
     fused = fit(model, x, y, **cfg)
     seen: list[int] = []
-    stepwise = fit(model, x, y, on_epoch=lambda i, h: seen.append(i), **cfg)
+    stepwise = fit(model, x, y, on_epoch=lambda i, h: seen.append(i), overlap_epochs=False,
+                   **cfg)
     assert seen == [0, 1, 2]
     programs = [[name for name, *_ in r.trainer._compiled] for r in (fused, stepwise)]
     # the fresh state, then one call for all epochs / one call per epoch
@@ -113,10 +114,11 @@ def test_epochs_in_one_compiled_call_equal_epoch_by_epoch(shuffle: bool) -> None
     assert h.val_accuracy == g.val_accuracy and len(h.val_loss) == 3
 
 
-def _recorded_fit(model, x, y, events: list[str], fail_at: int | None = None, **kwargs):
+def _recorded_fit(model, x, y, events: list[str], fail_at: int | None = None,
+                  epochs: int = 3, **kwargs):
     """``fit`` with an ``on_epoch``, recording the order of its compiled epoch calls
-    ("run <first epoch>") and its ``on_epoch`` calls ("epoch <i>")."""
-    trainer = Trainer(model, epochs=3, batch_size=4, learning_rate=0.1, loss="cce",
+    ("run <first epoch> <epochs>") and its ``on_epoch`` calls ("epoch <i>")."""
+    trainer = Trainer(model, epochs=epochs, batch_size=4, learning_rate=0.1, loss="cce",
                       optimizer="adam", validation_split=0.1)
     runner = trainer.epochs_runner
 
@@ -124,13 +126,14 @@ def _recorded_fit(model, x, y, events: list[str], fail_at: int | None = None, **
         run = runner(*args, **kw)
 
         def recorded(s, first_epoch, n, read=True):
-            events.append(f"run {first_epoch}")
+            events.append(f"run {first_epoch} {n}")
             return run(s, first_epoch, n, read)
         return recorded
 
     trainer.epochs_runner = recording_runner
 
     def on_epoch(i, h):
+        assert len(h.loss) == len(h.val_loss) == i + 1  # epoch i recorded, no later one
         events.append(f"epoch {i}")
         if i == fail_at:
             raise KeyboardInterrupt
@@ -138,36 +141,46 @@ def _recorded_fit(model, x, y, events: list[str], fail_at: int | None = None, **
     return fit(model, x, y, trainer=trainer, on_epoch=on_epoch, **kwargs)
 
 
-def test_with_on_epoch_alone_the_next_epoch_is_queued_before_it(monkeypatch) -> None:
-    """Under asynchronous dispatch (JAX's default, a notebook's), ``fit`` queues epoch
-    i + 1 before ``on_epoch(i)``: the same programs on the same states, so the same bits as
-    one epoch at a time (``overlap_epochs=False``); an ``on_epoch`` that raises still ends
-    ``fit`` at that epoch."""
+@pytest.fixture
+def asynchronous(monkeypatch):
+    """`fit` as under asynchronous dispatch (JAX's default, a notebook's); a command-line
+    test may have made this worker's CPU programs run inline, which changes only when a
+    call returns, not the order of the calls."""
+    import circle_jax.train.loop as loop
+
+    monkeypatch.setattr(loop, "dispatches_async", lambda platform: True)
+    return loop
+
+
+def test_with_on_epoch_alone_epochs_are_queued_ahead_of_it(asynchronous, monkeypatch) -> None:
+    """Under asynchronous dispatch ``fit`` queues each call of epochs before ``on_epoch``
+    runs for the previous one's: the first two calls one epoch each, later ones as many as
+    take about `QUEUED_CALL_SECONDS`; ``on_epoch(i)`` sees epoch i, not later ones; the
+    results of one epoch at a time (``overlap_epochs=False``) up to float32 rounding; an
+    ``on_epoch`` that raises still ends ``fit`` at that epoch."""
     import jax
 
-    import circle_jax.train.loop as loop
     from circle_jax.train.dispatch import dispatches_async
 
     assert dispatches_async("gpu")
     assert dispatches_async("cpu") == jax.config.read("jax_cpu_enable_async_dispatch")
-    # as asynchronous dispatch decides (a command-line test may have made this worker's
-    # CPU programs run inline; the order of the calls is the same either way)
-    monkeypatch.setattr(loop, "dispatches_async", lambda platform: True)
     model = reshape_mlp()
     x, y = toy_data(31)
-    overlapped: list[str] = []
-    a = _recorded_fit(model, x, y, overlapped)
-    assert overlapped == ["run 0", "run 1", "epoch 0", "run 2", "epoch 1", "epoch 2"]
-    sequential: list[str] = []
-    b = _recorded_fit(model, x, y, sequential, overlap_epochs=False)
-    assert sequential == ["run 0", "epoch 0", "run 1", "epoch 1", "run 2", "epoch 2"]
-    assert a.history.loss == b.history.loss and a.history.val_loss == b.history.val_loss
-    assert all(np.array_equal(a.params[k], b.params[k]) for k in a.params)
-    assert len(a.history.ms_per_step) == 3 and min(a.history.ms_per_step) > 0
+    monkeypatch.setattr(asynchronous, "QUEUED_CALL_SECONDS", 1e9)  # calls as long as allowed
+    queued: list[str] = []
+    a = _recorded_fit(model, x, y, queued, epochs=6)
+    assert queued == ["run 0 1", "run 1 1", "epoch 0", "run 2 4", "epoch 1", "epoch 2",
+                      "epoch 3", "epoch 4", "epoch 5"]
+    one_at_a_time: list[str] = []
+    b = _recorded_fit(model, x, y, one_at_a_time, epochs=6, overlap_epochs=False)
+    assert one_at_a_time == [e for i in range(6) for e in (f"run {i} 1", f"epoch {i}")]
+    _same_run(a, b)
+    assert len(a.history.ms_per_step) == 6 and min(a.history.ms_per_step) > 0
+    monkeypatch.setattr(asynchronous, "QUEUED_CALL_SECONDS", 0.0)  # one epoch a call
     stopped: list[str] = []
     with pytest.raises(KeyboardInterrupt):
         _recorded_fit(model, x, y, stopped, fail_at=1)
-    assert stopped == ["run 0", "run 1", "epoch 0", "run 2", "epoch 1"]
+    assert stopped == ["run 0 1", "run 1 1", "epoch 0", "run 2 1", "epoch 1"]
 
 
 def test_inline_dispatch_runs_one_epoch_at_a_time(monkeypatch) -> None:
@@ -178,7 +191,7 @@ def test_inline_dispatch_runs_one_epoch_at_a_time(monkeypatch) -> None:
     monkeypatch.setattr(loop, "dispatches_async", lambda platform: False)
     events: list[str] = []
     _recorded_fit(reshape_mlp(), *toy_data(31), events)
-    assert events == ["run 0", "epoch 0", "run 1", "epoch 1", "run 2", "epoch 2"]
+    assert events == ["run 0 1", "epoch 0", "run 1 1", "epoch 1", "run 2 1", "epoch 2"]
 
 
 def _same_run(a, b) -> None:
