@@ -27,13 +27,14 @@ trainable, sequential batches, trailing partial batch dropped.
   alone is shown in parentheses, a lower bound for onert's per-step cost.
 - library: circle-jax as a notebook runs it (runtime ``library``): a fresh process that
   calls neither `circle_jax.inline_cpu_dispatch` nor `circle_jax.retain_host_memory`
-  (JAX's defaults), timed between ``fit``'s ``on_epoch`` callbacks (the median epoch after
-  the first of its first ``fit``; each epoch queued before the previous one's callback,
-  as ``fit`` does with asynchronous dispatch); its speed-up is onert's ms/step over this.
+  (JAX's defaults), ``fit`` with an ``on_epoch`` callback, its ``History.ms_per_step``
+  (the median epoch after the first of its first ``fit``; under asynchronous dispatch
+  ``fit`` runs such epochs in queued calls of about 50 ms, each epoch's figure its call's
+  share); its speed-up is onert's ms/step over this.
 - paired: the library and onert in one process, in turns (runtime ``paired``):
   `PAIRED_BLOCKS` blocks of ``--epochs`` epochs each, a block of the library's ``fit`` with
-  an ``on_epoch`` callback (as ``library``: each epoch queued before the previous one's
-  callback) then a block of onert's epochs on a session opened before, so that both
+  an ``on_epoch`` callback (as ``library``) then a block of onert's epochs on a session
+  opened before, so that both
   runtimes meet the same speed of the development VM (which switches between two speeds
   from one second to the next; separate processes meet them at random; one onert epoch
   inside ``on_epoch`` would train alongside the queued epoch). Reported apart, below the
