@@ -238,14 +238,13 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     if runtime == "paired":  # blocks of epochs, the library's and onert's in turn
         epoch = _onert_epochs(path, x, y, batch)
         first = library_fit(lambda i, h: None)  # compiled; its epochs as `library` times
-        theirs = [epoch() for _ in range(epochs + 1)][1:]
-        ours, ratios = first.history.ms_per_step[1:], []
-        for _ in range(PAIRED_BLOCKS - 1):
+        ours, theirs, ratios = first.history.ms_per_step[1:], [], []
+        for block in range(PAIRED_BLOCKS):
+            if block:
+                ours += fit(first.model, x, y, trainer=first.trainer, epochs=epochs + 1,
+                            on_epoch=lambda i, h: None).history.ms_per_step[1:]
+            theirs += [epoch() for _ in range(epochs + (not block))][not block:]
             ratios.append(statistics.median(theirs[-epochs:]) / statistics.median(ours[-epochs:]))
-            ours += fit(first.model, x, y, trainer=first.trainer, epochs=epochs + 1,
-                        on_epoch=lambda i, h: None).history.ms_per_step[1:]
-            theirs += [epoch() for _ in range(epochs)]
-        ratios.append(statistics.median(theirs[-epochs:]) / statistics.median(ours[-epochs:]))
         return {"runtime": runtime, "model": name, "batch": batch,
                 "steps": first.history.steps[0], "ms_per_step": statistics.median(ours),
                 "onert_ms_per_step": statistics.median(theirs), "ratios": ratios,

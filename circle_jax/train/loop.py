@@ -156,12 +156,12 @@ def fit(
         # Whole epochs (not in chunks, at least one full batch) run as `Trainer.epochs_runner`;
         # when nothing needs the host between epochs, fused: several a call (`_whole_epochs`).
         whole = every_steps is None and n_train >= cfg.batch_size
-        fused = (whole and epochs > 1 and not callbacks and on_epoch is None and progress is None
-                 and not initial_step)
+        # whole epochs from the first step that nothing but on_epoch needs between them
+        unobserved = whole and not callbacks and progress is None and not initial_step
+        fused = unobserved and epochs > 1 and on_epoch is None
         # with on_epoch alone and calls that return before their programs run, epochs are
         # queued ahead of their logging points (`_queued_epochs`)
-        queued = (overlap_epochs and whole and not fused and on_epoch is not None
-                  and not callbacks and progress is None and not initial_step
+        queued = (overlap_epochs and unobserved and on_epoch is not None
                   and dispatches_async(trainer.platform))
         # the program's most epochs a call
         per_call = (min(epochs, FUSED_MAX_EPOCHS) if fused else
