@@ -16,6 +16,7 @@ dozens (measured in benchmarks/README.md, "2026-11-28 evening").
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -24,7 +25,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from ..ops.conv import Geometry, out_sizes
-from ._taps import taps
+from ._taps import offsets, taps
 
 
 def shift_sum(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
@@ -82,9 +83,37 @@ def _abstract_eval(x: jax.core.ShapedArray, wk: jax.core.ShapedArray, *, geometr
 mlir.register_lowering(channelwise_p, mlir.lower_fun(_product, multiple_results=False))
 
 
+def input_gradient(ct: jax.Array, wk: jax.Array, g: Geometry, sizes: Sequence[int]
+                   ) -> jax.Array:
+    """The cotangent of ``x`` (spatial ``sizes``) in :func:`shift_sum` for the output's
+    cotangent ``ct``: sum over taps of ``ct * wk[k]`` placed back where the tap read it.
+
+    Each tap's placement is one ``lax.pad``: the strided slice's transpose (``interior``
+    stride - 1) and the input padding's (negative edges crop it) in one operation. Written
+    out rather than left to ``jax.linear_transpose``, which traces :func:`shift_sum` again
+    for every layer of every gradient.
+
+    ``ct`` passes an optimization barrier, so it is computed once: XLA would otherwise fuse
+    its producer (typically an activation's mask, recomputed from this layer's forward
+    taps) into every tap's term, K times per element."""
+    out = ct.shape[1:-1]
+    ct = lax.optimization_barrier(ct)
+    zero = jnp.zeros((), ct.dtype)
+    acc = None
+    for k, offset in enumerate(offsets(g.kernel)):
+        w = lax.broadcast_in_dim(lax.index_in_dim(wk, k, keepdims=False).astype(ct.dtype),
+                                 ct.shape, (ct.ndim - 1,))
+        edges = [(o * d - lo, n + lo - (o * d + (m - 1) * s + 1), s - 1)
+                 for o, d, (lo, _), n, m, s in zip(offset, g.dilations, g.pads, sizes, out,
+                                                    g.strides, strict=True)]
+        term = lax.pad(lax.mul(ct, w), zero, [(0, 0, 0), *edges, (0, 0, 0)])
+        acc = term if acc is None else lax.add(acc, term)
+    return acc
+
+
 def _transpose_x(ct: jax.Array, x: ad.UndefinedPrimal, wk: jax.Array, *, geometry: Geometry
                  ) -> jax.Array:
-    return jax.linear_transpose(lambda u: shift_sum(u, wk, geometry), x.aval)(ct)[0]
+    return input_gradient(ct, wk, geometry, x.aval.shape[1:-1]).astype(x.aval.dtype)
 
 
 def _transpose_wk(ct: jax.Array, x: jax.Array, wk: ad.UndefinedPrimal, *, geometry: Geometry
@@ -111,7 +140,7 @@ def channelwise(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
     """Depthwise convolution with one weight per (tap, channel): x [N, *S, C], wk [K, C].
 
     The value is :func:`shift_sum`, as one primitive (:data:`channelwise_p`) whose
-    transposes are chosen: w.r.t. ``x`` JAX's transpose of :func:`shift_sum`, w.r.t. ``wk``
+    transposes are chosen: w.r.t. ``x`` :func:`input_gradient`, w.r.t. ``wk``
     :func:`weight_gradient`. All AD modes and vmap work.
     """
     return channelwise_p.bind(x, wk, geometry=g)

@@ -239,10 +239,14 @@ def test_depthwise_conv_2d_grads(method):
 @pytest.mark.parametrize("shape, geom", [
     ((3, 4, 5, 2), Geometry((3, 3), (1, 2), (1, 1), ((1, 1), (1, 1)))),
     ((2, 7, 3), Geometry((3,), (2,), (2,), ((2, 1),))),  # 1-d, dilated, uneven padding
+    # TF's SAME at stride 2 (the last tap's input gradient crops the high edge), and
+    # unpadded with input rows no tap reads
+    ((2, 6, 8, 3), Geometry((3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)))),
+    ((1, 8, 5, 2), Geometry((3, 2), (2, 3), (1, 1), ((0, 0), (0, 0)))),
 ])
 def test_depthwise_weight_gradient_in_every_ad_mode(shape, geom):
-    """channelwise (its weight tangent a primitive transposed to one variadic reduction)
-    equals plain shift_sum in value, vjp, jvp, forward-over-reverse (hvp), vmap over the
+    """channelwise (its weight tangent a primitive transposed to one variadic reduction,
+    its input tangent to `input_gradient`) equals plain shift_sum in value, vjp, jvp, forward-over-reverse (hvp), vmap over the
     samples and over the weights, jitted (the jvp eagerly too), in float64."""
     r = np.random.default_rng(11)
     c, k = shape[-1], int(np.prod(geom.kernel))
