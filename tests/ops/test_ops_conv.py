@@ -246,8 +246,9 @@ def test_depthwise_conv_2d_grads(method):
 ])
 def test_depthwise_weight_gradient_in_every_ad_mode(shape, geom):
     """channelwise (its weight tangent a primitive transposed to one variadic reduction,
-    its input tangent to `input_gradient`) equals plain shift_sum in value, vjp, jvp, forward-over-reverse (hvp), vmap over the
-    samples and over the weights, jitted (the jvp eagerly too), in float64."""
+    its input tangent to `input_gradient`) equals plain shift_sum in value, vjp, jvp,
+    forward-over-reverse (hvp), vmap over the samples and over the weights, jitted (the jvp
+    eagerly too), in float64."""
     r = np.random.default_rng(11)
     c, k = shape[-1], int(np.prod(geom.kernel))
     x, tx = (_normal(r, *shape).astype(np.float64) for _ in range(2))
