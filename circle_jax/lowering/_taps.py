@@ -27,11 +27,19 @@ def pad_spatial(x: jax.Array, pads: Sequence[tuple[int, int]]) -> jax.Array:
                                                 (0, 0, 0)])
 
 
+def tap_bounds(offset: Sequence[int], g: Geometry, out: Sequence[int]
+               ) -> tuple[list[int], list[int]]:
+    """Per spatial dim, the first and one past the last padded-input index that the kernel
+    tap at ``offset`` reads for an output of spatial size ``out`` (every ``stride``-th)."""
+    start = [o * d for o, d in zip(offset, g.dilations, strict=True)]
+    limit = [b + (m - 1) * s + 1 for b, m, s in zip(start, out, g.strides, strict=True)]
+    return start, limit
+
+
 def tap(xp: jax.Array, offset: Sequence[int], g: Geometry, out: Sequence[int]) -> jax.Array:
     """The strided slice of the padded input ``xp`` [N, *S, C] seen by the kernel tap at
     ``offset``."""
-    start = [o * d for o, d in zip(offset, g.dilations, strict=True)]
-    limit = [b + (m - 1) * s + 1 for b, m, s in zip(start, out, g.strides, strict=True)]
+    start, limit = tap_bounds(offset, g, out)
     return lax.slice(xp, (0, *start, 0), (xp.shape[0], *limit, xp.shape[-1]),
                      (1, *g.strides, 1))
 

@@ -25,7 +25,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from ..ops.conv import Geometry, out_sizes
-from ._taps import offsets, taps
+from ._taps import offsets, tap_bounds, taps
 
 
 def shift_sum(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
@@ -37,11 +37,15 @@ def shift_sum(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
     x, wk = x.astype(dtype), wk.astype(dtype)
     acc = None
     for k, t in enumerate(taps(x, g)):
-        w = lax.broadcast_in_dim(lax.index_in_dim(wk, k, keepdims=False), t.shape,
-                                 (t.ndim - 1,))
-        term = lax.mul(t, w)
+        term = lax.mul(t, _tap_weights(wk, k, t.shape))
         acc = term if acc is None else lax.add(acc, term)
     return acc
+
+
+def _tap_weights(wk: jax.Array, k: int, shape: Sequence[int]) -> jax.Array:
+    """Tap ``k``'s per-channel weights ``wk[k]`` broadcast to a [N, *S, C] ``shape``."""
+    return lax.broadcast_in_dim(lax.index_in_dim(wk, k, keepdims=False), shape,
+                                (len(shape) - 1,))
 
 
 def weight_gradient(x: jax.Array, ct: jax.Array, g: Geometry) -> jax.Array:
@@ -97,16 +101,15 @@ def input_gradient(ct: jax.Array, wk: jax.Array, g: Geometry, sizes: Sequence[in
     its producer (typically an activation's mask, recomputed from this layer's forward
     taps) into every tap's term, K times per element."""
     out = ct.shape[1:-1]
-    ct = lax.optimization_barrier(ct)
+    ct, wk = lax.optimization_barrier(ct), wk.astype(ct.dtype)
     zero = jnp.zeros((), ct.dtype)
     acc = None
     for k, offset in enumerate(offsets(g.kernel)):
-        w = lax.broadcast_in_dim(lax.index_in_dim(wk, k, keepdims=False).astype(ct.dtype),
-                                 ct.shape, (ct.ndim - 1,))
-        edges = [(o * d - lo, n + lo - (o * d + (m - 1) * s + 1), s - 1)
-                 for o, d, (lo, _), n, m, s in zip(offset, g.dilations, g.pads, sizes, out,
-                                                    g.strides, strict=True)]
-        term = lax.pad(lax.mul(ct, w), zero, [(0, 0, 0), *edges, (0, 0, 0)])
+        start, limit = tap_bounds(offset, g, out)
+        edges = [(b - lo, n + lo - e, s - 1) for b, e, (lo, _), n, s in
+                 zip(start, limit, g.pads, sizes, g.strides, strict=True)]
+        term = lax.pad(lax.mul(ct, _tap_weights(wk, k, ct.shape)), zero,
+                       [(0, 0, 0), *edges, (0, 0, 0)])
         acc = term if acc is None else lax.add(acc, term)
     return acc
 
