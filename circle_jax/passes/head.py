@@ -109,7 +109,7 @@ def float_weights_refusal(sg: ir.Subgraph, op: ir.Operator,
 def glorot_uniform(shape: tuple[int, int], seed: int) -> np.ndarray:
     """Glorot-uniform weights [out, in]: uniform on +-sqrt(6 / (in + out)), float32 from
     NumPy's generator seeded by ``seed``. Drawn on the host: JAX's generator compiles a
-    program per head shape (0.4 s of a load)."""
+    program per head shape."""
     bound = math.sqrt(6 / sum(shape))
     return np.random.default_rng(seed).uniform(-bound, bound, shape).astype(np.float32)
 

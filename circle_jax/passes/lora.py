@@ -101,8 +101,8 @@ def kaiming_uniform(shape: tuple[int, ...], in_axis: tuple[int, ...], seed: int
     """Kaiming-uniform with a = sqrt(5) (torch's ``kaiming_uniform_`` as the LoRA paper's
     code and peft call it): uniform on +-1/sqrt(fan-in), the fan-in the product of the
     ``in_axis`` sizes, float32 from NumPy's generator seeded by ``seed``. Drawn on the host:
-    JAX's generator compiles a program per adapter shape (loading VWW MobileNet with
-    adapters took 4.3 s of XLA compiles)."""
+    JAX's generator compiles a program per adapter shape (seconds of a load, measured in
+    benchmarks/README.md)."""
     bound = 1 / math.sqrt(math.prod(shape[k] for k in in_axis))
     return np.random.default_rng(seed).uniform(-bound, bound, shape).astype(np.float32)
 
