@@ -422,14 +422,13 @@ def _timing(clock: Clock, history: Any, cache: str, chunked: bool) -> out.Timing
     """The phases as onert_train names them. PREPARE reads the data and is ``fit``'s
     preparation (data to the device, state, compiling the epoch); the rest of ``fit``
     (epochs, validation, checkpoints) is EXECUTE. Epoch 1 also holds the compiled epoch's
-    first run and, for epochs in chunks (``chunked``), compiling the per-epoch metrics and
-    the validation pass."""
+    first run and, for epochs in chunks (``chunked``) with validation, compiling the
+    validation pass."""
     compiled = clock.marks["fit"] + history.prepare_ms / 1000
     starts = [compiled, *clock.epoch_ends[:-1]]
     epoch_ms = [(e - s) * 1000 for s, e in zip(starts, clock.epoch_ends)]
     note = "includes one-time work: the compiled epoch's first run" + (
-        ", compiling the per-epoch metrics" if chunked else "") + (
-        " and the validation pass" if chunked and history.val_loss else "")
+        " and compiling the validation pass" if chunked and history.val_loss else "")
     return out.Timing(load_ms=clock.ms("start", "MODEL_LOAD"),
                       prepare_ms=(compiled - clock.marks["MODEL_LOAD"]) * 1000,
                       execute_ms=(clock.epoch_ends[-1] - compiled) * 1000,

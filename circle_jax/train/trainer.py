@@ -130,7 +130,6 @@ class Trainer(Scoring):
         ) for in_loop in (False, True)}
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
-        self._step = jax.jit(self.train_step)
         self._score = jax.jit(self._score_impl)
         self._summary = jax.jit(epoch_summary)
         self._permute = jax.jit(self._permuted)
@@ -431,7 +430,7 @@ class Trainer(Scoring):
                     after_chunk(state)
         if tail:
             rest = self.placed(trailing(x, y, b, steps))
-            state, metrics = self._step(state, frozen, rest)
+            state, metrics = self._compiled_tail(state, frozen, rest)(state, frozen, rest)
             parts.append(jax.tree.map(lambda a: a[None], metrics))
         if len(parts) == 1:
             return state, parts[0]
@@ -526,18 +525,33 @@ class Trainer(Scoring):
     def compile_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                       y: jax.Array, every_steps: int | None = None) -> None:
         """Compile, before the first epoch, what `run_epoch` runs: the whole epoch, or its
-        chunks of ``every_steps`` steps (a shorter last chunk compiles when it first runs)."""
-        b = self.config.batch_size
-        steps = y.shape[0] // b
-        if steps == 0:  # fewer samples than a batch: the epoch is its trailing batch alone
-            return
-        if every_steps is None:
-            self._compiled_epoch(*self.epoch_arguments(state, frozen, x, y),
-                                 shuffled=self.config.shuffle)
+        chunks of ``every_steps`` steps and the shorter last one, the trailing partial
+        batch's step, and `summarize_epoch`'s reduction (a chunk of another length, resuming
+        mid-epoch, compiles when it first runs)."""
+        b, n = self.config.batch_size, y.shape[0]
+        steps = n // b
+        programs = []  # (compiled, whether its metrics have a steps axis)
+        if steps and every_steps is None:
+            args = self.epoch_arguments(state, frozen, x, y)
+            programs.append((self._compiled_epoch(*args, shuffled=self.config.shuffle), 1))
         elif steps:
-            k = min(every_steps, steps)
-            part = batched(tuple(a[:k * b] for a in x), y[:k * b], b, k)
-            self._compiled_epoch(state, frozen, *self.placed(part, batch_axis=1))
+            for k in sorted({min(every_steps, steps), steps % every_steps} - {0}):
+                part = batched(tuple(a[:k * b] for a in x), y[:k * b], b, k)
+                args = (state, frozen, *self.placed(part, batch_axis=1))
+                programs.append((self._compiled_epoch(*args), 1))
+        if not self.config.drop_remainder and n % b:
+            programs.append((self._compiled_tail(
+                state, frozen, self.placed(trailing(x, y, b, steps))), 0))
+        compiled, stacked = programs[-1]
+        rows = steps + (not self.config.drop_remainder and n % b > 0)
+        metrics = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape[stacked:]), s.dtype),
+                               compiled.out_info[1])
+        self.summarize_epoch(self.placed(metrics), state)
+
+    def _compiled_tail(self, *args: Any) -> Callable[..., tuple[TrainState, StepMetrics]]:
+        """The step of an epoch's trailing partial batch, compiled ahead of time for these
+        arguments' shapes (cached), as the epochs are."""
+        return self._compiled_for(self.train_step, "trailing step", args)
 
     def _compiled_epoch(self, *args: Any, shuffled: bool = False
                         ) -> Callable[..., tuple[TrainState, StepMetrics]]:

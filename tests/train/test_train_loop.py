@@ -11,6 +11,7 @@ import sys
 import textwrap
 import time
 
+import jax
 import numpy as np
 import pytest
 
@@ -88,6 +89,34 @@ def test_chunked_epochs_equal_whole_ones_and_call_back(shuffle: bool) -> None:
     assert rec.events == [("chunk", 0, 2), ("chunk", 0, 4), ("chunk", 0, 5), ("epoch", 0, 6, 1),
                           ("chunk", 1, 8), ("chunk", 1, 10), ("chunk", 1, 11),
                           ("epoch", 1, 12, 2)]
+
+
+@pytest.mark.parametrize("samples, every_steps", [(3, None), (22, 2)])
+def test_every_training_program_compiles_before_on_start(samples: int,
+                                                          every_steps: int | None) -> None:
+    """With the partial batch kept, fewer samples than a batch (the epoch is that one step)
+    or chunks of ``every_steps`` (5 steps of 4 in chunks of 2, 2 and 1, then 2 samples):
+    the steps and chunks compile before ``on_start`` (the command line's PREPARE), none
+    while the epochs run."""
+    lowered: list[str] = []
+    started: list[bool] = []
+
+    def heard(event: str, seconds: float, fun_name: str = "", **_) -> None:
+        if event.endswith("jaxpr_to_mlir_module_duration") and started:
+            lowered.append(fun_name)
+
+    model = reshape_mlp()
+    x, y = toy_data(samples)
+    jax.monitoring.register_event_duration_secs_listener(heard)
+    try:
+        result = fit(model, x, y, epochs=2, batch_size=4, learning_rate=0.1, loss="cce",
+                     drop_remainder=False, every_steps=every_steps,
+                     on_start=lambda h: started.append(True))
+    finally:
+        jax.monitoring.unregister_event_duration_listener(heard)
+    assert started and not [f for f in lowered if "train_step" in f or "epoch" in f], lowered
+    assert "trailing step" in [name for name, *_ in result.trainer._compiled]
+    assert result.history.steps == [samples // 4 + 1] * 2
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
