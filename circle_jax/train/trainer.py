@@ -132,7 +132,6 @@ class Trainer(Scoring):
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
         self._score = jax.jit(self._score_impl)
         self._summary = jax.jit(epoch_summary)
-        self._permute = jax.jit(self._permuted)
         self._cut = jax.jit(batched, static_argnums=(2, 3))
 
     @functools.cached_property
@@ -489,7 +488,8 @@ class Trainer(Scoring):
         """The samples in epoch ``epoch``'s order: as given, or permuted (``shuffle``)."""
         if not self.config.shuffle:
             return tuple(x), y
-        return self._permute(tuple(x), y, jnp.asarray(epoch, jnp.int32))
+        args = (tuple(x), y, jnp.asarray(epoch, jnp.int32))
+        return self._compiled_permutation(*args)(*args)
 
     def summarize_epoch(self, metrics: StepMetrics, state: TrainState) -> tuple:
         """(mean loss, skipped steps, correct samples, all weights finite, loss scale) of an
@@ -526,8 +526,9 @@ class Trainer(Scoring):
                       y: jax.Array, every_steps: int | None = None) -> None:
         """Compile, before the first epoch, what `run_epoch` runs: the whole epoch, or its
         chunks of ``every_steps`` steps and the shorter last one, the trailing partial
-        batch's step, and `summarize_epoch`'s reduction (a chunk of another length, resuming
-        mid-epoch, compiles when it first runs)."""
+        batch's step, the samples' permutation those take with ``shuffle``, and
+        `summarize_epoch`'s reduction (a chunk of another length, resuming mid-epoch,
+        compiles when it first runs)."""
         b, n = self.config.batch_size, y.shape[0]
         steps = n // b
         programs = []  # (compiled, whether its metrics have a steps axis)
@@ -539,14 +540,22 @@ class Trainer(Scoring):
                 part = batched(tuple(a[:k * b] for a in x), y[:k * b], b, k)
                 args = (state, frozen, *self.placed(part, batch_axis=1))
                 programs.append((self._compiled_epoch(*args), 1))
-        if not self.config.drop_remainder and n % b:
+        tail = not self.config.drop_remainder and n % b > 0
+        if tail:
             programs.append((self._compiled_tail(
                 state, frozen, self.placed(trailing(x, y, b, steps))), 0))
+        if self.config.shuffle and (tail or every_steps is not None):
+            self._compiled_permutation(tuple(x), y, jnp.asarray(0, jnp.int32))
         compiled, stacked = programs[-1]
-        rows = steps + (not self.config.drop_remainder and n % b > 0)
+        rows = steps + tail
         metrics = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape[stacked:]), s.dtype),
                                compiled.out_info[1])
         self.summarize_epoch(self.placed(metrics), state)
+
+    def _compiled_permutation(self, *args: Any) -> Callable[..., tuple[tuple, jax.Array]]:
+        """`_permuted` (the samples in an epoch's order, for the steps `run_epoch` runs
+        apart from a whole epoch) compiled ahead of time for these arguments' shapes."""
+        return self._compiled_for(self._permuted, "permutation", args)
 
     def _compiled_tail(self, *args: Any) -> Callable[..., tuple[TrainState, StepMetrics]]:
         """The step of an epoch's trailing partial batch, compiled ahead of time for these

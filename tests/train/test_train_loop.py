@@ -91,13 +91,14 @@ def test_chunked_epochs_equal_whole_ones_and_call_back(shuffle: bool) -> None:
                           ("epoch", 1, 12, 2)]
 
 
+@pytest.mark.parametrize("shuffle", [False, True])
 @pytest.mark.parametrize("samples, every_steps", [(3, None), (22, 2)])
-def test_every_training_program_compiles_before_on_start(samples: int,
-                                                          every_steps: int | None) -> None:
+def test_every_training_program_compiles_before_on_start(samples: int, every_steps: int | None,
+                                                          shuffle: bool) -> None:
     """With the partial batch kept, fewer samples than a batch (the epoch is that one step)
     or chunks of ``every_steps`` (5 steps of 4 in chunks of 2, 2 and 1, then 2 samples):
-    the steps and chunks compile before ``on_start`` (the command line's PREPARE), none
-    while the epochs run."""
+    the steps, chunks, permutation and epoch summary compile before ``on_start`` (the
+    command line's PREPARE), none while the epochs run."""
     lowered: list[str] = []
     started: list[bool] = []
 
@@ -110,11 +111,12 @@ def test_every_training_program_compiles_before_on_start(samples: int,
     jax.monitoring.register_event_duration_secs_listener(heard)
     try:
         result = fit(model, x, y, epochs=2, batch_size=4, learning_rate=0.1, loss="cce",
-                     drop_remainder=False, every_steps=every_steps,
+                     drop_remainder=False, every_steps=every_steps, shuffle=shuffle,
                      on_start=lambda h: started.append(True))
     finally:
         jax.monitoring.unregister_event_duration_listener(heard)
-    assert started and not [f for f in lowered if "train_step" in f or "epoch" in f], lowered
+    programs = ("train_step", "epoch", "permuted")
+    assert started and not [f for f in lowered if any(p in f for p in programs)], lowered
     assert "trailing step" in [name for name, *_ in result.trainer._compiled]
     assert result.history.steps == [samples // 4 + 1] * 2
 
