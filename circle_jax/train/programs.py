@@ -22,6 +22,10 @@ program, so it starts as early as its entry is known, on a thread of its own: `p
 from the arguments' shapes, and `prefetch_run` from a record (``runs/``) of the entries
 that a caller-named run (the command line: its flags and files) used when it last ended
 (`remember_run`), before the model is even read. Measurements: benchmarks/README.md.
+
+`AheadOfTime` is a `Trainer`'s side of it: every program the trainer runs is compiled ahead
+of time for its arguments' shapes (so that compiling is measured apart from training),
+once per trainer, and loaded from or written to its `ProgramCache` where it has one.
 """
 
 from __future__ import annotations
@@ -35,12 +39,13 @@ import json
 import os
 import pickle
 import threading
-from collections.abc import Callable, Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from concurrent import futures
 from pathlib import Path
 from typing import Any
 
 import jax
+import numpy as np
 from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
@@ -393,3 +398,72 @@ def compile_for(lowered: jax.stages.Lowered, options: dict[str, Any]) -> Callabl
             if "compile option" not in str(e):
                 raise
     return lowered.compile()
+
+
+class AheadOfTime:
+    """`Trainer`'s programs compiled ahead of time, kept per trainer and, with a
+    `ProgramCache`, on disk (a base of `Trainer`, whose attributes these methods read)."""
+
+    model: Any
+    config: Any
+    hoist: Any
+    placement: Any
+    progress: Any
+    trainable: frozenset[str]
+    program_cache: ProgramCache | None
+    compiler_options: dict[str, Any]
+    _compiled: dict[Any, Callable[..., Any]]
+    packed: Callable[[Any], Any]
+    _epochs_arguments: Callable[..., tuple]
+
+    def _compiled_for(self, fn: Callable[..., Any], name: str, args: tuple
+                      ) -> Callable[..., Any]:
+        """``fn`` compiled ahead of time for ``args``' shapes, kept per trainer and, with a
+        ``program_cache``, on disk (compiled once for every later run)."""
+        leaves, tree = jax.tree.flatten(args)
+        key = (name, tree, tuple((a.shape, a.dtype, getattr(a, "sharding", None))
+                                 for a in leaves))
+        if key not in self._compiled:
+            cached = self._cache_key(name)
+            with collector_paused():
+                if cached is not None:
+                    self._compiled[key] = self.program_cache.compiled(
+                        cached, fn, args, lambda low: compile_for(low, self.compiler_options))
+                else:
+                    self._compiled[key] = compile_for(jax.jit(fn).lower(*args),
+                                                       self.compiler_options)
+        return self._compiled[key]
+
+    def _cache_key(self, name: str) -> tuple[str, ...] | None:
+        """The `ProgramCache` key of program ``name``, or None where it is not kept."""
+        if self.program_cache is None or self.progress is not None \
+                or self.placement is not None or self.model.digest is None:
+            return None
+        # how many epochs a run trains is not in the programs (``name`` says how many one
+        # call runs), so runs of other lengths share them
+        config = describe_config(dataclasses.replace(self.config, epochs=0))
+        return (self.model.digest, name, config, str(self.hoist), repr(self.compiler_options))
+
+    def prefetch_epochs(self, params: Mapping[str, Any] | None, x: Sequence[jax.Array],
+                        y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None
+                        ) -> None:
+        """Start loading, from the program cache, the `epochs_runner` program of ``count``
+        epochs that a fresh state from ``params`` (`init`) will train, while `init` makes
+        that state: its shapes come from the kept fresh-state program (no trace). Nothing
+        without a cache or its entries."""
+        fresh, epochs = self._cache_key("fresh"), self._cache_key(f"epochs{count}")
+        if fresh is None or epochs is None:
+            return
+        params = params if params is not None else self.model.params
+
+        def shaped(tree: dict) -> dict:  # as `jax.device_put` places them
+            return {k: jax.ShapeDtypeStruct(np.shape(v), jax.dtypes.canonicalize_dtype(
+                v.dtype if hasattr(v, "dtype") else np.result_type(v))) for k, v in tree.items()}
+
+        trainable = shaped({k: v for k, v in params.items() if k in self.trainable})
+        state = self.program_cache.result_shapes(fresh, (trainable,))
+        if state is None:
+            return
+        frozen = shaped({k: v for k, v in params.items() if k not in self.trainable})
+        self.program_cache.prefetch(epochs, self._epochs_arguments(self.packed(state), frozen,
+                                                                   x, y, val))

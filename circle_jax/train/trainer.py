@@ -43,19 +43,13 @@ from ..optim.flat import Packed, flattened, packable, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
 from .config import TrainConfig, loss_function, optimizer, output_index, select_trainable
 from .data import Batch, batched, checked_params, correct, scoring_split, trailing
-from .programs import (
-    ProgramCache,
-    collector_paused,
-    compile_for,
-    cpu_compiler_options,
-    describe_config,
-)
+from .programs import AheadOfTime, ProgramCache, cpu_compiler_options
 from .scoring import Scoring
 from .state import StepMetrics, TrainState
 from .summary import SUMMARY_SIZE, epoch_summary, host_rows, host_summary
 
 
-class Trainer(Scoring):
+class Trainer(Scoring, AheadOfTime):
     """Compiled training and evaluation for one model and configuration; ``placement``: the
     device mesh that batches are sharded over (`circle_jax.distributed`; None: one device),
     whose backend chooses the operator lowerings unless the model's lowering names one."""
@@ -569,55 +563,3 @@ class Trainer(Scoring):
         measured apart from steady-state steps."""
         return self._compiled_for(self._shuffled_epoch_impl if shuffled else self._epoch_impl,
                                   f"epoch shuffled={shuffled}", args)
-
-    def _compiled_for(self, fn: Callable[..., Any], name: str, args: tuple
-                      ) -> Callable[..., Any]:
-        """``fn`` compiled ahead of time for ``args``' shapes, kept per trainer and, with a
-        ``program_cache``, on disk (compiled once for every later run)."""
-        leaves, tree = jax.tree.flatten(args)
-        key = (name, tree, tuple((a.shape, a.dtype, getattr(a, "sharding", None))
-                                 for a in leaves))
-        if key not in self._compiled:
-            cached = self._cache_key(name)
-            with collector_paused():
-                if cached is not None:
-                    self._compiled[key] = self.program_cache.compiled(
-                        cached, fn, args, lambda low: compile_for(low, self.compiler_options))
-                else:
-                    self._compiled[key] = compile_for(jax.jit(fn).lower(*args),
-                                                       self.compiler_options)
-        return self._compiled[key]
-
-    def _cache_key(self, name: str) -> tuple[str, ...] | None:
-        """The `ProgramCache` key of program ``name``, or None where it is not kept."""
-        if self.program_cache is None or self.progress is not None \
-                or self.placement is not None or self.model.digest is None:
-            return None
-        # how many epochs a run trains is not in the programs (``name`` says how many one
-        # call runs), so runs of other lengths share them
-        config = describe_config(replace(self.config, epochs=0))
-        return (self.model.digest, name, config, str(self.hoist), repr(self.compiler_options))
-
-    def prefetch_epochs(self, params: Mapping[str, Any] | None, x: Sequence[jax.Array],
-                        y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None
-                        ) -> None:
-        """Start loading, from the program cache, the `epochs_runner` program of ``count``
-        epochs that a fresh state from ``params`` (`init`) will train, while `init` makes
-        that state: its shapes come from the kept fresh-state program (no trace). Nothing
-        without a cache or its entries."""
-        fresh, epochs = self._cache_key("fresh"), self._cache_key(f"epochs{count}")
-        if fresh is None or epochs is None:
-            return
-        params = params if params is not None else self.model.params
-
-        def shaped(tree: dict) -> dict:  # as `jax.device_put` places them
-            return {k: jax.ShapeDtypeStruct(np.shape(v), jax.dtypes.canonicalize_dtype(
-                v.dtype if hasattr(v, "dtype") else np.result_type(v))) for k, v in tree.items()}
-
-        trainable = shaped({k: v for k, v in params.items() if k in self.trainable})
-        state = self.program_cache.result_shapes(fresh, (trainable,))
-        if state is None:
-            return
-        frozen = shaped({k: v for k, v in params.items() if k not in self.trainable})
-        self.program_cache.prefetch(epochs, self._epochs_arguments(self.packed(state), frozen,
-                                                                   x, y, val))
