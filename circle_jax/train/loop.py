@@ -122,6 +122,9 @@ def fit(
     for as many epochs as take about `FUSED_CALL_SECONDS` a call (at most
     `FUSED_MAX_EPOCHS`), so that an interrupt (Ctrl-C, a notebook's stop) ends ``fit``
     within about that time; ``ms_per_step`` is each call's average.
+    Whole epochs, fused, queued or one a call, run one compiled program whatever ``epochs``
+    is: a ``fit`` that passes the same ``trainer`` again, on data of the same shapes,
+    compiles nothing.
     """
     started = time.perf_counter()
     epochs = overrides.get("epochs")
@@ -163,16 +166,17 @@ def fit(
         # queued ahead of their logging points (`_queued_epochs`)
         queued = (overlap_epochs and unobserved and on_epoch is not None
                   and dispatches_async(trainer.platform))
-        # the program's most epochs a call
+        # the most epochs a call runs; the program holds `FUSED_MAX_EPOCHS` whatever this
+        # call asks, so that a trainer's calls of any length share it
         per_call = (min(epochs, FUSED_MAX_EPOCHS) if fused else
                     QUEUED_MAX_EPOCHS if queued and epochs > 1 else 1)
         if whole and state is None:  # a kept program loads while the fresh state is made
-            trainer.prefetch_epochs(params, x_tr, y_tr, per_call, val)
+            trainer.prefetch_epochs(params, x_tr, y_tr, FUSED_MAX_EPOCHS, val)
         fresh, frozen = trainer.init(params)
         state, frozen = trainer.placed((fresh if state is None else state, frozen))
         t0 = time.perf_counter()
         if whole:  # compiled here, looked up once
-            run = trainer.epochs_runner(state, frozen, x_tr, y_tr, per_call, val)
+            run = trainer.epochs_runner(state, frozen, x_tr, y_tr, FUSED_MAX_EPOCHS, val)
         else:
             trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
         hist.compile_ms = (time.perf_counter() - t0) * 1000
@@ -220,12 +224,14 @@ def steps_per_epoch(cfg: TrainConfig, n: int) -> int:
 
 #: about how long one call of fused epochs runs (`fit`): how long an interrupt waits
 FUSED_CALL_SECONDS = 0.5
-#: the most epochs one call of fused epochs runs (the rows of its summaries)
+#: the most epochs one call of fused epochs runs: the rows of the summaries of `fit`'s one
+#: epochs program, which every call on the same trainer and data shapes runs (fused, queued
+#: or one epoch a call; a row costs a few bytes)
 FUSED_MAX_EPOCHS = 1024
 #: about how long one call of queued epochs runs (`fit` with ``on_epoch``): how late
 #: ``on_epoch`` may run after its epoch
 QUEUED_CALL_SECONDS = 0.05
-#: the most epochs one call of queued epochs runs (one program whatever ``epochs`` is)
+#: the most epochs one call of queued epochs runs
 QUEUED_MAX_EPOCHS = 64
 
 

@@ -439,8 +439,8 @@ class AheadOfTime:
         if self.program_cache is None or self.progress is not None \
                 or self.placement is not None or self.model.digest is None:
             return None
-        # how many epochs a run trains is not in the programs (``name`` says how many one
-        # call runs), so runs of other lengths share them
+        # how many epochs a run trains is not in the programs (a call's count is an argument
+        # of the epochs program), so runs of other lengths share them
         config = describe_config(dataclasses.replace(self.config, epochs=0))
         return (self.model.digest, name, config, str(self.hoist), repr(self.compiler_options))
 

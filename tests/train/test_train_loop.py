@@ -121,6 +121,31 @@ def test_every_training_program_compiles_before_on_start(samples: int, every_ste
     assert result.history.steps == [samples // 4 + 1] * 2
 
 
+def test_a_trainer_passed_again_compiles_nothing_whatever_its_epochs() -> None:
+    """A notebook trains 5 epochs, then 2 more, then 1 with a plot callback: every call
+    after the first runs the trainer's one epochs program."""
+    model = reshape_mlp()
+    x, y = toy_data(31)
+    first = fit(model, x, y, epochs=5, batch_size=4, learning_rate=0.1, loss="cce",
+                validation_split=0.1)
+    lowered: list[str] = []
+
+    def heard(event: str, seconds: float, fun_name: str = "", **_) -> None:
+        if event.endswith("jaxpr_to_mlir_module_duration"):
+            lowered.append(fun_name)
+
+    jax.monitoring.register_event_duration_secs_listener(heard)
+    try:
+        for kwargs in (dict(epochs=2), dict(epochs=1, on_epoch=lambda i, h: None),
+                       dict(epochs=3, on_epoch=lambda i, h: None, overlap_epochs=False),
+                       dict(epochs=7)):
+            again = fit(model, x, y, trainer=first.trainer, **kwargs)
+            assert len(again.history.loss) == kwargs["epochs"]
+    finally:
+        jax.monitoring.unregister_event_duration_listener(heard)
+    assert not [f for f in lowered if "epoch" in f or "train_step" in f], lowered
+
+
 @pytest.mark.parametrize("shuffle", [False, True])
 def test_epochs_in_one_compiled_call_equal_epoch_by_epoch(shuffle: bool) -> None:
     """With nothing to call back, ``fit`` runs all epochs in one compiled call; weights,
@@ -136,8 +161,8 @@ def test_epochs_in_one_compiled_call_equal_epoch_by_epoch(shuffle: bool) -> None
                    **cfg)
     assert seen == [0, 1, 2]
     programs = [[name for name, *_ in r.trainer._compiled] for r in (fused, stepwise)]
-    # the fresh state, then one call for all epochs / one call per epoch
-    assert programs == [["fresh", "epochs3"], ["fresh", "epochs1"]]
+    # the fresh state, then one program for all epochs in one call / one call per epoch
+    assert programs == [["fresh", "epochs1024"], ["fresh", "epochs1024"]]
     _same_run(fused, stepwise)
     h, g = fused.history, stepwise.history
     assert (h.accuracy, h.steps, h.skipped) == (g.accuracy, g.steps, g.skipped)
