@@ -19,7 +19,7 @@ from circle_jax.cli import main
 from circle_jax.errors import DataError
 from circle_jax.train import TrainConfig, Trainer, fit
 from tests.paths import REPO_ROOT
-from tests.toy_models import reshape_mlp, toy_data
+from tests.toy_models import branching, digits16, reshape_mlp, toy_data
 
 
 def _direct(model, x, y, loss: str, reduction: str, batch: int) -> tuple[float, float]:
@@ -121,11 +121,12 @@ def test_every_training_program_compiles_before_on_start(samples: int, every_ste
     assert result.history.steps == [samples // 4 + 1] * 2
 
 
-def test_a_trainer_passed_again_compiles_nothing_whatever_its_epochs() -> None:
+@pytest.mark.parametrize("which", ["mlp", "branching cnn"])
+def test_a_trainer_passed_again_compiles_nothing_whatever_its_epochs(which: str) -> None:
     """A notebook trains 5 epochs, then 2 more, then 1 with a plot callback: every call
     after the first runs the trainer's one epochs program."""
-    model = reshape_mlp()
-    x, y = toy_data(31)
+    model, (x, y) = (reshape_mlp(), toy_data(31)) if which == "mlp" else (branching(),
+                                                                           digits16())
     first = fit(model, x, y, epochs=5, batch_size=4, learning_rate=0.1, loss="cce",
                 validation_split=0.1)
     lowered: list[str] = []
@@ -325,7 +326,7 @@ def test_fused_epochs_stop_for_an_interrupt_within_about_a_call() -> None:
         import signal, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal leaves it
         from circle_jax.train import fit
-        from tests.toy_models import reshape_mlp, toy_data
+        from tests.toy_models import branching, digits16, reshape_mlp, toy_data
         x, y = toy_data(64)
         try:
             fit(reshape_mlp(), x, y, epochs=10**6, batch_size=4,
