@@ -106,12 +106,16 @@ def float_weights_refusal(sg: ir.Subgraph, op: ir.Operator,
     return None
 
 
-def glorot_uniform(shape: tuple[int, int], seed: int) -> np.ndarray:
-    """Glorot-uniform weights [out, in]: uniform on +-sqrt(6 / (in + out)), float32 from
-    NumPy's generator seeded by ``seed``. Drawn on the host: JAX's generator compiles a
-    program per head shape."""
-    bound = math.sqrt(6 / sum(shape))
+def seeded_uniform(bound: float, shape: tuple[int, ...], seed: int) -> np.ndarray:
+    """Float32 weights uniform on +-``bound`` from NumPy's generator seeded by ``seed``: the
+    initial draw of a new head and of LoRA's A. Drawn on the host: JAX's generator compiles
+    a program per shape (seconds of a load, measured in benchmarks/README.md)."""
     return np.random.default_rng(seed).uniform(-bound, bound, shape).astype(np.float32)
+
+
+def glorot_uniform(shape: tuple[int, int], seed: int) -> np.ndarray:
+    """Glorot-uniform weights [out, in]: uniform on +-sqrt(6 / (in + out))."""
+    return seeded_uniform(math.sqrt(6 / sum(shape)), shape, seed)
 
 
 def replace_head(model: ir.Model, classes: int, seed: int = 0, output: int = 0) -> ir.Model:

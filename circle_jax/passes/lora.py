@@ -37,7 +37,7 @@ from ..graph import ir
 from ..graph.aliases import alias_table
 from ..graph.params_policy import param_table
 from .edit import add_constant, add_operator, add_tensor, record, replace_subgraph
-from .head import float_weights_refusal
+from .head import float_weights_refusal, seeded_uniform
 
 KINDS = {"fc": "FULLY_CONNECTED", "conv": "CONV_2D", "matmul": "BATCH_MATMUL"}
 RECORD = "add_lora"
@@ -100,11 +100,8 @@ def kaiming_uniform(shape: tuple[int, ...], in_axis: tuple[int, ...], seed: int
                     ) -> np.ndarray:
     """Kaiming-uniform with a = sqrt(5) (torch's ``kaiming_uniform_`` as the LoRA paper's
     code and peft call it): uniform on +-1/sqrt(fan-in), the fan-in the product of the
-    ``in_axis`` sizes, float32 from NumPy's generator seeded by ``seed``. Drawn on the host:
-    JAX's generator compiles a program per adapter shape (seconds of a load, measured in
-    benchmarks/README.md)."""
-    bound = 1 / math.sqrt(math.prod(shape[k] for k in in_axis))
-    return np.random.default_rng(seed).uniform(-bound, bound, shape).astype(np.float32)
+    ``in_axis`` sizes."""
+    return seeded_uniform(1 / math.sqrt(math.prod(shape[k] for k in in_axis)), shape, seed)
 
 
 def _shapes(op: ir.Operator, w: ir.Tensor, rank: int
