@@ -11,6 +11,7 @@ import pytest
 import circle_jax as cj
 from circle_jax.build import Builder
 from circle_jax.examples import branching_cnn
+from tests.compile_events import COMPILE, compile_events
 from tests.conformance import run_litert
 from tests.paths import shared_model
 
@@ -134,23 +135,18 @@ def test_apply_outside_a_trace_compiles_once_per_input_shape() -> None:
     are the operator-by-operator run's."""
     model = cj.load(branching_cnn().to_bytes("circle"))
     x = np.random.default_rng(4).uniform(0, 1, (5, 8, 8, 1)).astype(np.float32)
-    compiles = []
 
-    def count(event: str, seconds: float, **kwargs) -> None:
-        if event == "/jax/core/compile/backend_compile_duration":
-            compiles.append(seconds)
+    def compiles() -> int:
+        return sum(e.name == COMPILE for e in events)
 
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with compile_events() as events:
         first = model(x[:2])
-        assert 1 <= len(compiles) <= 2
-        before = len(compiles)
+        assert 1 <= compiles() <= 2
+        before = compiles()
         again = model(x[2:4])
-        assert len(compiles) == before
+        assert compiles() == before
         model(x)
-        assert len(compiles) > before
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
+        assert compiles() > before
     with jax.disable_jit():
         eager = model(x[:2])
     for a, b in zip(first, eager):

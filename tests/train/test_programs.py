@@ -21,6 +21,7 @@ from jax.experimental.compilation_cache import compilation_cache
 import circle_jax as cj
 from circle_jax.train import TrainConfig, Trainer, fit, programs
 from circle_jax.train.programs import ProgramCache, describe_config
+from tests.compile_events import COMPILE, TRACE, compile_events
 from tests.toy_models import reshape_mlp, toy_data
 
 CFG = dict(epochs=2, batch_size=4, learning_rate=0.1, loss="cce", optimizer="adam")
@@ -125,19 +126,12 @@ def test_a_cache_hit_traces_and_compiles_nothing(model, tmp_path) -> None:
     monitoring events, counted after JAX's in-memory caches are emptied)."""
     _fit(model, tmp_path, validation_split=0.2)
     jax.clear_caches()
-    seen = collections.Counter()
-
-    def count(event: str, seconds: float, **kwargs) -> None:
-        seen[event] += 1
-
-    jax.monitoring.register_event_duration_secs_listener(count)
-    try:
+    with compile_events() as events:
         _, cache = _fit(model, tmp_path, validation_split=0.2)
-    finally:
-        jax.monitoring.unregister_event_duration_listener(count)
+    seen = collections.Counter(e.name for e in events)
     assert cache.hits == 2
-    assert seen["/jax/core/compile/jaxpr_trace_duration"] == 0, seen
-    assert seen["/jax/core/compile/backend_compile_duration"] == 0, seen
+    assert seen[TRACE] == 0, seen
+    assert seen[COMPILE] == 0, seen
 
 
 def test_a_cache_hit_loads_the_epochs_while_the_fresh_state_is_made(model, tmp_path,

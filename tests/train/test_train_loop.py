@@ -11,13 +11,13 @@ import sys
 import textwrap
 import time
 
-import jax
 import numpy as np
 import pytest
 
 from circle_jax.cli import main
 from circle_jax.errors import DataError
 from circle_jax.train import TrainConfig, Trainer, fit
+from tests.compile_events import compile_events, lowered
 from tests.paths import REPO_ROOT
 from tests.toy_models import branching, digits16, reshape_mlp, toy_data
 
@@ -99,24 +99,16 @@ def test_every_training_program_compiles_before_on_start(samples: int, every_ste
     or chunks of ``every_steps`` (5 steps of 4 in chunks of 2, 2 and 1, then 2 samples):
     the steps, chunks, permutation and epoch summary compile before ``on_start`` (the
     command line's PREPARE), none while the epochs run."""
-    lowered: list[str] = []
-    started: list[bool] = []
-
-    def heard(event: str, seconds: float, fun_name: str = "", **_) -> None:
-        if event.endswith("jaxpr_to_mlir_module_duration") and started:
-            lowered.append(fun_name)
-
     model = reshape_mlp()
     x, y = toy_data(samples)
-    jax.monitoring.register_event_duration_secs_listener(heard)
-    try:
+    started: list[int] = []  # how many events came before on_start
+    with compile_events() as events:
         result = fit(model, x, y, epochs=2, batch_size=4, learning_rate=0.1, loss="cce",
                      drop_remainder=False, every_steps=every_steps, shuffle=shuffle,
-                     on_start=lambda h: started.append(True))
-    finally:
-        jax.monitoring.unregister_event_duration_listener(heard)
+                     on_start=lambda h: started.append(len(events)))
+    later = lowered(events[started[0]:])
     programs = ("train_step", "epoch", "permuted")
-    assert started and not [f for f in lowered if any(p in f for p in programs)], lowered
+    assert not [f for f in later if any(p in f for p in programs)], later
     assert "trailing step" in [name for name, *_ in result.trainer._compiled]
     assert result.history.steps == [samples // 4 + 1] * 2
 
@@ -129,22 +121,14 @@ def test_a_trainer_passed_again_compiles_nothing_whatever_its_epochs(which: str)
                                                                            digits16())
     first = fit(model, x, y, epochs=5, batch_size=4, learning_rate=0.1, loss="cce",
                 validation_split=0.1)
-    lowered: list[str] = []
-
-    def heard(event: str, seconds: float, fun_name: str = "", **_) -> None:
-        if event.endswith("jaxpr_to_mlir_module_duration"):
-            lowered.append(fun_name)
-
-    jax.monitoring.register_event_duration_secs_listener(heard)
-    try:
+    with compile_events() as events:
         for kwargs in (dict(epochs=2), dict(epochs=1, on_epoch=lambda i, h: None),
                        dict(epochs=3, on_epoch=lambda i, h: None, overlap_epochs=False),
                        dict(epochs=7)):
             again = fit(model, x, y, trainer=first.trainer, **kwargs)
             assert len(again.history.loss) == kwargs["epochs"]
-    finally:
-        jax.monitoring.unregister_event_duration_listener(heard)
-    assert not [f for f in lowered if "epoch" in f or "train_step" in f], lowered
+    programs = lowered(events)
+    assert not [f for f in programs if "epoch" in f or "train_step" in f], programs
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
@@ -326,7 +310,7 @@ def test_fused_epochs_stop_for_an_interrupt_within_about_a_call() -> None:
         import signal, sys, time
         signal.signal(signal.SIGINT, signal.default_int_handler)  # as a terminal leaves it
         from circle_jax.train import fit
-        from tests.toy_models import branching, digits16, reshape_mlp, toy_data
+        from tests.toy_models import reshape_mlp, toy_data
         x, y = toy_data(64)
         try:
             fit(reshape_mlp(), x, y, epochs=10**6, batch_size=4,
