@@ -13,7 +13,14 @@ from ..formats.atomic import PathLike, check_writable
 from ..model import Model
 from ..train import FitResult, History, TrainConfig, Trainer, TrainState, fit
 from ._common import Source, _stream_k
-from .state import Order, _restore, make_checkpoint, read_checkpoint, save_checkpoint
+from .state import (
+    Order,
+    _restore,
+    make_checkpoint,
+    read_checkpoint,
+    resolved_order,
+    save_checkpoint,
+)
 
 
 def fit_checkpointed(
@@ -74,6 +81,8 @@ def fit_checkpointed(
     callbacks = []
     if save is not None:  # fail before training, not after
         check_writable(save)
+        # resolved once ("onert"/"auto" ask the onert wheel about the model's bytes)
+        order = resolved_order(model, order)
         check_state, check_frozen = (state, frozen) if state is not None else \
             trainer.init(params)
         make_checkpoint(model, trainer, check_state, check_frozen, order=order)

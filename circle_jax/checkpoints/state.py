@@ -120,7 +120,7 @@ def _updates(trainer: Trainer, state: TrainState) -> int:
     return int(state.step) // _stream_k(trainer)
 
 
-def _ordered(model: Model, order: Order) -> tuple[int, ...]:
+def resolved_order(model: Model, order: Order) -> tuple[int, ...]:
     """An entry order given as "ascending", "onert", "auto" or tensor indices, checked."""
     consts = constant_tensors(model)
     if isinstance(order, str):
@@ -173,7 +173,7 @@ def make_checkpoint(model: Model, trainer: Trainer, state: TrainState,
     names = _main_params(model)
     sg = model.ir.main
     tensors, ms, vs = [], [], []
-    for i in _ordered(model, order):
+    for i in resolved_order(model, order):
         t = sg.tensors[i]
         dt = ir.as_numpy_dtype(t.dtype)
         name = names.get(i)
@@ -205,7 +205,7 @@ def checkpoint_bytes(model: Model, trainer: Trainer, state: TrainState,
     Files in ascending order carry ``ASCENDING_MARK`` in the header's reserved byte (offset 3;
     onert writes 0 there and ignores it on import), so readers need not guess their order.
     """
-    resolved = _ordered(model, order)
+    resolved = resolved_order(model, order)
     mark = ASCENDING_MARK if resolved == constant_tensors(model) else 0
     return encode_checkpoint(make_checkpoint(model, trainer, state, frozen, epoch, resolved),
                              reserved=mark)
@@ -267,7 +267,7 @@ def read_checkpoint(source: Source, model: Model, params: Mapping[str, Any] | No
                 except DataError:
                     pass  # no onert: ties stay in ascending order
         else:
-            found = _ordered(model, order)
+            found = resolved_order(model, order)
             _check_sizes(model, ckpt, found)
     except CircleFormatError as e:
         raise CircleFormatError(f"{where}: {e}") from None

@@ -419,12 +419,13 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
 
 
 def _timing(clock: Clock, history: Any, cache: str, chunked: bool) -> out.Timing:
-    """The phases as onert_train names them. PREPARE reads the data and is ``fit``'s
-    preparation (data to the device, state, compiling the epoch); the rest of ``fit``
-    (epochs, validation, checkpoints) is EXECUTE. Epoch 1 also holds the compiled epoch's
-    first run and, for epochs in chunks (``chunked``) with validation, compiling the
-    validation pass."""
-    compiled = clock.marks["fit"] + history.prepare_ms / 1000
+    """The phases as onert_train names them. PREPARE reads the data and runs everything
+    before ``fit``'s ``on_start`` (checking the checkpoint to write and resolving its entry
+    order, data to the device, state, compiling the epoch); the rest of ``fit`` (epochs,
+    validation, checkpoints) is EXECUTE. Epoch 1 also holds the compiled epoch's first run
+    and, for epochs in chunks (``chunked``) with validation, compiling the validation
+    pass."""
+    compiled = clock.marks["PREPARE"]  # on_start's mark
     starts = [compiled, *clock.epoch_ends[:-1]]
     epoch_ms = [(e - s) * 1000 for s, e in zip(starts, clock.epoch_ends)]
     note = "includes one-time work: the compiled epoch's first run" + (

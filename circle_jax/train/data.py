@@ -9,6 +9,7 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ..errors import DataError
 from ..formats.rawdata import check_training_data
@@ -18,11 +19,14 @@ from ..model import Model
 Batch = tuple[tuple[jax.Array, ...], jax.Array]
 
 
-def batched(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int) -> tuple[tuple, jax.Array]:
-    """``steps`` batches of ``b`` samples: arrays of shape (steps, b, ...)."""
+def batched(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int, first: Any = 0
+            ) -> tuple[tuple, jax.Array]:
+    """``steps`` batches of ``b`` samples, from batch ``first`` on (which may be traced: one
+    compiled cut serves every chunk of an epoch): arrays of shape (steps, b, ...)."""
 
     def cut(a: jax.Array) -> jax.Array:
-        return a[: steps * b].reshape((steps, b) + a.shape[1:])
+        rows = lax.dynamic_slice_in_dim(a, first * b, steps * b)
+        return rows.reshape((steps, b) + a.shape[1:])
 
     return tuple(cut(a) for a in x), cut(y)
 

@@ -403,7 +403,7 @@ class Trainer(Scoring, AheadOfTime):
         steps = n // b
         if steps == 0 and self.config.drop_remainder:
             raise DataError(f"{n} training samples are fewer than one batch of {b}")
-        tail = not self.config.drop_remainder and n % b
+        tail = not self.config.drop_remainder and n % b > 0
         parts = []
         if steps and every_steps is None and not skip_steps:
             args = self.epoch_arguments(state, frozen, x, y, epoch)
@@ -412,11 +412,10 @@ class Trainer(Scoring, AheadOfTime):
         if tail or not parts:
             x, y = self._ordered(x, y, epoch)
         if steps and not parts:
-            xs, ys = batched(x, y, b, steps)
             every = every_steps or steps
             for i in range(skip_steps, steps, every):
-                part = (state, frozen, *self.placed((tuple(a[i:i + every] for a in xs),
-                                                     ys[i:i + every]), batch_axis=1))
+                part = (state, frozen, *self.placed(
+                    self._cut(tuple(x), y, b, min(every, steps - i), i), batch_axis=1))
                 state, metrics = self._compiled_epoch(*part)(*part)
                 parts.append(metrics)
                 if after_chunk is not None:
@@ -424,10 +423,8 @@ class Trainer(Scoring, AheadOfTime):
         if tail:
             rest = self.placed(trailing(x, y, b, steps))
             state, metrics = self._compiled_tail(state, frozen, rest)(state, frozen, rest)
-            parts.append(jax.tree.map(lambda a: a[None], metrics))
-        if len(parts) == 1:
-            return state, parts[0]
-        return state, jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+            parts.append(metrics)
+        return state, parts[0] if len(parts) == 1 and not tail else _joined(parts, tail)
 
     def epochs_runner(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                       y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
@@ -525,25 +522,29 @@ class Trainer(Scoring, AheadOfTime):
         compiles when it first runs)."""
         b, n = self.config.batch_size, y.shape[0]
         steps = n // b
-        programs = []  # (compiled, whether its metrics have a steps axis)
+        programs = []  # an epoch's programs, in the order `run_epoch` runs them
         if steps and every_steps is None:
             args = self.epoch_arguments(state, frozen, x, y)
-            programs.append((self._compiled_epoch(*args, shuffled=self.config.shuffle), 1))
+            programs.append(self._compiled_epoch(*args, shuffled=self.config.shuffle))
         elif steps:
-            for k in sorted({min(every_steps, steps), steps % every_steps} - {0}):
-                part = batched(tuple(a[:k * b] for a in x), y[:k * b], b, k)
-                args = (state, frozen, *self.placed(part, batch_axis=1))
-                programs.append((self._compiled_epoch(*args), 1))
+            chunks: dict[int, Callable] = {}
+            for i in range(0, steps, every_steps):
+                k = min(every_steps, steps - i)
+                if k not in chunks:  # the cut and the chunk of each length
+                    args = (state, frozen, *self.placed(self._cut(tuple(x), y, b, k, 0),
+                                                        batch_axis=1))
+                    chunks[k] = self._compiled_epoch(*args)
+                programs.append(chunks[k])
         tail = not self.config.drop_remainder and n % b > 0
         if tail:
-            programs.append((self._compiled_tail(
-                state, frozen, self.placed(trailing(x, y, b, steps))), 0))
+            programs.append(self._compiled_tail(
+                state, frozen, self.placed(trailing(x, y, b, steps))))
         if self.config.shuffle and (tail or every_steps is not None):
             self._compiled_permutation(tuple(x), y, jnp.asarray(0, jnp.int32))
-        compiled, stacked = programs[-1]
-        rows = steps + tail
-        metrics = jax.tree.map(lambda s: jnp.zeros((rows, *s.shape[stacked:]), s.dtype),
-                               compiled.out_info[1])
+        # an epoch's metrics as `run_epoch` joins them (zeros), and their summary
+        parts = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), compiled.out_info[1])
+                 for compiled in programs]
+        metrics = parts[0] if len(parts) == 1 and not tail else _joined(parts, tail)
         self.summarize_epoch(self.placed(metrics), state)
 
     def _compiled_permutation(self, *args: Any) -> Callable[..., tuple[tuple, jax.Array]]:
@@ -563,3 +564,13 @@ class Trainer(Scoring, AheadOfTime):
         measured apart from steady-state steps."""
         return self._compiled_for(self._shuffled_epoch_impl if shuffled else self._epoch_impl,
                                   f"epoch shuffled={shuffled}", args)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _joined(parts: list[StepMetrics], tail: bool) -> StepMetrics:
+    """An epoch's metrics: its chunks' (a steps axis each) and, with ``tail``, the trailing
+    partial batch's step's (the last part) joined on the steps axis in one compiled call,
+    compiled once per epoch layout (`Trainer.compile_epoch` runs it first)."""
+    if tail:
+        parts = [*parts[:-1], jax.tree.map(lambda a: a[None], parts[-1])]
+    return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)

@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import functools
 import os
+import re
+import time
 from pathlib import Path
 
 import jax.numpy as jnp
@@ -29,6 +31,7 @@ from circle_jax.checkpoints import (
     read_checkpoint,
     save_checkpoint,
 )
+from circle_jax.checkpoints import state as checkpoint_state
 from circle_jax.cli import main
 from circle_jax.errors import CircleFormatError, TrainingError
 from circle_jax.examples import branching_cnn
@@ -314,6 +317,35 @@ def test_cli_export_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         err = capsys.readouterr().err.strip()
         assert err.startswith("E: ") and message in err and "\n" not in err, err
     assert not os.path.exists("m.ckpt")
+
+
+def test_the_entry_order_is_asked_once_before_training(tmp_path: Path,
+                                                       monkeypatch: pytest.MonkeyPatch,
+                                                       capsys: pytest.CaptureFixture) -> None:
+    """``--checkpoint_order auto`` asks the onert wheel for its entry order (about a second
+    in a fresh process): once, before training, so it counts in PREPARE, and checkpoints
+    written every 2 steps reuse it. (Every write serialized the model again to look the
+    answer up, and the asking was counted in epoch 1.)"""
+    asked = []
+    ask = checkpoint_state.onert_order
+
+    def slow(model: cj.Model) -> tuple[int, ...]:
+        asked.append(model)
+        time.sleep(1.0)
+        return ask(model)
+
+    monkeypatch.setattr(checkpoint_state, "onert_order", slow)
+    monkeypatch.chdir(tmp_path)
+    x, y = _data()
+    np.save("x.npy", x)
+    np.save("y.npy", y)
+    assert main(["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected",
+                 "y.npy", "--epoch", "2", "--batch_size", "4", "--export_checkpoint", "c.ckpt",
+                 "--checkpoint_every_steps", "2"]) == 0
+    out = capsys.readouterr().out
+    prepare = float(re.search(r"^PREPARE +takes (\S+) ms$", out, re.M)[1])
+    epoch_1 = float(re.search(r"^- Epoch 1 +takes (\S+) ms", out, re.M)[1])
+    assert len(asked) == 1 and prepare > 1000 > epoch_1, out
 
 
 def test_save_checkpoint_is_atomic_and_protects_inputs(tmp_path: Path) -> None:
