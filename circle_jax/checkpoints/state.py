@@ -121,21 +121,23 @@ def _updates(trainer: Trainer, state: TrainState) -> int:
 
 
 def resolved_order(model: Model, order: Order) -> tuple[int, ...]:
-    """An entry order given as "ascending", "onert", "auto" or tensor indices, checked."""
+    """An entry order given as "ascending", "onert", "auto" or tensor indices, checked (also
+    onert's answer, which may come from a file kept by an earlier process)."""
     consts = constant_tensors(model)
     if isinstance(order, str):
         if order == "ascending":
             return consts
-        if order == "onert":
-            return onert_order(model)
-        if order == "auto":
-            try:
-                return onert_order(model)
-            except DataError:
-                return consts
-        raise ValueError(f"unknown checkpoint order {order!r}: use 'ascending', 'onert', "
-                         "'auto' or a sequence of tensor indices")
-    got = tuple(int(i) for i in order)
+        if order not in ("onert", "auto"):
+            raise ValueError(f"unknown checkpoint order {order!r}: use 'ascending', 'onert', "
+                             "'auto' or a sequence of tensor indices")
+        try:
+            got = onert_order(model)
+        except DataError:
+            if order == "onert":
+                raise
+            return consts
+    else:
+        got = tuple(int(i) for i in order)
     if sorted(got) != list(consts):
         raise ValueError(f"checkpoint order {list(got)} is not a permutation of the model's "
                          f"constant tensors {list(consts)}")

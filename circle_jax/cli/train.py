@@ -90,13 +90,17 @@ def _train_logged(run: TrainRun) -> int:
                                  named_by_user(run.compile_cache))
     log(1, f"compile cache: {cache}")
     programs = _program_cache(run, cache, log)
-    if run.verbosity < 2:
-        return _train(run, log, cache, programs)
-    import jax
+    from circle_jax.interop.onert import answers_kept_in
 
-    log(2, f"devices: {jax.devices()}")
-    with jax.log_compiles(True):  # JAX logs each compile (and its time) on stderr
-        return _train(run, log, cache, programs)
+    # onert's checkpoint entry orders (--checkpoint_order auto, onert), asked once per model
+    with answers_kept_in(None if cache == "off" else os.path.join(cache, "onert_orders")):
+        if run.verbosity < 2:
+            return _train(run, log, cache, programs)
+        import jax
+
+        log(2, f"devices: {jax.devices()}")
+        with jax.log_compiles(True):  # JAX logs each compile (and its time) on stderr
+            return _train(run, log, cache, programs)
 
 
 def _program_cache(run: TrainRun, cache: str, log: Log) -> ProgramCache | None:

@@ -12,16 +12,22 @@ neither a crash of onert nor its working directory touches the caller's process.
 
 from __future__ import annotations
 
+import contextlib
 import functools
+import hashlib
+import importlib.metadata
 import json
 import os
 import subprocess
 import sys
 import tempfile
+from collections.abc import Iterator
+from pathlib import Path
 
 import numpy as np
 
 from ..errors import DataError
+from ..formats.atomic import atomic_write
 from ..formats.checkpoint import decode_checkpoint
 from ..formats.reader import read_model
 from ..formats.writer import export_model
@@ -31,12 +37,58 @@ PROBE_TIMEOUT_S = 120
 """The longest the onert child process may take to train its one step."""
 
 
+#: where `onert_checkpoint_order` keeps its answers across processes (None: this process
+#: only); set by `answers_kept_in`
+_answers: Path | None = None
+
+
+@contextlib.contextmanager
+def answers_kept_in(directory: str | os.PathLike | None) -> Iterator[None]:
+    """Inside the block, keep `onert_checkpoint_order`'s answers in ``directory`` (created
+    when first written; a JSON file per model bytes and onert version), so that a later
+    process asks onert again only for another model or another onert; None: this process
+    only. The command line keeps them beside its compiled programs."""
+    global _answers
+    before, _answers = _answers, None if directory is None else Path(directory)
+    try:
+        yield
+    finally:
+        _answers = before
+
+
+def _answer_file(source: bytes) -> Path | None:
+    """Where the answer for ``source`` is kept under `_answers` (None: not kept)."""
+    if _answers is None:
+        return None
+    try:
+        version = importlib.metadata.version("onert")
+    except importlib.metadata.PackageNotFoundError:
+        return None  # nothing to ask
+    key = hashlib.sha256(source + f"\0onert {version}".encode()).hexdigest()
+    return _answers / f"{key}.json"
+
+
 @functools.lru_cache(maxsize=16)
 def _cached_order(source: bytes) -> tuple[int, ...] | str:
+    """The order for ``source``: kept, or asked of onert (and kept when onert answered);
+    a refusal as its message."""
+    kept = _answer_file(source)
+    if kept is not None:
+        try:
+            return tuple(int(i) for i in json.loads(kept.read_text())["order"])
+        except (OSError, ValueError, KeyError, TypeError):
+            pass  # not kept, unreadable or damaged: ask
     try:
-        return _probe(source)
+        order = _probe(source)
     except DataError as e:
-        return str(e)
+        return str(e)  # not kept on disk: a timeout may pass
+    if kept is not None:
+        try:
+            kept.parent.mkdir(parents=True, exist_ok=True)
+            atomic_write(kept, json.dumps({"order": list(order)}).encode())
+        except OSError:
+            pass  # a read-only or full cache: asked again next time
+    return order
 
 
 def onert_checkpoint_order(source: bytes) -> tuple[int, ...]:

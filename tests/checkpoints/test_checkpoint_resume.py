@@ -36,6 +36,7 @@ from circle_jax.cli import main
 from circle_jax.errors import CircleFormatError, TrainingError
 from circle_jax.examples import branching_cnn
 from circle_jax.formats import Checkpoint, decode_checkpoint, encode_checkpoint
+from circle_jax.interop import onert as onert_interop
 from circle_jax.optim import AdamTFState
 from circle_jax.train import Trainer, fit
 from tests.onert_peer import open_session, train_batch
@@ -346,6 +347,40 @@ def test_the_entry_order_is_asked_once_before_training(tmp_path: Path,
     prepare = float(re.search(r"^PREPARE +takes (\S+) ms$", out, re.M)[1])
     epoch_1 = float(re.search(r"^- Epoch 1 +takes (\S+) ms", out, re.M)[1])
     assert len(asked) == 1 and prepare > 1000 > epoch_1, out
+
+
+def test_onert_orders_are_kept_in_the_compile_cache(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The command line keeps onert's entry orders beside its compiled programs: a second
+    run (a new process: the in-memory answers cleared) asks onert nothing and writes the
+    same checkpoint; a damaged kept answer is asked again; without the cache nothing is
+    kept."""
+    asked = []
+    probe = onert_interop._probe
+
+    def counted(source: bytes) -> tuple[int, ...]:
+        asked.append(len(source))
+        return probe(source)
+
+    monkeypatch.setattr(onert_interop, "_probe", counted)
+    monkeypatch.chdir(tmp_path)
+    x, y = _data()
+    np.save("x.npy", x)
+    np.save("y.npy", y)
+    base = ["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected", "y.npy",
+            "--epoch", "1", "--batch_size", "4"]
+    written = []
+    for run, cache in enumerate(["off", "cache", "cache", "cache"]):
+        onert_interop._cached_order.cache_clear()  # a new process
+        if run == 3:
+            for kept in Path("cache", "onert_orders").glob("*.json"):
+                kept.write_text('{"order": [1, ')
+        assert main([*base, "--compile_cache", cache, "--export_checkpoint", f"{run}.ckpt"]) == 0
+        written.append(Path(f"{run}.ckpt").read_bytes())
+    assert len(asked) == 3  # off, the first cached run, the damaged answer
+    assert len(list(Path("cache", "onert_orders").glob("*.json"))) == 1
+    assert written[1:] == written[:1] * 3
+    assert onert_interop._answers is None  # the command line's setting ends with its run
 
 
 def test_save_checkpoint_is_atomic_and_protects_inputs(tmp_path: Path) -> None:
