@@ -61,8 +61,8 @@ class Timing:
     ``prepare_ms`` covers reading the data and compiling the training epoch (``compile_ms``
     of it; ``loaded``: its compiled programs all came from the cache); ``execute_ms`` the
     epochs (steps, validation, checkpoint writes), compile excluded; ``epoch_ms`` each
-    epoch; ``first_epoch_note`` what epoch 1 holds beyond steady-state steps (e.g.
-    compiling the validation pass), empty when nothing.
+    epoch; ``first_epoch_note`` what epoch 1 holds beyond steady-state steps (the compiled
+    programs' first run), empty when nothing.
     """
 
     load_ms: float

@@ -166,8 +166,7 @@ def _train(run: TrainRun, log: Log, cache: str, programs: ProgramCache | None) -
             print(f"W: the compile cache could not keep this run's compiled programs in "
                   f"{str(programs.directory)!r} ({why}); the next run compiles them again",
                   file=sys.stderr, flush=True)
-    print(out.timing_summary(_timing(clock, result.history, cache,
-                                     run.outputs.checkpoint_every_steps is not None)))
+    print(out.timing_summary(_timing(clock, result.history, cache)))
     if run.mem_poll:
         print(out.memory_summary(clock.rss_kb, _memory_kb("VmHWM")))
     if run.example and result.history.val_accuracy:
@@ -422,18 +421,16 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
             rep.stop()
 
 
-def _timing(clock: Clock, history: Any, cache: str, chunked: bool) -> out.Timing:
+def _timing(clock: Clock, history: Any, cache: str) -> out.Timing:
     """The phases as onert_train names them. PREPARE reads the data and runs everything
     before ``fit``'s ``on_start`` (checking the checkpoint to write and resolving its entry
-    order, data to the device, state, compiling the epoch); the rest of ``fit`` (epochs,
-    validation, checkpoints) is EXECUTE. Epoch 1 also holds the compiled epoch's first run
-    and, for epochs in chunks (``chunked``) with validation, compiling the validation
-    pass."""
+    order, data to the device, state, compiling every training program); the rest of
+    ``fit`` (epochs, validation, checkpoints) is EXECUTE. Epoch 1 also holds the compiled
+    programs' first run."""
     compiled = clock.marks["PREPARE"]  # on_start's mark
     starts = [compiled, *clock.epoch_ends[:-1]]
     epoch_ms = [(e - s) * 1000 for s, e in zip(starts, clock.epoch_ends)]
-    note = "includes one-time work: the compiled epoch's first run" + (
-        " and compiling the validation pass" if chunked and history.val_loss else "")
+    note = "includes one-time work: the compiled epoch's first run"
     return out.Timing(load_ms=clock.ms("start", "MODEL_LOAD"),
                       prepare_ms=(compiled - clock.marks["MODEL_LOAD"]) * 1000,
                       execute_ms=(clock.epoch_ends[-1] - compiled) * 1000,

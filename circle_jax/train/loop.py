@@ -178,7 +178,7 @@ def fit(
         if whole:  # compiled here, looked up once
             run = trainer.epochs_runner(state, frozen, x_tr, y_tr, FUSED_MAX_EPOCHS, val)
         else:
-            trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps)
+            trainer.compile_epoch(state, frozen, x_tr, y_tr, every_steps, val)
         hist.compile_ms = (time.perf_counter() - t0) * 1000
         hist.prepare_ms = (time.perf_counter() - started) * 1000
         if on_start is not None:

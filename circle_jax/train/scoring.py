@@ -31,7 +31,7 @@ class Scoring:
     loss_fn: Callable[..., jax.Array]
     loss_dtype: np.dtype
     loss_output: int
-    _score: Callable[..., tuple[jax.Array, jax.Array]]
+    _compiled_for: Callable[..., Callable[..., Any]]
     _forward: Callable[..., jax.Array]
     placed: Callable[..., Any]
     split_params: Callable[[Mapping[str, Any]], tuple[dict, dict]]
@@ -86,15 +86,27 @@ class Scoring:
     def score(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
               batch_size: int | None = None) -> tuple[float, float]:
         """`evaluate` of samples already checked (`checked_samples`): fit's validation."""
+        args = self.scoring_arguments(params, x, y, batch_size)
+        loss, accuracy = jax.device_get(self.compiled_score(args)(*args))
+        return float(loss), float(accuracy)
+
+    def compiled_score(self, args: tuple) -> Callable[..., tuple[jax.Array, jax.Array]]:
+        """`_score_impl` compiled ahead of time for `scoring_arguments` shaped like ``args``
+        (kept as the training programs are: fit compiles its validation's before its
+        epochs)."""
+        return self._compiled_for(self._score_impl, "score", args)
+
+    def scoring_arguments(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
+                          batch_size: int | None = None) -> tuple:
+        """`_score_impl`'s arguments: ``params`` split and placed, and `scoring_batches`."""
         x, y = jax.device_put((tuple(x), y))
         trainable, frozen = self.placed(self.split_params(params))
-        loss, accuracy = jax.device_get(self._score(
-            trainable, frozen, *self.scoring_batches(x, y, batch_size)))
-        return float(loss), float(accuracy)
+        return (trainable, frozen, *self.scoring_batches(x, y, batch_size))
 
     def scoring_batches(self, x: Sequence[jax.Array], y: jax.Array,
                         batch_size: int | None = None) -> tuple[Batch, Batch | None]:
-        """`_score`'s arguments: the full batches of ``batch_size`` (default: the config's,
-        at most all samples) and the partial batch left over (None when there is none)."""
+        """`_score_impl`'s batches: the full batches of ``batch_size`` (default: the
+        config's, at most all samples) and the partial batch left over (None when there is
+        none)."""
         full, tail = scoring_split(x, y, batch_size or self.config.batch_size)
         return self.placed(full, batch_axis=1), self.placed(tail)

@@ -124,7 +124,6 @@ class Trainer(Scoring, AheadOfTime):
         ) for in_loop in (False, True)}
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
-        self._score = jax.jit(self._score_impl)
         self._summary = jax.jit(epoch_summary)
         self._cut = jax.jit(batched, static_argnums=(2, 3))
 
@@ -350,7 +349,7 @@ class Trainer(Scoring, AheadOfTime):
         (no copy of the data, nothing compiled apart). On several (a ``placement``) they
         come placed: ``data`` as the batches sharded on their batch axis (with ``shuffle``,
         all samples), ``tail`` the trailing batch (a flag with ``shuffle``) and ``val``
-        `_score`'s batches."""
+        `_score_impl`'s batches."""
         b = self.config.batch_size
         inside = self.placement is None
 
@@ -514,12 +513,16 @@ class Trainer(Scoring, AheadOfTime):
         return cut
 
     def compile_epoch(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
-                      y: jax.Array, every_steps: int | None = None) -> None:
+                      y: jax.Array, every_steps: int | None = None,
+                      val: tuple[tuple, jax.Array] | None = None) -> None:
         """Compile, before the first epoch, what `run_epoch` runs: the whole epoch, or its
         chunks of ``every_steps`` steps and the shorter last one, the trailing partial
-        batch's step, the samples' permutation those take with ``shuffle``, and
-        `summarize_epoch`'s reduction (a chunk of another length, resuming mid-epoch,
-        compiles when it first runs)."""
+        batch's step, the samples' permutation those take with ``shuffle``,
+        `summarize_epoch`'s reduction and, given validation samples ``val``, their
+        `score` (a chunk of another length, resuming mid-epoch, compiles when it first
+        runs)."""
+        if val is not None and val[1].shape[0]:
+            self.compiled_score(self.scoring_arguments(self.masters(state, frozen), *val))
         b, n = self.config.batch_size, y.shape[0]
         steps = n // b
         programs = []  # an epoch's programs, in the order `run_epoch` runs them

@@ -92,25 +92,28 @@ def test_chunked_epochs_equal_whole_ones_and_call_back(shuffle: bool) -> None:
 
 
 @pytest.mark.parametrize("shuffle", [False, True])
-@pytest.mark.parametrize("samples, every_steps", [(3, None), (22, 2)])
+@pytest.mark.parametrize("samples, every_steps, validated",
+                         [(3, None, 0), (22, 2, 0), (27, 2, 5)])
 def test_every_training_program_compiles_before_on_start(samples: int, every_steps: int | None,
-                                                          shuffle: bool) -> None:
+                                                          validated: int, shuffle: bool) -> None:
     """With the partial batch kept, fewer samples than a batch (the epoch is that one step)
-    or chunks of ``every_steps`` (5 steps of 4 in chunks of 2, 2 and 1, then 2 samples):
-    the steps, chunks, their cuts of the data, permutation, joined metrics and epoch summary
-    compile before ``on_start`` (the command line's PREPARE): no program at all while the
-    epochs run."""
+    or chunks of ``every_steps`` (5 steps of 4 in chunks of 2, 2 and 1, then 2 samples),
+    with or without validation: the steps, chunks, their cuts of the data, permutation,
+    joined metrics, epoch summary and validation compile before ``on_start`` (the command
+    line's PREPARE): no program at all while the epochs run."""
     model = reshape_mlp()
     x, y = toy_data(samples)
     started: list[int] = []  # how many events came before on_start
     with compile_events() as events:
         result = fit(model, x, y, epochs=2, batch_size=4, learning_rate=0.1, loss="cce",
                      drop_remainder=False, every_steps=every_steps, shuffle=shuffle,
+                     validation_split=validated / samples,
                      on_start=lambda h: started.append(len(events)))
     later = lowered(events[started[0]:])
     assert not later, later
     assert "trailing step" in [name for name, *_ in result.trainer._compiled]
-    assert result.history.steps == [samples // 4 + 1] * 2
+    assert result.history.steps == [(samples - validated) // 4 + 1] * 2
+    assert len(result.history.val_loss) == (2 if validated else 0)
 
 
 @pytest.mark.parametrize("which", ["mlp", "branching cnn"])
