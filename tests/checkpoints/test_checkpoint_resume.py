@@ -289,16 +289,22 @@ def test_onert_imports_ours_and_continues(tmp_path: Path,
         np.testing.assert_allclose(np.asarray(got[k]), np.asarray(v), atol=1e-5, err_msg=k)
 
 
-def test_cli_export_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                               capsys: pytest.CaptureFixture) -> None:
-    """--export_checkpoint (every 5 steps) then --checkpoint: the uninterrupted losses."""
+def _cli_train(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """``circle-jax train`` of the MNIST model at batch 4 on `_data`, saved as x.npy and
+    y.npy in ``tmp_path``, which becomes the working directory."""
     monkeypatch.chdir(tmp_path)
     x, y = _data()
     np.save("x.npy", x)
     np.save("y.npy", y)
-    base = ["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected", "y.npy",
-            "--epoch", "1", "--batch_size", "4", "--learning_rate", "0.01", "--loss", "cce",
-            "--optimizer", "adam"]  # the readable names select CONFIG["adam"]'s numerics
+    return ["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected", "y.npy",
+            "--batch_size", "4"]
+
+
+def test_cli_export_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture) -> None:
+    """--export_checkpoint (every 5 steps) then --checkpoint: the uninterrupted losses."""
+    base = [*_cli_train(tmp_path, monkeypatch), "--epoch", "1", "--learning_rate", "0.01",
+            "--loss", "cce", "--optimizer", "adam"]  # the names select CONFIG["adam"]'s numerics
     assert main(base + ["--export_checkpoint", "c.ckpt", "--checkpoint_every_steps", "5"]) == 0
     assert main(base + ["--checkpoint", "c.ckpt", "--export_checkpoint", "c.ckpt"]) == 0
     out = capsys.readouterr().out
@@ -336,13 +342,8 @@ def test_the_entry_order_is_asked_once_before_training(tmp_path: Path,
         return ask(model)
 
     monkeypatch.setattr(checkpoint_state, "onert_order", slow)
-    monkeypatch.chdir(tmp_path)
-    x, y = _data()
-    np.save("x.npy", x)
-    np.save("y.npy", y)
-    assert main(["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected",
-                 "y.npy", "--epoch", "2", "--batch_size", "4", "--export_checkpoint", "c.ckpt",
-                 "--checkpoint_every_steps", "2"]) == 0
+    assert main([*_cli_train(tmp_path, monkeypatch), "--epoch", "2", "--export_checkpoint",
+                 "c.ckpt", "--checkpoint_every_steps", "2"]) == 0
     out = capsys.readouterr().out
     prepare = float(re.search(r"^PREPARE +takes (\S+) ms$", out, re.M)[1])
     epoch_1 = float(re.search(r"^- Epoch 1 +takes (\S+) ms", out, re.M)[1])
@@ -363,12 +364,7 @@ def test_onert_orders_are_kept_in_the_compile_cache(tmp_path: Path,
         return probe(source)
 
     monkeypatch.setattr(onert_interop, "_probe", counted)
-    monkeypatch.chdir(tmp_path)
-    x, y = _data()
-    np.save("x.npy", x)
-    np.save("y.npy", y)
-    base = ["train", shared_model(MNIST), "--load_input", "x.npy", "--load_expected", "y.npy",
-            "--epoch", "1", "--batch_size", "4"]
+    base = [*_cli_train(tmp_path, monkeypatch), "--epoch", "1"]
     written = []
     for run, cache in enumerate(["off", "cache", "cache", "cache"]):
         onert_interop._cached_order.cache_clear()  # a new process
