@@ -21,6 +21,7 @@ from typing import Any
 
 import jax
 import pytest
+from jax.experimental.compilation_cache import compilation_cache
 
 from tests.paths import KERAS_DATA, SHARED_MODELS
 
@@ -49,6 +50,25 @@ def pytest_configure_node(node: Any) -> None:  # xdist's, in the controller, per
 def pytest_unconfigure(config: pytest.Config) -> None:
     if not hasattr(config, "workerinput"):  # the controller (or a run without workers)
         shutil.rmtree(config.run_cache, ignore_errors=True)
+
+
+#: JAX's persistent-cache settings that the command line sets for its run
+CACHE_SETTINGS = ("jax_compilation_cache_dir", "jax_persistent_cache_min_compile_time_secs",
+                  "jax_persistent_cache_min_entry_size_bytes")
+
+
+@pytest.fixture(autouse=True)
+def _run_cache_restored() -> Iterator[None]:
+    """A test that runs the command line in-process points JAX's persistent cache at its own
+    directory (a temporary one, or none), and the program cache has JAX read the setting
+    again: the run's cache is set back after it, so that later tests share the run's
+    compiled programs and write nothing elsewhere."""
+    before = {name: getattr(jax.config, name) for name in CACHE_SETTINGS}
+    yield
+    if jax.config.jax_compilation_cache_dir != before["jax_compilation_cache_dir"]:
+        for name, value in before.items():
+            jax.config.update(name, value)
+        compilation_cache.reset_cache()
 
 
 @pytest.fixture

@@ -19,13 +19,16 @@ OFF = ("off", "none", "0", "")
 
 
 def cache_dir(flag: str | None, env: Mapping[str, str] | None = None) -> str | None:
-    """The cache directory chosen by ``flag`` and the environment, or None when disabled."""
+    """The cache directory chosen by ``flag`` and the environment, as an absolute path (JAX
+    writes to it after the run has left the working directory it was named in), or None
+    when disabled."""
     env = os.environ if env is None else env
     value = flag if flag is not None else env.get("CIRCLE_JAX_CACHE")
     if value is not None:
-        return None if value.strip().lower() in OFF else os.path.expanduser(value)
+        return None if value.strip().lower() in OFF else \
+            os.path.abspath(os.path.expanduser(value))
     base = env.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return os.path.join(base, "circle-jax", "xla")
+    return os.path.abspath(os.path.join(base, "circle-jax", "xla"))
 
 
 def named_by_user(flag: str | None, env: Mapping[str, str] | None = None) -> bool:

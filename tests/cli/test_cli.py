@@ -272,6 +272,8 @@ def test_cache_dir_resolution(tmp_path) -> None:
     assert cache_dir(None, {"CIRCLE_JAX_CACHE": "off"}) is None
     assert cache_dir("off", {"CIRCLE_JAX_CACHE": "/c"}) is None
     assert os.environ["CIRCLE_JAX_CACHE"] == "off"  # tests/conftest.py: nothing in ~/.cache
+    # a relative directory is named where the run starts, wherever JAX later writes
+    assert cache_dir("c", {}) == os.path.join(os.getcwd(), "c")
 
 
 def test_an_uncreatable_default_cache_is_skipped_a_named_one_refused(files, capsys,
