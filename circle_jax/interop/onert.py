@@ -44,10 +44,11 @@ _answers: Path | None = None
 
 @contextlib.contextmanager
 def answers_kept_in(directory: str | os.PathLike | None) -> Iterator[None]:
-    """Inside the block, keep `onert_checkpoint_order`'s answers in ``directory`` (created
-    when first written; a JSON file per model bytes and onert version), so that a later
-    process asks onert again only for another model or another onert; None: this process
-    only. The command line keeps them beside its compiled programs."""
+    """Inside the block, keep `onert_checkpoint_order`'s answers, refusals included, in
+    ``directory`` (created when first written; a JSON file per model bytes and onert
+    version), so that a later process asks onert again only for another model or another
+    onert; None: this process only. The command line keeps them beside its compiled
+    programs."""
     global _answers
     before, _answers = _answers, None if directory is None else Path(directory)
     try:
@@ -68,27 +69,37 @@ def _answer_file(source: bytes) -> Path | None:
     return _answers / f"{key}.json"
 
 
+class _TooSlow(DataError):
+    """onert did not answer within `PROBE_TIMEOUT_S`: never kept, a later run asks again."""
+
+
 @functools.lru_cache(maxsize=16)
 def _cached_order(source: bytes) -> tuple[int, ...] | str:
-    """The order for ``source``: kept, or asked of onert (and kept when onert answered);
-    a refusal as its message."""
+    """The order for ``source``, or onert's refusal as its message: kept, or asked of
+    onert (and kept, unless onert was too slow to answer)."""
     kept = _answer_file(source)
     if kept is not None:
         try:
-            return tuple(int(i) for i in json.loads(kept.read_text())["order"])
+            answer = json.loads(kept.read_text())
+            if "refused" in answer:
+                return str(answer["refused"])
+            return tuple(int(i) for i in answer["order"])
         except (OSError, ValueError, KeyError, TypeError):
             pass  # not kept, unreadable or damaged: ask
     try:
-        order = _probe(source)
+        found: tuple[int, ...] | str = _probe(source)
+    except _TooSlow as e:
+        return str(e)
     except DataError as e:
-        return str(e)  # not kept on disk: a timeout may pass
+        found = str(e)
     if kept is not None:
+        record = {"refused": found} if isinstance(found, str) else {"order": list(found)}
         try:
             kept.parent.mkdir(parents=True, exist_ok=True)
-            atomic_write(kept, json.dumps({"order": list(order)}).encode())
+            atomic_write(kept, json.dumps(record).encode())
         except OSError:
             pass  # a read-only or full cache: asked again next time
-    return order
+    return found
 
 
 def onert_checkpoint_order(source: bytes) -> tuple[int, ...]:
@@ -127,7 +138,7 @@ def _probe(source: bytes) -> tuple[int, ...]:
                 [sys.executable, "-m", __name__], cwd=tmp, capture_output=True, text=True,
                 timeout=PROBE_TIMEOUT_S, check=False)
         except subprocess.TimeoutExpired:
-            raise DataError(f"onert took over {PROBE_TIMEOUT_S} s to train one step of this "
+            raise _TooSlow(f"onert took over {PROBE_TIMEOUT_S} s to train one step of this "
                             "model to find its checkpoint order; use order='ascending'") from None
         if done.returncode != 0:
             why = (done.stderr.strip().splitlines() or ["no message"])[-1]

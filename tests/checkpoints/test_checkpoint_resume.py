@@ -33,7 +33,7 @@ from circle_jax.checkpoints import (
 )
 from circle_jax.checkpoints import state as checkpoint_state
 from circle_jax.cli import main
-from circle_jax.errors import CircleFormatError, TrainingError
+from circle_jax.errors import CircleFormatError, DataError, TrainingError
 from circle_jax.examples import branching_cnn
 from circle_jax.formats import Checkpoint, decode_checkpoint, encode_checkpoint
 from circle_jax.interop import onert as onert_interop
@@ -377,6 +377,30 @@ def test_onert_orders_are_kept_in_the_compile_cache(tmp_path: Path,
     assert len(list(Path("cache", "onert_orders").glob("*.json"))) == 1
     assert written[1:] == written[:1] * 3
     assert onert_interop._answers is None  # the command line's setting ends with its run
+
+
+def test_onert_refusals_are_kept_unless_it_was_too_slow(tmp_path: Path,
+                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A model onert cannot train is refused again from the kept answer (asking costs
+    0.4-0.5 s a run); a time-out is not kept: the next process asks again."""
+    answers: list[Exception] = [DataError("onert could not train this model"),
+                                onert_interop._TooSlow("onert took over 120 s")]
+    asked = []
+
+    def refuse(source: bytes) -> tuple[int, ...]:
+        asked.append(source)
+        raise answers[0] if source == b"model" else answers[1]
+
+    monkeypatch.setattr(onert_interop, "_probe", refuse)
+    with onert_interop.answers_kept_in(tmp_path):
+        for _ in range(2):  # two processes
+            onert_interop._cached_order.cache_clear()
+            for source, message in ((b"model", "could not train"), (b"slow", "took over")):
+                with pytest.raises(DataError, match=message):
+                    onert_interop.onert_checkpoint_order(source)
+    onert_interop._cached_order.cache_clear()
+    assert asked == [b"model", b"slow", b"slow"]
+    assert len(list(tmp_path.glob("*.json"))) == 1
 
 
 def test_save_checkpoint_is_atomic_and_protects_inputs(tmp_path: Path) -> None:
