@@ -43,6 +43,7 @@ written beside the file (`circle_jax.checkpoints.ranges`).
 
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
@@ -235,9 +236,24 @@ def onert_order(model: Model) -> tuple[int, ...]:
     and the tensor count, not on the weights, the optimizer or the trainable ops), so this
     asks the installed ``onert`` wheel: it trains one step with no trainable operator on a
     copy of the model whose float constants hold distinct marker values, exports a
-    checkpoint and matches entries by content. Cached per model; needs ``onert``.
+    checkpoint and matches entries by content. Cached per model (answer or refusal), so a
+    run that writes many checkpoints serializes the model once; needs ``onert``.
     """
-    return onert_checkpoint_order(write_model(model.ir))  # the model after load's passes
+    found = _ONERT_ORDERS.get(model)
+    if found is None:
+        try:  # asked about the model after load's passes
+            found = onert_checkpoint_order(write_model(model.ir))
+        except DataError as e:
+            found = str(e)
+        _ONERT_ORDERS[model] = found
+    if isinstance(found, str):
+        raise DataError(found)
+    return found
+
+
+#: `onert_order`'s answers (an order, or a refusal's message) per live model
+_ONERT_ORDERS: weakref.WeakKeyDictionary[Model, tuple[int, ...] | str] = \
+    weakref.WeakKeyDictionary()
 
 
 def read_checkpoint(source: Source, model: Model, params: Mapping[str, Any] | None = None,

@@ -62,7 +62,7 @@ class Timing:
     of it; ``loaded``: its compiled programs all came from the cache); ``execute_ms`` the
     epochs (steps, validation, checkpoint writes), compile excluded; ``epoch_ms`` each
     epoch; ``first_epoch_note`` what epoch 1 holds beyond steady-state steps (the compiled
-    programs' first run), empty when nothing.
+    epoch's first run), empty when nothing.
     """
 
     load_ms: float

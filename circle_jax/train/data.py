@@ -19,8 +19,8 @@ from ..model import Model
 Batch = tuple[tuple[jax.Array, ...], jax.Array]
 
 
-def batched(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int, first: Any = 0
-            ) -> tuple[tuple, jax.Array]:
+def batched(x: Sequence[jax.Array], y: jax.Array, b: int, steps: int,
+            first: int | jax.Array = 0) -> tuple[tuple, jax.Array]:
     """``steps`` batches of ``b`` samples, from batch ``first`` on (which may be traced: one
     compiled cut serves every chunk of an epoch): arrays of shape (steps, b, ...)."""
 

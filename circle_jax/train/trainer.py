@@ -423,7 +423,7 @@ class Trainer(Scoring, AheadOfTime):
             rest = self.placed(trailing(x, y, b, steps))
             state, metrics = self._compiled_tail(state, frozen, rest)(state, frozen, rest)
             parts.append(metrics)
-        return state, parts[0] if len(parts) == 1 and not tail else _joined(parts, tail)
+        return state, _epoch_metrics(parts, tail)
 
     def epochs_runner(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                       y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
@@ -547,8 +547,7 @@ class Trainer(Scoring, AheadOfTime):
         # an epoch's metrics as `run_epoch` joins them (zeros), and their summary
         parts = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), compiled.out_info[1])
                  for compiled in programs]
-        metrics = parts[0] if len(parts) == 1 and not tail else _joined(parts, tail)
-        self.summarize_epoch(self.placed(metrics), state)
+        self.summarize_epoch(self.placed(_epoch_metrics(parts, tail)), state)
 
     def _compiled_permutation(self, *args: Any) -> Callable[..., tuple[tuple, jax.Array]]:
         """`_permuted` (the samples in an epoch's order, for the steps `run_epoch` runs
@@ -569,11 +568,17 @@ class Trainer(Scoring, AheadOfTime):
                                   f"epoch shuffled={shuffled}", args)
 
 
+def _epoch_metrics(parts: list[StepMetrics], tail: bool) -> StepMetrics:
+    """An epoch's metrics from its programs' (`Trainer.run_epoch`): its chunks' (a steps
+    axis each) and, with ``tail``, the trailing partial batch's step's (the last part); a
+    whole epoch's as they are, else `_joined`."""
+    return parts[0] if len(parts) == 1 and not tail else _joined(parts, tail)
+
+
 @functools.partial(jax.jit, static_argnums=1)
 def _joined(parts: list[StepMetrics], tail: bool) -> StepMetrics:
-    """An epoch's metrics: its chunks' (a steps axis each) and, with ``tail``, the trailing
-    partial batch's step's (the last part) joined on the steps axis in one compiled call,
-    compiled once per epoch layout (`Trainer.compile_epoch` runs it first)."""
+    """`_epoch_metrics` joined on the steps axis in one compiled call, compiled once per
+    epoch layout (`Trainer.compile_epoch` runs it first)."""
     if tail:
         parts = [*parts[:-1], jax.tree.map(lambda a: a[None], parts[-1])]
     return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)

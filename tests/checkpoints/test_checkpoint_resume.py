@@ -403,6 +403,38 @@ def test_onert_refusals_are_kept_unless_it_was_too_slow(tmp_path: Path,
     assert len(list(tmp_path.glob("*.json"))) == 1
 
 
+def test_onert_order_serializes_each_model_once(monkeypatch: pytest.MonkeyPatch) -> None:
+    """onert is asked about the model's bytes; writing them (0.1 s for the VWW MobileNet)
+    happens once per model, however many checkpoints a run writes, its answer or its
+    refusal kept with the model."""
+    written = []
+    write = checkpoint_state.write_model
+
+    def counted(model_ir: object) -> bytes:
+        written.append(model_ir)
+        return write(model_ir)
+
+    monkeypatch.setattr(checkpoint_state, "write_model", counted)
+    answers = {}
+
+    def ask(source: bytes) -> tuple[int, ...]:
+        if answers["refuse"]:
+            raise DataError("onert could not train this model")
+        return constant_tensors(model)
+
+    monkeypatch.setattr(checkpoint_state, "onert_checkpoint_order", ask)
+    for refuse in (False, True):
+        answers["refuse"] = refuse
+        model = _model()
+        for _ in range(3):
+            if refuse:
+                with pytest.raises(DataError, match="could not train"):
+                    onert_order(model)
+            else:
+                assert onert_order(model) == constant_tensors(model)
+    assert len(written) == 2  # one per model
+
+
 def test_save_checkpoint_is_atomic_and_protects_inputs(tmp_path: Path) -> None:
     model = _model()
     trainer = Trainer(model, **CONFIG["sgd"])
