@@ -29,11 +29,12 @@ def wof_bytes(model: Model, params: Mapping[str, Any] | None = None,
     (or aliases such as ``op3.bias``).
 
     Buffer ``k`` is tensor ``k`` of subgraph 0, filled for trainable float weights only
-    (default: every param of subgraph 0), in the tensor's dtype.
+    (default: those that train by default: a new head and adapters where the model has
+    them, else `Model.trainable_params`), in the tensor's dtype.
     """
     params = model.params if params is None else params
     names = _main_params(model)
-    chosen = set(names.values()) if trainable is None else model.resolve_params(trainable)
+    chosen = (model.personal_params or model.trainable_params) if trainable is None else model.resolve_params(trainable)
     sg = model.ir.main
     buffers: list[np.ndarray | None] = [None] * len(sg.tensors)
     for i, name in names.items():

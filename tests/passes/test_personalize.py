@@ -211,6 +211,21 @@ def test_only_the_new_head_trains_by_default_and_wof_follows(tmp_path: Path) -> 
                                               model.apply(result.params, x[:1])])
 
 
+def test_a_wof_of_a_personalized_model_holds_its_new_weights_alone(tmp_path: Path) -> None:
+    """save_wof's default is the model's trainable params: the head and adapters, not the
+    frozen base (README: "save_wof of the trained params writes the adapters alone")."""
+    from circle_jax.checkpoints._common import _main_params
+    from circle_jax.formats.wof import decode_wof
+
+    model = cj.load(shared_model(MNIST), new_head=3, lora=2)
+    save_wof(tmp_path / "a.wof", model)
+    buffers = decode_wof((tmp_path / "a.wof").read_bytes(), len(model.ir.main.tensors))
+    names = _main_params(model)
+    filled = {names[k] for k, b in enumerate(buffers) if b is not None}
+    assert filled == model.personal_params
+    assert len(model.personal_params) == 6 < len(model.params)  # 2 head, 2 x 2 adapters
+
+
 def test_lora_with_zero_b_is_the_base_model_and_trains_only_adapters() -> None:
     base = cj.load(shared_model(MNIST))
     model = cj.load(shared_model(MNIST), lora=2, lora_alpha=4.0)
