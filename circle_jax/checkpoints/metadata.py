@@ -62,8 +62,11 @@ def _trainable_tail(trainer: Trainer) -> tuple[int, ...]:
         got = {name for name, ops in readers.items() if any(i >= first for i in ops)}
         if got == want:
             return tuple(range(first, n))
-    raise ValueError(f"trainable weights {sorted(want)} are not those of the last N operators; "
-                     "circle+ (onert) can only express that")
+    adapters = sorted(trainer.model.adapters.values()) if trainer.model.adapters else []
+    what = (f"LoRA adapters (of {len(set(adapters))} weights, e.g. {adapters[0]!r})" if adapters
+            else f"{len(want)} trainable weights (e.g. {sorted(want)[0]!r})")
+    raise ValueError(f"{what} are not the weights of the last N operators, the only trainable "
+                     "set circle+ (onert) can store; export without circle+ training metadata")
 
 
 def circleplus_metadata(trainer: Trainer) -> dict[str, bytes]:
