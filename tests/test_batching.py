@@ -152,3 +152,22 @@ def test_apply_outside_a_trace_compiles_once_per_input_shape() -> None:
     for a, b in zip(first, eager):
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
     assert again[0].shape == first[0].shape
+
+
+def test_inputs_the_graph_cannot_take_are_named_before_any_operator() -> None:
+    """apply (eager and traced) names the input, the shape or dtype given and the one
+    expected: not an operator's complaint about the model file (CircleFormatError), and
+    never real data rounded into token ids."""
+    from circle_jax.errors import DataError
+
+    model = cj.load(branching_cnn().to_bytes())
+    x = np.zeros((2, 8, 8, 1), np.float32)
+    for fn in (model.apply, jax.jit(model.apply)):
+        with pytest.raises(DataError, match=r"input 'image': .* \[2, 8, 8\], .* \[N, 8, 8, 1\]"):
+            fn(model.params, x[..., 0])
+        with pytest.raises(DataError, match="the model has 1 inputs, got 2 arrays"):
+            fn(model.params, x, x)
+    text = cj.load(shared_model("tflite_support_movie_review_text.tflite"))  # GATHER of ids
+    with pytest.raises(DataError, match="float32 data, the model expects int32"):
+        text(np.zeros((1, 256), np.float32))
+    assert text(np.zeros((3, 256), np.int32))[0].shape == (3, 2)

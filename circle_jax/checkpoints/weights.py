@@ -34,7 +34,8 @@ def wof_bytes(model: Model, params: Mapping[str, Any] | None = None,
     """
     params = model.params if params is None else params
     names = _main_params(model)
-    chosen = (model.personal_params or model.trainable_params) if trainable is None else model.resolve_params(trainable)
+    chosen = (model.personal_params or model.trainable_params) if trainable is None \
+        else model.resolve_params(trainable)
     sg = model.ir.main
     buffers: list[np.ndarray | None] = [None] * len(sg.tensors)
     for i, name in names.items():
