@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import secrets
+import stat
 import tempfile
 from collections.abc import Callable, Iterable
 from typing import BinaryIO
@@ -61,12 +62,28 @@ def cannot_create_in(directory: PathLike) -> str | None:
     return None
 
 
+def _special(target: str) -> bool:
+    """Whether ``target`` (links followed) exists and is neither a regular file nor a
+    directory: a device such as /dev/null, a FIFO, a socket."""
+    try:
+        mode = os.stat(target).st_mode
+    except OSError:
+        return False
+    return not (stat.S_ISREG(mode) or stat.S_ISDIR(mode))
+
+
 def check_writable(path: PathLike) -> None:
     """DataError (one line naming ``path``) unless `atomic_write` can write ``path``: not a
-    directory, in a directory that exists and takes a new file (`cannot_create_in`)."""
+    directory; a device or FIFO this process may write; else in a directory that exists
+    and takes a new file (`cannot_create_in`)."""
     target = os.fspath(path)
     if os.path.isdir(target):
         raise DataError(f"cannot write {target!r}: it is a directory, expected a file path")
+    if _special(target):
+        if not os.access(target, os.W_OK):
+            raise DataError(f"cannot write {target!r}: no permission to write it")
+        return
+    target = os.path.realpath(target) if os.path.islink(target) else target
     directory = os.path.dirname(os.path.abspath(target))
     if not os.path.isdir(directory):
         raise DataError(f"cannot write {target!r}: directory {directory!r} does not exist")
@@ -85,7 +102,9 @@ def atomic_write(
     """Write ``data`` (bytes, or a function writing to a binary file) to ``path`` atomically.
 
     The bytes go to a temporary file in the target's directory, which is flushed,
-    fsynced and renamed onto ``path`` with ``os.replace``. If anything fails the
+    fsynced and renamed onto ``path`` with ``os.replace``; a symbolic link is written
+    through (its target replaced, the link kept), and a device or FIFO (``/dev/null``) is
+    written directly, as a shell's ``>`` would, never replaced by a file. If anything fails the
     temporary file is removed and ``path`` is left as it was; an OSError of the temporary
     file (a full disk) is raised naming ``path``, the file the caller asked for. ``protect`` names
     input files that must never be overwritten (e.g. the model being exported):
@@ -100,6 +119,14 @@ def atomic_write(
             )
     if os.path.isdir(target):
         raise DataError(f"cannot write {target!r}: it is a directory, expected a file path")
+    if _special(target):
+        with open(target, "wb") as f:
+            if callable(data):
+                data(f)
+            else:
+                f.write(data)
+        return
+    target = os.path.realpath(target) if os.path.islink(target) else target
 
     directory = os.path.dirname(os.path.abspath(target))
     base = os.path.basename(target)

@@ -235,6 +235,35 @@ def test_atomic_write_bytes_and_callable(tmp_path: Path) -> None:
     assert _leftovers(tmp_path) == ["out.bin"]
 
 
+def test_devices_fifos_and_links_are_written_through_not_replaced(tmp_path: Path) -> None:
+    """``--export_circle /dev/null`` discards the export as a shell's ``>`` does (the device
+    stays a device); a FIFO gets the bytes; a symbolic link keeps pointing at its target,
+    whose contents are replaced."""
+    import stat
+    import threading
+
+    from circle_jax.formats.atomic import check_writable
+
+    check_writable(os.devnull)
+    atomic_write(os.devnull, b"discarded")
+    assert stat.S_ISCHR(os.stat(os.devnull).st_mode)
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    atomic_write(fifo, b"through the pipe")
+    reader.join(timeout=10)
+    assert got == [b"through the pipe"] and stat.S_ISFIFO(os.stat(fifo).st_mode)
+    target, link = tmp_path / "real.bin", tmp_path / "link.bin"
+    target.write_bytes(b"old")
+    link.symlink_to(target)
+    check_writable(link)
+    atomic_write(link, b"new")
+    assert link.is_symlink() and target.read_bytes() == b"new"
+    assert _leftovers(tmp_path) == ["link.bin", "pipe", "real.bin"]
+
+
 def test_failure_mid_write_leaves_nothing(tmp_path: Path) -> None:
     def boom(f) -> None:
         f.write(b"partial data")
