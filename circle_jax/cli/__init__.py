@@ -25,7 +25,7 @@ import threading
 import traceback
 from collections.abc import Callable, Sequence
 from types import ModuleType
-from typing import Any, TextIO
+from typing import Any, NoReturn, TextIO
 
 from . import compare, evaluate, export, golden, info, run, train, traininfo, view
 from .common import CliError, Parser
@@ -195,3 +195,27 @@ def main(argv: Sequence[str] | None = None) -> int:
 def onert_train_main(argv: Sequence[str] | None = None) -> int:
     """``onert-train-jax MODEL [onert_train options]``; returns the exit status."""
     return _dispatch(_parse(build_onert_train_parser(), argv))
+
+
+def exit_with(status: int) -> NoReturn:
+    """End the process with ``status`` (the console scripts' and ``python -m``'s end).
+
+    After a signal (130, 143) XLA may still be compiling on its own threads, and the
+    interpreter's teardown under them crashes (a segmentation fault, status 139, where a
+    job scheduler expects 143): the process then ends at once, its output flushed, what it
+    was writing already removed by `_dispatch`."""
+    if status in (130, 128 + signal.SIGTERM):
+        _flush_stdout()
+        sys.stderr.flush()
+        os._exit(status)
+    raise SystemExit(status)
+
+
+def console_main() -> NoReturn:
+    """The ``circle-jax`` script: :func:`main`, then :func:`exit_with` its status."""
+    exit_with(main())
+
+
+def onert_train_console_main() -> NoReturn:
+    """The ``onert-train-jax`` script: :func:`onert_train_main`, then :func:`exit_with`."""
+    exit_with(onert_train_main())

@@ -1,5 +1,5 @@
 """``python -m circle_jax.cli``."""
 
-from circle_jax.cli import main
+from circle_jax.cli import console_main
 
-raise SystemExit(main())
+console_main()
