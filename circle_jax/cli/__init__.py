@@ -179,11 +179,17 @@ def _silence_stdout() -> None:
 
 
 def _parse(parser: argparse.ArgumentParser, argv: Sequence[str] | None) -> argparse.Namespace:
-    """``parser.parse_args(argv)``; --help and --version into a closed pipe end quietly."""
+    """``parser.parse_args(argv)``; --help and --version into a closed pipe end quietly. A
+    usage error exits 2 (argparse's status), or the command's own ``USAGE_STATUS`` where
+    2 means something else (compare: 2 is "the peer refuses", bad flags are 3)."""
     try:
         return parser.parse_args(argv)
-    except SystemExit:
+    except SystemExit as e:
         _flush_stdout()
+        if e.code == 2:
+            words = sys.argv[1:] if argv is None else argv
+            command = next((c for c in COMMANDS if c.NAME in words[:1]), None)
+            raise SystemExit(getattr(command, "USAGE_STATUS", 2)) from None
         raise
 
 

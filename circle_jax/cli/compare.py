@@ -18,6 +18,8 @@ HELP = ("train with onert and circle-jax from the same weights on the same batch
         "circle-jax cannot: bad flags, files or model)")
 
 AGREE, DISAGREE, PEER_REFUSES, FAILED = 0, 1, 2, 3
+#: a bad flag is "circle-jax cannot" (3), not argparse's 2, which here means the peer refuses
+USAGE_STATUS = FAILED
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:

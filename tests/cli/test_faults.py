@@ -231,6 +231,20 @@ def test_compare_report_path_is_a_usage_error_and_help_lists_status_3(files, cap
     assert "3 circle-jax cannot" in " ".join(helptext.split())
 
 
+@pytest.mark.parametrize("flags", [["--with", "litert"], ["--nope"], ["--steps", "x"]])
+def test_a_bad_compare_flag_exits_3_not_the_peers_2(files, capsys, flags) -> None:
+    """compare's 2 says the peer refuses; a flag argparse rejects is circle-jax's 3."""
+    argv = ["compare", files["cnn.circle"], "--load_input:raw", files["x.raw"],
+            "--load_expected:raw", files["y.raw"], *flags]
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 3
+    assert _one_error(capsys).startswith("E: ")
+    with pytest.raises(SystemExit) as e:  # other commands keep argparse's 2
+        main(["train", files["cnn.circle"], "--nope"])
+    assert e.value.code == 2
+
+
 def test_the_arbiter_names_no_winner_on_a_tie() -> None:
     assert (nearer(7.08e-8, 7.08e-8), nearer(1e-8, 2e-8), nearer(2e-8, 1e-8)) == \
         ("tie", "circle-jax", "onert")
