@@ -260,10 +260,11 @@ def _check(run: TrainRun, model: Any, cfg: Any) -> None:
         raise CliError(str(e)) from None
     if isinstance(spec, int) and spec > n_ops:
         raise CliError(f"--num_of_trainable_ops {spec} exceeds the model's {n_ops} operators")
-    for index, _ in run.output_sizes:
+    for index, size in run.output_sizes:
         if index >= len(model.outputs):
             raise CliError(f"--output_sizes: output {index} does not exist (the model has "
                            f"{len(model.outputs)} outputs)")
+        _check_output_size(model.outputs[index], index, size)
     if run.outputs.circleplus:
         from circle_jax.checkpoints import traininfo_of
         from circle_jax.train import Trainer
@@ -387,6 +388,18 @@ class Reporter:
         if self.bar is not None:
             self.ticker.stop()
             self.bar.close()
+
+
+def _check_output_size(spec: Any, index: int, size: int) -> None:
+    """CliError unless ``size`` bytes can hold output ``index``'s values: whole elements of
+    its dtype, and at least one sample of a static shape (onert_train sizes its output
+    buffers with it; circle-jax sizes outputs from the model and only checks)."""
+    item = np.dtype(spec.dtype).itemsize
+    sample = int(np.prod(spec.shape[1:], dtype=np.int64)) * item
+    if size % item or size < sample:
+        raise CliError(f"--output_sizes: {size} bytes for output {index} ({spec.name!r}, "
+                       f"{spec.dtype} {list(spec.shape)}): expected a multiple of {item} "
+                       f"bytes, at least one sample's {sample}")
 
 
 def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,

@@ -175,6 +175,8 @@ def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) 
     (["--lora", "1", "--lora_alpha", "0"], "LoRA alpha must be a finite number > 0"),
     (["--num_of_trainable_ops", "-2"], "must be -1 (all), 0 (none) or N (the last N "
                                        "operators), got -2"),
+    (["--output_sizes", "[0, 1]"], "--output_sizes: 1 bytes for output 0"),  # not whole
+    (["--output_sizes", "[0, 8]"], "at least one sample's 40"),  # 10 float32 scores
 ])
 def test_training_options_out_of_range_are_refused_before_training(files, capsys, flags,
                                                                     message) -> None:
