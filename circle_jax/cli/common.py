@@ -64,9 +64,11 @@ def read_data(path: str, specs: list[tuple[tuple[int, ...], Any]], names: Sequen
 
 
 def check_finite_data(path: str, arrays: list[np.ndarray],
-                      specs: list[tuple[tuple[int, ...], Any]]) -> None:
+                      specs: list[tuple[tuple[int, ...], Any]], counted: bool = False) -> None:
     """Refuse data holding NaN or infinity; for a file read as raw bytes, say what its size
-    would fit instead (a raw file has no dtype: uint8 bytes read as float32 hold NaNs)."""
+    would fit instead (a raw file has no dtype: uint8 bytes read as float32 hold NaNs),
+    unless its sample count already matched another file's (``counted``): then its size
+    fits the model's dtype, and another dtype's would not."""
     from circle_jax.errors import DataError
     from circle_jax.formats.rawdata import check_finite, size_hint
 
@@ -74,7 +76,7 @@ def check_finite_data(path: str, arrays: list[np.ndarray],
         check_finite(arrays, f"data file {path!r}")
     except DataError as e:
         hint = ""
-        if os.path.splitext(path)[1].lower() not in (".npy", ".npz"):
+        if not counted and os.path.splitext(path)[1].lower() not in (".npy", ".npz"):
             hint = size_hint(os.path.getsize(path), specs)
         raise DataError(f"{e}; its {hint}" if hint else str(e)) from None
 

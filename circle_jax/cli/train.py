@@ -222,8 +222,8 @@ def labelled_data(files: DataFiles, model: Any, sparse: bool = False, output: in
     except DataError as e:  # a raw file of another dtype holds another count of samples
         raise DataError(f"{e}{_count_hint(files, in_specs, ex_specs, len(xs[0]), len(ys[0]))}"
                         ) from None
-    check_finite_data(files.inputs, xs, in_specs)
-    check_finite_data(files.expected, ys, ex_specs)
+    check_finite_data(files.inputs, xs, in_specs, counted=True)
+    check_finite_data(files.expected, ys, ex_specs, counted=True)
     return xs, ys[0]
 
 

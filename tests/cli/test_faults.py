@@ -339,6 +339,18 @@ def test_raw_bytes_that_read_as_nan_are_named_as_a_dtype_guess(files, tmp_path,
     assert "holds NaN or infinity" in err and "16 samples of uint8 or int8: is it uint8?" in err
 
 
+def test_nan_in_raw_data_whose_count_matched_guesses_no_dtype(files, tmp_path,
+                                                              capsys) -> None:
+    """train: a float32 .raw input with a NaN, as many samples as the expected file: its
+    size fits float32, so no "is it uint8?" (before: a guess from the size alone)."""
+    x = np.fromfile(files["x.raw"], np.float32)
+    x[70] = np.nan  # in sample 1 of 64 values each
+    x.tofile(tmp_path / "nan.raw")
+    assert main(_train({**files, "nan.raw": str(tmp_path / "nan.raw")}, "nan.raw")) == 1
+    err = _one_error(capsys)
+    assert "sample 1 holds NaN or infinity" in err and "is it" not in err, err
+
+
 _HANDLER = """
 import sys
 from circle_jax.cli import info, main
