@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import re
 import stat
 from typing import Any
 
@@ -129,8 +130,18 @@ def unpack(buf: bytes, where: str = "<bytes>") -> Any:
     except Exception as e:  # flatbuffers raises struct/index errors on bad offsets
         raise CircleFormatError(
             f"{where}: not a readable {ident.decode()} FlatBuffer: {_broken_part(buf)} "
-            f"({type(e).__name__}: {str(e)[:80]}); the file is truncated or corrupted"
+            f"({_unpack_failure(e, len(buf))}); the file is truncated or corrupted"
         ) from None
+
+
+def _unpack_failure(e: Exception, size: int) -> str:
+    """FlatBuffers' failure in words: an offset past the end (struct's "requires a buffer
+    of at least N bytes") as the byte it reaches, else the error's own first words."""
+    past = re.search(r"at least (\d+) bytes", str(e))
+    if past:
+        return f"an offset reaches byte {past[1]} of the {size}-byte file"
+    text = " ".join(str(e).split())
+    return f"{type(e).__name__}: {text if len(text) <= 120 else text[:117] + '...'}"
 
 
 def _broken_part(buf: bytes) -> str:

@@ -90,6 +90,19 @@ def test_truncated_model_is_refused(keep: float) -> None:
     assert "\n" not in str(e.value)
 
 
+@pytest.mark.parametrize("cut", [300, 1000, 20000])
+def test_a_truncated_real_model_says_where_its_offsets_lead(cut: int) -> None:
+    """An offset past the end is named as the byte it reaches (before: struct's message cut
+    at 80 characters, "... for unpacking 4 bytes at )")."""
+    with open(os.path.join(SHARED_MODELS, "aeq_conv_fc_mnist.tflite"), "rb") as f:
+        data = f.read(cut)
+    with pytest.raises(cj.CircleFormatError) as e:
+        read_model(data)
+    msg = str(e.value)
+    assert f"of the {cut}-byte file); the file is truncated or corrupted" in msg, msg
+    assert " at )" not in msg and "\n" not in msg
+
+
 def test_out_of_range_tensor_index_is_refused() -> None:
     b = cj.Builder()
     x = b.input("x", (1, 4))
