@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import DataError
-from ..formats.rawdata import check_training_data
+from ..formats.rawdata import check_training_data, lossless_cast
 from ..lower import RANGES
 from ..model import Model
 
@@ -57,7 +57,10 @@ def correct(out: jax.Array, y: jax.Array, ignore_index: int | None = None) -> ja
 
 def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
     """``x`` (an array or one per model input) as host arrays of the model's input dtypes,
-    shapes checked (callers move them to the device in one `jax.device_put`)."""
+    shapes checked (callers move them to the device in one `jax.device_put`). An array of
+    another dtype is cast as `lossless_cast` allows, floats rounding to a narrower float:
+    float data for an integer input (token ids), bools, complex, and integers that would
+    wrap or round are refused in one line naming the input and both dtypes."""
     xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if len(xs) != len(model.inputs):
         raise DataError(f"the model has {len(model.inputs)} inputs, got {len(xs)} arrays")
@@ -70,7 +73,8 @@ def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
         if a.shape[1:] != spec.shape[1:]:
             raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
                             f"the model expects {list(spec.shape[1:])}")
-        out.append(np.asarray(a, spec.dtype))
+        out.append(a if a.dtype == spec.dtype else lossless_cast(
+            a, spec.dtype, f"input {spec.name!r}", round_floats=True, remedy="pass it as"))
     return tuple(out)
 
 

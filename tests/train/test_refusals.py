@@ -1,0 +1,42 @@
+"""What ``fit`` refuses before compiling: data, configurations and models that cannot train
+as asked, each in one line naming what is wrong and what was expected."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.errors import DataError
+from circle_jax.train.data import as_inputs
+from tests.paths import shared_model
+from tests.toy_models import reshape_mlp, toy_data
+
+
+def _one_line(e: pytest.ExceptionInfo) -> None:
+    assert "\n" not in str(e.value)
+
+
+def test_float_data_for_token_ids_is_refused_naming_both_dtypes() -> None:
+    model = cj.load(shared_model("tflite_support_movie_review_text.tflite"))
+    y = np.eye(2, dtype=np.float32)[[0, 1, 0, 1]]
+    floats = np.random.default_rng(0).normal(size=(4, 256)).astype(np.float32) * 50
+    with pytest.raises(DataError, match=r"input 'input_3' has dtype float32, expected int32"
+                                        r".*pass it as int32") as e:
+        cj.fit(model, floats, y, loss="cce", epochs=1, batch_size=2)
+    _one_line(e)
+    for bad in (floats > 0, floats.astype(np.complex64), np.full((4, 256), 2**40)):
+        with pytest.raises(DataError, match="input 'input_3' has dtype"):
+            as_inputs(model, bad)
+    ids = as_inputs(model, np.arange(4 * 256, dtype=np.int64).reshape(4, 256) % 100)[0]
+    assert ids.dtype == np.int32  # int64 ids that fit are cast
+
+
+def test_float64_data_rounds_to_float32_but_overflow_is_refused() -> None:
+    model = reshape_mlp()
+    x, _ = toy_data(4)
+    (x32,) = as_inputs(model, x.astype(np.float64) + 1e-12)
+    assert x32.dtype == np.float32
+    assert np.array_equal(x32, x)
+    with pytest.raises(DataError, match="input 'x' has dtype float64, expected float32: 1 of"):
+        as_inputs(model, np.concatenate([[1e300], x.reshape(-1)[1:]]).reshape(x.shape))
