@@ -26,7 +26,9 @@ class TrainConfig:
     ``trainable``: "all", "none", an int N (the last N operators in Circle order, onert's
     ``num_of_trainable_ops``: -1 = all, 0 = none) or an iterable of param names.
     ``accumulate``: k micro-batches per update; ``accumulate_mode`` "stream" (each step is
-    one micro-batch of ``batch_size``, the update on every k-th step) or "in_step" (each
+    one micro-batch of ``batch_size``, the update on every k-th step, counted across
+    epochs: a fresh run of fewer than k steps is refused, `loop.check_updates`) or
+    "in_step" (each
     step's batch of ``batch_size`` is split into k micro-batches inside the step).
     ``numerics``: a profile name or `circle_jax.numerics.Numerics` for the loss and optimizer
     choices (default: the profile the model was loaded with); explicit ``clip``,

@@ -156,6 +156,8 @@ def fit(
         if initial_step >= max(steps, 1):
             raise ValueError(f"initial_step {initial_step} is not inside an epoch of {steps} "
                              "steps; expected 0 to steps - 1")
+        if state is None:
+            check_updates(cfg, epochs * steps - initial_step, steps)
         # Whole epochs (not in chunks, at least one full batch) run as `Trainer.epochs_runner`;
         # when nothing needs the host between epochs, fused: several a call (`_whole_epochs`).
         whole = every_steps is None and n_train >= cfg.batch_size
@@ -215,6 +217,19 @@ def fit(
                 on_epoch(i, hist)
     state, frozen = local((trainer.unpacked(state), frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
+
+
+def check_updates(cfg: TrainConfig, run_steps: int, epoch_steps: int) -> None:
+    """TrainingError (one line) when a run of ``run_steps`` steps from a fresh state would
+    update no weight: streamed accumulation (``accumulate=k``, "stream") updates on every
+    k-th step, counted across epoch boundaries, so k above the run's steps never updates.
+    (A run of 0 epochs trains nothing by request and is not refused.)"""
+    k = cfg.accumulate
+    if cfg.accumulate_mode == "stream" and k > 1 and 0 < run_steps < k:
+        raise TrainingError(f"accumulate={k} updates the weights every {k} steps, but the run "
+                            f"has {run_steps} ({epoch_steps} an epoch): no weight would change;"
+                            f" expected accumulate <= {run_steps}, more epochs or smaller "
+                            "batches")
 
 
 def steps_per_epoch(cfg: TrainConfig, n: int) -> int:

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.errors import DataError
+from circle_jax.errors import DataError, TrainingError
 from circle_jax.train.data import as_inputs
 from tests.paths import shared_model
 from tests.toy_models import reshape_mlp, toy_data
@@ -40,3 +40,14 @@ def test_float64_data_rounds_to_float32_but_overflow_is_refused() -> None:
     assert np.array_equal(x32, x)
     with pytest.raises(DataError, match="input 'x' has dtype float64, expected float32: 1 of"):
         as_inputs(model, np.concatenate([[1e300], x.reshape(-1)[1:]]).reshape(x.shape))
+
+
+def test_accumulating_more_steps_than_the_run_has_is_refused() -> None:
+    model = reshape_mlp()
+    x, y = toy_data(16)
+    with pytest.raises(TrainingError, match=r"accumulate=8 updates the weights every 8 steps, "
+                                            r"but the run has 4 \(4 an epoch\)") as e:
+        cj.fit(model, x, y, epochs=1, batch_size=4, accumulate=8)
+    _one_line(e)
+    moved = cj.fit(model, x, y, epochs=2, batch_size=4, accumulate=8, learning_rate=0.1)
+    assert any(not np.array_equal(moved.params[k], v) for k, v in model.params.items())
