@@ -11,7 +11,8 @@ from typing import Any
 import numpy as np
 import optax
 
-from ..losses import LossFn, Reduction, get_loss, loss_name
+from ..errors import ConfigError
+from ..losses import LossFn, Reduction, get_loss, get_reduction, loss_name
 from ..model import Model
 from ..optim import accumulate, get_optimizer
 from ..passes import lora_frozen
@@ -172,6 +173,17 @@ def output_index(model: Model, spec: int | str) -> int:
         return spec
     raise ValueError(f"no model output {spec!r}: the outputs are "
                      + ", ".join(f"{k} {n!r}" for k, n in enumerate(names)))
+
+
+def training_reduction(spec: str | int | Reduction) -> Reduction:
+    """The reduction a training step's loss takes: "sum_over_batch_size" or "sum". "none"
+    (per-sample losses, for code that weights them itself, `circle_jax.losses`) leaves no
+    scalar to differentiate and is refused in one line."""
+    reduction = get_reduction(spec)
+    if reduction is Reduction.NONE:
+        raise ConfigError("reduction 'none' gives per-sample losses, not the scalar a training "
+                          "step differentiates; expected 'sum_over_batch_size' or 'sum'")
+    return reduction
 
 
 def loss_function(config: TrainConfig, reduction: Reduction, from_logits: bool, clip: Any

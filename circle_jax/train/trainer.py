@@ -25,7 +25,7 @@ from jax import lax
 from ..distributed import DataParallel
 from ..errors import DataError
 from ..hoisting import split_step
-from ..losses import get_reduction, loss_name
+from ..losses import loss_name
 from ..lower import RANGES, RowSquares
 from ..model import Model
 from ..numerics_train import training_numerics
@@ -41,7 +41,14 @@ from ..optim import (
 )
 from ..optim.flat import Packed, flattened, packable, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
-from .config import TrainConfig, loss_function, optimizer, output_index, select_trainable
+from .config import (
+    TrainConfig,
+    loss_function,
+    optimizer,
+    output_index,
+    select_trainable,
+    training_reduction,
+)
 from .data import Batch, batched, checked_params, correct, scoring_split, trailing
 from .programs import AheadOfTime, ProgramCache, cpu_compiler_options
 from .scoring import Scoring
@@ -84,7 +91,7 @@ class Trainer(Scoring, AheadOfTime):
             lowering["half_weights"] = np.dtype(self.policy.compute_dtype).name
         #: the changes to the model's lowering options the training forward is lowered with
         self.lowering_changes: dict[str, Any] = lowering
-        self.reduction = reduction = get_reduction(config.reduction)
+        self.reduction = reduction = training_reduction(config.reduction)
         self.loss_output = output_index(model, config.loss_output)  #: the output the loss reads
         #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
         self.numerics = training_numerics(

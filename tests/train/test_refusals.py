@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax.errors import DataError, TrainingError
+from circle_jax.errors import ConfigError, DataError, TrainingError
 from circle_jax.train.data import as_inputs
 from tests.paths import shared_model
 from tests.toy_models import reshape_mlp, toy_data
@@ -51,3 +51,13 @@ def test_accumulating_more_steps_than_the_run_has_is_refused() -> None:
     _one_line(e)
     moved = cj.fit(model, x, y, epochs=2, batch_size=4, accumulate=8, learning_rate=0.1)
     assert any(not np.array_equal(moved.params[k], v) for k, v in model.params.items())
+
+
+def test_reduction_none_is_refused_for_training_but_kept_for_losses() -> None:
+    model = reshape_mlp()
+    x, y = toy_data(8)
+    with pytest.raises(ConfigError, match="reduction 'none' gives per-sample losses") as e:
+        cj.fit(model, x, y, batch_size=4, epochs=1, reduction="none")
+    _one_line(e)
+    per_sample = cj.losses.get_loss("mse", reduction="none")(y, np.zeros_like(y))
+    assert per_sample.shape == (8,)
