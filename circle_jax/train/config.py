@@ -81,6 +81,7 @@ class TrainConfig:
                 isinstance(lr, bool) or not isinstance(lr, numbers.Real)):
             raise ValueError(f"TrainConfig.learning_rate must be a number or an optax "
                              f"schedule, got {lr!r}")
+        check_trainable(self.trainable)
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
@@ -127,9 +128,31 @@ def _tail_count(ops: Sequence[int], n: int) -> int:
     return -1 if len(ops) == n else len(ops)
 
 
+def check_trainable(spec: Any, n_ops: int | None = None) -> None:
+    """ConfigError (one line) unless ``spec`` is a trainable spec: None, "all", "none", an
+    integer from -1 (all; onert's num_of_trainable_ops) to ``n_ops`` (the model's
+    operators, when given), or a name, or an iterable of param names, aliases or operator
+    indices. Bools, floats and other integers are refused: they name no operators."""
+    expected = ("expected 'all', 'none', N (the last N operators; -1 all) or param names")
+    if isinstance(spec, (str, type(None))):
+        return
+    if isinstance(spec, numbers.Integral) and not isinstance(spec, bool):
+        if spec < -1 or (n_ops is not None and spec > n_ops):
+            bound = "" if n_ops is None else f" (the model has {n_ops} operators)"
+            raise ConfigError(f"trainable={spec} names no last N operators{bound}; {expected}")
+        return
+    items = list(spec) if isinstance(spec, (Sequence, set, frozenset, np.ndarray)) else None
+    if items is None or any(isinstance(s, bool) or not isinstance(s, (str, numbers.Integral))
+                            for s in items):
+        raise ConfigError(f"trainable={spec!r} ({type(spec).__name__}) is not a trainable "
+                          f"spec; {expected}")
+
+
 def select_trainable(model: Model, spec: Any) -> frozenset[str]:
-    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
-    names may be aliases such as ``op3.bias``, see `circle_jax.graph.aliases`)."""
+    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``,
+    checked by `check_trainable`; names may be aliases such as ``op3.bias``, see
+    `circle_jax.graph.aliases`)."""
+    check_trainable(spec, len(model.operators))
     chosen = _selected(model, spec)
     if not chosen and (spec == "none" or (spec == 0 and not isinstance(spec, bool))):
         return chosen
@@ -138,12 +161,12 @@ def select_trainable(model: Model, spec: Any) -> frozenset[str]:
 
 def _selected(model: Model, spec: Any) -> frozenset[str]:
     names = set(model.trainable_params)
-    if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
+    if spec is None or spec == "all" or (isinstance(spec, numbers.Integral) and spec < 0):
         return frozenset(names)
-    if spec == "none" or spec == 0:
+    if spec == "none" or (isinstance(spec, numbers.Integral) and spec == 0):
         return frozenset()
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        first = len(model.operators) - spec
+    if isinstance(spec, numbers.Integral):
+        first = len(model.operators) - int(spec)
         readers = model.param_operators()
         return frozenset(n for n, ops in readers.items()
                          if n in names and any(i >= first for i in ops))

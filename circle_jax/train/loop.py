@@ -15,7 +15,7 @@ import jax
 import numpy as np
 
 from ..distributed import DataParallel, local
-from ..errors import DataError, LossScaleWarning, TrainingError
+from ..errors import ConfigError, DataError, LossScaleWarning, TrainingError
 from ..model import Model
 from ..optim import NoLossScale
 from .config import TrainConfig, check_integer
@@ -140,6 +140,7 @@ def fit(
     elif config is not None or set(overrides) - {"epochs"} or devices or mesh is not None:
         raise ValueError("give either a trainer or a config (and overrides, devices, mesh), "
                          "not both")
+    check_trains(trainer)
     check_integer("every_steps", every_steps, 1)
     check_integer("initial_epoch", initial_epoch, 0)
     check_integer("initial_step", initial_step, 0)
@@ -217,6 +218,22 @@ def fit(
                 on_epoch(i, hist)
     state, frozen = local((trainer.unpacked(state), frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
+
+
+def check_trains(trainer: Trainer) -> None:
+    """ConfigError (one line) when the run trains no param: a model without trainable
+    weights (`Model.param_roles` says why each is frozen), or a ``trainable`` spec that
+    selects none of them ("none", 0, last operators without weights)."""
+    if trainer.trainable:
+        return
+    model, spec = trainer.model, trainer.config.trainable
+    if not model.trainable_params:
+        raise ConfigError(f"the model has no trainable weights ({len(model.params)} params, "
+                          "none trainable; Model.param_roles says why): nothing would train; "
+                          "expected a model with weights")
+    raise ConfigError(f"trainable={spec!r} selects none of the model's "
+                      f"{len(model.trainable_params)} trainable weights: nothing would train; "
+                      "expected 'all', N >= 1 last operators with weights, or param names")
 
 
 def check_updates(cfg: TrainConfig, run_steps: int, epoch_steps: int) -> None:

@@ -61,3 +61,32 @@ def test_reduction_none_is_refused_for_training_but_kept_for_losses() -> None:
     _one_line(e)
     per_sample = cj.losses.get_loss("mse", reduction="none")(y, np.zeros_like(y))
     assert per_sample.shape == (8,)
+
+
+@pytest.mark.parametrize("spec, match", [
+    (-2, r"trainable=-2 names no last N operators; expected 'all', 'none', N"),
+    (5, r"trainable=5 names no last N operators \(the model has 4 operators\)"),
+    (True, r"trainable=True \(bool\) is not a trainable spec"),
+    (2.5, r"trainable=2.5 \(float\) is not a trainable spec"),
+    ([True], r"trainable=\[True\] \(list\) is not a trainable spec"),
+])
+def test_bad_trainable_specs_are_refused(spec: object, match: str) -> None:
+    model = reshape_mlp()
+    x, y = toy_data(8)
+    with pytest.raises(ConfigError, match=match) as e:
+        cj.fit(model, x, y, batch_size=4, epochs=1, trainable=spec)
+    _one_line(e)
+
+
+def test_a_run_that_trains_nothing_is_refused() -> None:
+    x, y = toy_data(8)
+    with pytest.raises(ConfigError, match=r"trainable='none' selects none of the model's 4 "
+                                          "trainable weights: nothing would train") as e:
+        cj.fit(reshape_mlp(), x, y, batch_size=4, epochs=1, trainable="none")
+    _one_line(e)
+    weightless = cj.load(shared_model("aeq_bmm.tflite"))
+    rng = np.random.default_rng(0)
+    xs = [rng.normal(size=(4, *s.shape[1:])).astype(np.float32) for s in weightless.inputs]
+    y = rng.normal(size=(4, *weightless.outputs[0].shape[1:])).astype(np.float32)
+    with pytest.raises(ConfigError, match="the model has no trainable weights"):
+        cj.fit(weightless, xs, y, batch_size=2, epochs=1)
