@@ -18,6 +18,7 @@ from ..distributed import DataParallel, local
 from ..errors import ConfigError, DataError, LossScaleWarning, TrainingError
 from ..model import Model
 from ..optim import NoLossScale
+from ..passes import check_lora_options
 from .config import TrainConfig, check_integer
 from .data import split_validation
 from .diagnose import first_non_finite
@@ -87,6 +88,7 @@ def fit(
     ``new_head`` / ``lora`` (with ``lora_alpha``, ``lora_targets``) train
     ``model.personalize(...)`` instead, seeded by the config's ``seed``, as ``circle-jax
     train --new_head K --lora R --seed S`` does; ``FitResult.model`` is that model.
+    ``lora_alpha`` / ``lora_targets`` without ``lora`` are refused (`check_lora_options`).
 
     ``x`` is an array or a sequence of arrays (one per model input) with samples on axis 0.
     The configuration is ``config`` with ``overrides`` (TrainConfig fields), resolved once
@@ -127,6 +129,7 @@ def fit(
     compiles nothing.
     """
     started = time.perf_counter()
+    check_lora_options(lora, lora_alpha, lora_targets)
     epochs = overrides.get("epochs")
     if new_head is not None or lora is not None:
         if trainer is not None:

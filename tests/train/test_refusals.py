@@ -90,3 +90,22 @@ def test_a_run_that_trains_nothing_is_refused() -> None:
     y = rng.normal(size=(4, *weightless.outputs[0].shape[1:])).astype(np.float32)
     with pytest.raises(ConfigError, match="the model has no trainable weights"):
         cj.fit(weightless, xs, y, batch_size=2, epochs=1)
+
+
+@pytest.mark.parametrize("options, given", [
+    (dict(lora_alpha=4), "lora_alpha"),
+    (dict(lora_targets="fc"), "lora_targets"),
+    (dict(new_head=3, lora_targets=["fc1/w"]), "lora_targets"),
+])
+def test_lora_options_without_lora_are_refused_on_load_and_fit(options: dict,
+                                                                given: str) -> None:
+    match = f"{given} is given without lora: it applies to LoRA adapters"
+    model = reshape_mlp()
+    with pytest.raises(ConfigError, match=match) as e:
+        cj.load(model.export(), **options)
+    _one_line(e)
+    x, y = toy_data(8)
+    with pytest.raises(ConfigError, match=match):
+        cj.fit(model, x, y, batch_size=4, epochs=1, **options)
+    with pytest.raises(ConfigError, match=match):
+        model.personalize(**options)
