@@ -358,7 +358,9 @@ def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
                         classes: int | None = None, ignore_index: int | None = None) -> None:
     """DataError (one line, naming the first bad sample) for inputs or targets holding NaN or
     infinity, and, with ``classes`` (sparse labels), for labels that are not whole numbers
-    in ``[0, classes)`` (or ``ignore_index``, padding)."""
+    in ``[0, classes)`` (or ``ignore_index``, padding): the message names that sample's
+    distinct bad labels (the first four) and, when one is negative and no ``ignore_index``
+    is set, suggests ``ignore_index`` (padding such as -100)."""
     check_finite(list(inputs), "the input data")
     check_finite([expected], "the expected data")
     if classes is not None:
@@ -369,8 +371,12 @@ def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
         bad = ~ok.all(axis=1)
         if bad.any():
             i = int(np.argmax(bad))
-            raise DataError(f"the expected data: sample {i} has label(s) "
-                            f"{y[i][:4].tolist()} outside the {classes} classes [0, {classes})")
+            wrong = list(dict.fromkeys(y[i][~ok[i]].tolist()))  # distinct, in order
+            hint = ("; padding? set ignore_index to its label" if ignore_index is None
+                    and min(wrong) < 0 else "")
+            raise DataError(f"the expected data: sample {i} has label(s) {wrong[:4]}"
+                            f"{' ...' if len(wrong) > 4 else ''} outside the {classes} classes "
+                            f"[0, {classes}){hint}")
 
 
 def _count(arrays: Sequence[np.ndarray], what: str) -> int:

@@ -8,6 +8,7 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.errors import ConfigError, DataError, TrainingError
+from circle_jax.formats.rawdata import check_training_data
 from circle_jax.train.data import as_inputs
 from tests.paths import shared_model
 from tests.toy_models import reshape_mlp, toy_data
@@ -109,3 +110,20 @@ def test_lora_options_without_lora_are_refused_on_load_and_fit(options: dict,
         cj.fit(model, x, y, batch_size=4, epochs=1, **options)
     with pytest.raises(ConfigError, match=match):
         model.personalize(**options)
+
+
+def test_out_of_range_labels_are_named_and_padding_suggests_ignore_index() -> None:
+    model = cj.load(shared_model("aeq_toy_transformer_kv_cache_2sig.tflite"))
+    rng = np.random.default_rng(0)
+    x = [rng.integers(0, 400, size=(4, *s.shape[1:])).astype(s.dtype) for s in model.inputs]
+    labels = rng.integers(0, 400, size=(4, 100))
+    labels[:, 50:] = -100
+    with pytest.raises(DataError, match=r"sample 0 has label\(s\) \[-100\] outside the 400 "
+                                        r"classes \[0, 400\); padding\? set ignore_index") as e:
+        cj.fit(model, x, labels, loss="sparse_cce", loss_output=1, from_logits=True, epochs=2,
+               batch_size=2)
+    _one_line(e)
+    labels[1, :8] = [400, 401, 402, 403, 404, 400, 7, 405]
+    with pytest.raises(DataError, match=r"sample 1 has label\(s\) \[400, 401, 402, 403\] \.\.\. "
+                                        r"outside the 400 classes \[0, 400\)$"):
+        check_training_data(x, labels, 400, ignore_index=-100)
