@@ -355,14 +355,24 @@ def check_finite(arrays: Sequence[np.ndarray], what: str) -> None:
 
 
 def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
-                        classes: int | None = None, ignore_index: int | None = None) -> None:
+                        classes: int | None = None, ignore_index: int | None = None,
+                        distributions: bool = False) -> None:
     """DataError (one line, naming the first bad sample) for inputs or targets holding NaN or
     infinity, and, with ``classes`` (sparse labels), for labels that are not whole numbers
     in ``[0, classes)`` (or ``ignore_index``, padding): the message names that sample's
     distinct bad labels (the first four) and, when one is negative and no ``ignore_index``
-    is set, suggests ``ignore_index`` (padding such as -100)."""
+    is set, suggests ``ignore_index`` (padding such as -100). With ``distributions``
+    (categorical crossentropy's one-hot or probability targets), for negative targets."""
     check_finite(list(inputs), "the input data")
     check_finite([expected], "the expected data")
+    if distributions:
+        y = np.asarray(expected).reshape(np.shape(expected)[0], -1)
+        negative = (y < 0).any(axis=1)
+        if negative.any():
+            i = int(np.argmax(negative))
+            raise DataError(f"the expected data: sample {i} holds negative targets (e.g. "
+                            f"{y[i][y[i] < 0][0]}); categorical crossentropy expects one-hot "
+                            "or probability targets >= 0")
     if classes is not None:
         y = np.asarray(expected).reshape(np.shape(expected)[0], -1)
         ok = (y >= 0) & (y < classes) & (y == np.floor(y))

@@ -3,9 +3,10 @@ and the defaults) and `select_trainable` (which params a trainable spec names)."
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
@@ -109,6 +110,26 @@ class TrainConfig:
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
 
+#: other frameworks' (and onert_train's) names of TrainConfig fields, for suggestions
+_ALIASES = {"lr": "learning_rate", "num_of_trainable_ops": "trainable",
+            "loss_reduction_type": "reduction", "keep_remainder": "drop_remainder",
+            "loss_fn": "loss", "optim": "optimizer"}
+
+
+def check_overrides(overrides: Mapping[str, Any], also: Sequence[str] = ()) -> None:
+    """ConfigError (one line) for a keyword that is not a TrainConfig field (nor one of
+    ``also``, the caller's own keywords), naming the closest valid one (difflib, or the
+    field another framework's name means: ``lr`` is ``learning_rate``)."""
+    valid = sorted({f.name for f in fields(TrainConfig)} | set(also))
+    for name in overrides:
+        if name in valid:
+            continue
+        close = [_ALIASES[name]] if name in _ALIASES else \
+            difflib.get_close_matches(name, valid, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "expected a TrainConfig field"
+        raise ConfigError(f"unknown training keyword {name!r}: {hint} (see TrainConfig)")
+
+
 def check_integer(what: str, value: Any, low: int, high: int | None = None) -> None:
     """ValueError naming ``what`` unless ``value`` (None: not given) is an integer (not a
     bool) of at least ``low`` (and at most ``high``)."""
@@ -196,6 +217,27 @@ def output_index(model: Model, spec: int | str) -> int:
         return spec
     raise ValueError(f"no model output {spec!r}: the outputs are "
                      + ", ".join(f"{k} {n!r}" for k, n in enumerate(names)))
+
+
+def check_loss_output(model: Model, config: TrainConfig, output: int) -> None:
+    """ConfigError (one line) for a crossentropy model output ``output`` cannot take: fewer
+    than 2 classes on its last axis (one unit: the loss is 0 and nothing trains), or
+    ``from_logits=True`` where a SOFTMAX produces it (probabilities already: the loss would
+    take a second softmax; left unset, the numerics profile may read the SOFTMAX's input
+    logits itself, `circle_jax.numerics_train`)."""
+    from ..numerics_train import softmax_input
+
+    name = loss_name(config.loss)
+    if name == "mean_squared_error":
+        return
+    spec = model.outputs[output]
+    if spec.shape and 0 <= spec.shape[-1] < 2:
+        raise ConfigError(f"loss {name} needs at least 2 classes on the last axis of output "
+                          f"{spec.name!r}, which has shape {list(spec.shape)}; expected a "
+                          "classifier's output (or loss='mse' for one unit)")
+    if config.from_logits and softmax_input(model, output) is not None:
+        raise ConfigError(f"from_logits=True, but output {spec.name!r} is a SOFTMAX's: "
+                          "probabilities already; expected from_logits=False (or unset)")
 
 
 def training_reduction(spec: str | int | Reduction) -> Reduction:

@@ -96,11 +96,14 @@ def scoring_split(x: Sequence[jax.Array], y: jax.Array, batch_size: int
     return batched(tuple(x), y, b, steps), (trailing(x, y, b, steps) if rest else None)
 
 
-def checked_samples(model: Model, x: Any, y: Any, dtype: Any, classes: int | None = None,
-                    ignore_index: int | None = None) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+def checked_samples(model: Model, x: Any, y: Any, dtype: Any,
+                    loss: str = "mean_squared_error", output: int = 0,
+                    ignore_index: int | None = None
+                    ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """(inputs, targets as ``dtype``) from ``x`` (an array or one per input, `as_inputs`)
     and ``y``, or DataError (one line) for sample counts that differ or are 0, NaN or
-    infinity, and, with ``classes``, sparse labels outside them (or ``ignore_index``)."""
+    infinity, and targets that do not fit loss ``loss`` (a canonical name) on model output
+    ``output`` (`check_targets`)."""
     y = np.asarray(y)  # checked as given (sparse labels keep their own type)
     xs, ys = as_inputs(model, x), y.astype(dtype, copy=False)
     if any(a.shape[0] != ys.shape[0] for a in xs):
@@ -108,8 +111,30 @@ def checked_samples(model: Model, x: Any, y: Any, dtype: Any, classes: int | Non
                         f"{ys.shape[0]}")
     if ys.shape[0] == 0:
         raise DataError("no samples: expected at least one (samples on axis 0)")
-    check_training_data(xs, y, classes, ignore_index)
+    spec = model.outputs[output]
+    check_targets(y, loss, spec)
+    sparse = loss == "sparse_categorical_crossentropy"
+    check_training_data(xs, y, spec.shape[-1] if sparse and spec.shape else None,
+                        ignore_index, distributions=loss == "categorical_crossentropy")
     return xs, ys
+
+
+def check_targets(y: np.ndarray, loss: str, output: Any) -> None:
+    """DataError (one line naming both shapes) unless the samples of ``y`` have the shape
+    loss ``loss`` needs on ``output`` (a `TensorSpec`, batch on axis 0): the output's
+    per-sample shape for mean squared error and categorical crossentropy, that without the
+    class axis (or with a trailing 1 there) for sparse labels. Outputs of unknown or no
+    per-sample shape are not checked."""
+    per_sample = tuple(output.shape[1:])
+    if not output.shape or any(d < 0 for d in per_sample):
+        return
+    wanted = [per_sample]
+    if loss == "sparse_categorical_crossentropy":
+        wanted = [per_sample[:-1], per_sample[:-1] + (1,)]
+    if tuple(y.shape[1:]) not in wanted:
+        raise DataError(f"the expected data: samples of shape {list(y.shape[1:])}, but loss "
+                        f"{loss} on output {output.name!r} (samples of shape "
+                        f"{list(per_sample)}) expects {list(wanted[0])}")
 
 
 def checked_params(model: Model, params: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -5,6 +5,7 @@ logging point after each, callbacks, and resumption at any step; checkpointing
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -19,7 +20,7 @@ from ..errors import ConfigError, DataError, LossScaleWarning, TrainingError
 from ..model import Model
 from ..optim import NoLossScale
 from ..passes import check_lora_options
-from .config import TrainConfig, check_integer
+from .config import TrainConfig, check_integer, check_overrides
 from .data import split_validation
 from .diagnose import first_non_finite
 from .dispatch import dispatches_async
@@ -130,6 +131,7 @@ def fit(
     """
     started = time.perf_counter()
     check_lora_options(lora, lora_alpha, lora_targets)
+    check_overrides(overrides, tuple(inspect.signature(fit).parameters)[3:-1])  # fit's own
     epochs = overrides.get("epochs")
     if new_head is not None or lora is not None:
         if trainer is not None:

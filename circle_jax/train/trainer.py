@@ -43,6 +43,8 @@ from ..optim.flat import Packed, flattened, packable, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
 from .config import (
     TrainConfig,
+    check_loss_output,
+    check_overrides,
     loss_function,
     optimizer,
     output_index,
@@ -63,6 +65,7 @@ class Trainer(Scoring, AheadOfTime):
 
     def __init__(self, model: Model, config: TrainConfig | None = None, *,
                  placement: DataParallel | None = None, **overrides: Any):
+        check_overrides(overrides)
         config = replace(config or TrainConfig(), **overrides).with_defaults(model)
         self.model, self.config = model, config
         #: ``progress(done, total)`` is called from inside the compiled epoch (set it before
@@ -93,6 +96,7 @@ class Trainer(Scoring, AheadOfTime):
         self.lowering_changes: dict[str, Any] = lowering
         self.reduction = reduction = training_reduction(config.reduction)
         self.loss_output = output_index(model, config.loss_output)  #: the output the loss reads
+        check_loss_output(model, config, self.loss_output)
         #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
         self.numerics = training_numerics(
             model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,

@@ -127,3 +127,53 @@ def test_out_of_range_labels_are_named_and_padding_suggests_ignore_index() -> No
     with pytest.raises(DataError, match=r"sample 1 has label\(s\) \[400, 401, 402, 403\] \.\.\. "
                                         r"outside the 400 classes \[0, 400\)$"):
         check_training_data(x, labels, 400, ignore_index=-100)
+
+
+def test_crossentropy_on_one_unit_or_with_logits_of_a_softmax_is_refused() -> None:
+    sine = cj.load(shared_model("tflm_hello_world_sine_float.tflite"))
+    ones = np.ones((4, 1), np.float32)
+    for loss in ("cce", "sparse_cce"):
+        with pytest.raises(ConfigError, match=r"needs at least 2 classes on the last axis of "
+                                              r"output 'StatefulPartitionedCall:0', which has "
+                                              r"shape \[1, 1\]") as e:
+            cj.fit(sine, ones, ones, loss=loss, epochs=1, batch_size=2)
+        _one_line(e)
+    x, y = toy_data(8)
+    with pytest.raises(ConfigError, match="from_logits=True, but output 'probs' is a "
+                                          "SOFTMAX's: probabilities already"):
+        cj.fit(reshape_mlp(), x, y, loss="cce", from_logits=True, epochs=1, batch_size=4)
+    logits = reshape_mlp(softmax=False)  # logits output: from_logits is right there
+    assert cj.Trainer(logits, loss="cce", from_logits=True).numerics.from_logits
+
+
+def test_targets_that_do_not_fit_the_loss_output_are_refused_naming_both_shapes() -> None:
+    model = reshape_mlp()
+    x, y = toy_data(8)
+    with pytest.raises(DataError, match="sample 0 holds negative targets .*categorical "
+                                        "crossentropy expects one-hot or probability"):
+        cj.fit(model, x, -y, loss="cce", epochs=1, batch_size=4)
+    sine = cj.load(shared_model("tflm_hello_world_sine_float.tflite"))
+    with pytest.raises(DataError, match=r"samples of shape \[\], but loss mean_squared_error "
+                                        r"on output 'StatefulPartitionedCall:0' \(samples of "
+                                        r"shape \[1\]\) expects \[1\]") as e:
+        cj.fit(sine, np.ones((4, 1), np.float32), np.ones(4), loss="mse", epochs=1,
+               batch_size=2)
+    _one_line(e)
+    with pytest.raises(DataError, match=r"samples of shape \[4, 1\], but loss "
+                                        r"sparse_categorical_crossentropy .* expects \[\]"):
+        cj.fit(model, x, np.zeros((8, 4, 1)), loss="sparse_cce", epochs=1, batch_size=4)
+
+
+@pytest.mark.parametrize("keyword, hint", [
+    ("lr", "did you mean 'learning_rate'?"), ("batchsize", "did you mean 'batch_size'?"),
+    ("every_step", "did you mean 'every_steps'?"), ("zzz", "expected a TrainConfig field"),
+])
+def test_unknown_keywords_name_the_closest_valid_one(keyword: str, hint: str) -> None:
+    x, y = toy_data(8)
+    with pytest.raises(ConfigError, match=f"unknown training keyword '{keyword}': "
+                                          f"{hint.replace('?', '[?]')}") as e:
+        cj.fit(reshape_mlp(), x, y, **{keyword: 4})
+    _one_line(e)
+    if keyword != "every_step":
+        with pytest.raises(ConfigError, match=f"unknown training keyword '{keyword}'"):
+            cj.Trainer(reshape_mlp(), **{keyword: 4})
