@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 from .errors import (
     CircleFormatError,
     CircleJaxError,
+    ConfigError,
     DataError,
     LossScaleWarning,
     TrainingError,
@@ -72,7 +73,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Builder", "CircleFormatError", "CircleJaxError", "DataError", "FitResult", "GraphBuilder",
+    "Builder", "CircleFormatError", "CircleJaxError", "ConfigError", "DataError", "FitResult",
+    "GraphBuilder",
     "History", "LossScaleWarning", "Model", "ProgramCache", "TensorSpec", "TrainConfig",
     "TrainState", "Trainer",
     "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats",

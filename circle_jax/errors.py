@@ -19,6 +19,12 @@ class DataError(CircleJaxError, ValueError):
     """Training or inference data does not fit the model (sizes, dtypes, counts)."""
 
 
+class ConfigError(CircleJaxError, ValueError):
+    """A training configuration that cannot train as given (an option that does not apply,
+    a value of the wrong kind, a loss the model's output cannot take, nothing trainable);
+    raised before anything compiles."""
+
+
 class TrainingError(CircleJaxError, RuntimeError):
     """Training cannot go on (e.g. a non-finite loss)."""
 

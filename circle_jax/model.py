@@ -26,6 +26,7 @@ from .ops import fake_quant as fq
 from .passes import (
     adapter_names,
     bias_selection,
+    check_lora_options,
     merge_lora,
     personal_params,
     personalize,
@@ -450,7 +451,9 @@ def load(
     activations move, and which share a range). Moving ranges are traced values, which
     only the fake-quant forward takes: ``qat_forward`` defaults to "integer" with "file"
     ranges and to "fake_quant" with "ema" ranges ("integer" with "ema" is refused).
+    ``lora_alpha`` / ``lora_targets`` without ``lora`` are refused before the file is read.
     """
+    check_lora_options(lora, lora_alpha, lora_targets)
     if qat_forward is None:
         qat_forward = "fake_quant" if qat_ranges == "ema" else "integer"
     if qat_forward not in QAT_FORWARDS:

@@ -167,13 +167,17 @@ def _fit(arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, what: str,
 
 
 def lossless_cast(arr: np.ndarray, dtype: np.dtype | str | type, what: str,
-                  on_cast: Callable[[str], None] | None = None) -> np.ndarray:
+                  on_cast: Callable[[str], None] | None = None, *,
+                  round_floats: bool = False, remedy: str = "save it as") -> np.ndarray:
     """``arr`` as ``dtype`` when every value converts exactly (it converts back to itself):
     integers to integers or floats (to float32: |v| <= 2**24), floats to floats (float64
     values that are float32 numbers); ``on_cast`` hears of each such cast. Other casts
     (values that would round, wrap or overflow; floats to integers; bools, complex,
     strings) are refused with one line naming ``what``, the dtype found and the dtype
-    expected (bfloat16 and other numpy extension dtypes are accepted as targets)."""
+    expected, ending ``remedy`` and the dtype (bfloat16 and other numpy extension dtypes
+    are accepted as targets). With ``round_floats`` (arrays in memory, numpy's float64 by
+    default) floats round to a narrower float dtype, but one that would overflow a
+    finite value to infinity is still refused."""
     dtype = np.dtype(dtype)
     found = arr.dtype
     refuse = f"{what} has dtype {found.name}, expected {dtype.name}"
@@ -181,18 +185,21 @@ def lossless_cast(arr: np.ndarray, dtype: np.dtype | str | type, what: str,
     if found.kind not in numeric or dtype.kind not in numeric + "V" or (
             found.kind == "f" and dtype.kind in "iu"):
         raise DataError(f"{refuse} (circle-jax casts only what converts exactly: integers "
-                        f"to integers or floats, floats to floats); save it as {dtype.name}")
+                        f"to integers or floats, floats to floats); {remedy} {dtype.name}")
     with np.errstate(all="ignore"):
         cast = arr.astype(dtype)
         back = cast.astype(found)
-    same = back == arr
+    if round_floats and found.kind == "f":
+        same = np.isfinite(back) | ~np.isfinite(arr)  # rounded; overflow alone refused
+    else:
+        same = back == arr
     if found.kind == "f":
         same |= np.isnan(arr) & np.isnan(back)
     if not same.all():
         bad = np.flatnonzero(~same.reshape(-1))
         first = arr.reshape(-1)[bad[0]]
         raise DataError(f"{refuse}: {bad.size} of its {arr.size} values change in the cast "
-                        f"(e.g. {first} becomes {cast.reshape(-1)[bad[0]]}); save it as "
+                        f"(e.g. {first} becomes {cast.reshape(-1)[bad[0]]}); {remedy} "
                         f"{dtype.name} to accept that, or fix the data")
     if on_cast is not None:
         on_cast(f"{what}: cast from {found.name} to {dtype.name} (every value converts "
@@ -348,12 +355,24 @@ def check_finite(arrays: Sequence[np.ndarray], what: str) -> None:
 
 
 def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
-                        classes: int | None = None, ignore_index: int | None = None) -> None:
+                        classes: int | None = None, ignore_index: int | None = None,
+                        distributions: bool = False) -> None:
     """DataError (one line, naming the first bad sample) for inputs or targets holding NaN or
     infinity, and, with ``classes`` (sparse labels), for labels that are not whole numbers
-    in ``[0, classes)`` (or ``ignore_index``, padding)."""
+    in ``[0, classes)`` (or ``ignore_index``, padding): the message names that sample's
+    distinct bad labels (the first four) and, when one is negative and no ``ignore_index``
+    is set, suggests ``ignore_index`` (padding such as -100). With ``distributions``
+    (categorical crossentropy's one-hot or probability targets), for negative targets."""
     check_finite(list(inputs), "the input data")
     check_finite([expected], "the expected data")
+    if distributions:
+        y = np.asarray(expected).reshape(np.shape(expected)[0], -1)
+        negative = (y < 0).any(axis=1)
+        if negative.any():
+            i = int(np.argmax(negative))
+            raise DataError(f"the expected data: sample {i} holds negative targets (e.g. "
+                            f"{y[i][y[i] < 0][0]}); categorical crossentropy expects one-hot "
+                            "or probability targets >= 0")
     if classes is not None:
         y = np.asarray(expected).reshape(np.shape(expected)[0], -1)
         ok = (y >= 0) & (y < classes) & (y == np.floor(y))
@@ -362,8 +381,12 @@ def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
         bad = ~ok.all(axis=1)
         if bad.any():
             i = int(np.argmax(bad))
-            raise DataError(f"the expected data: sample {i} has label(s) "
-                            f"{y[i][:4].tolist()} outside the {classes} classes [0, {classes})")
+            wrong = list(dict.fromkeys(y[i][~ok[i]].tolist()))  # distinct, in order
+            hint = ("; padding? set ignore_index to its label" if ignore_index is None
+                    and min(wrong) < 0 else "")
+            raise DataError(f"the expected data: sample {i} has label(s) {wrong[:4]}"
+                            f"{' ...' if len(wrong) > 4 else ''} outside the {classes} classes "
+                            f"[0, {classes}){hint}")
 
 
 def _count(arrays: Sequence[np.ndarray], what: str) -> int:

@@ -25,6 +25,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from functools import partial
 
+from ..errors import ConfigError
 from ..graph import ir
 from .bias import add_missing_biases, bias_operators, bias_selection
 from .dequantize import dequantize_model, requantize_weights, weight_only
@@ -74,12 +75,25 @@ def pipeline(*, signature: str | None = None, dequantize: bool = False, untie: b
     return passes
 
 
+def check_lora_options(lora: int | None, lora_alpha: float | None,
+                       lora_targets: str | Iterable[str]) -> None:
+    """ConfigError (one line) for ``lora_alpha`` or ``lora_targets`` (other than "all", the
+    default) given without ``lora``: they shape adapters that would not be made."""
+    if lora is None and (lora_alpha is not None or not (
+            isinstance(lora_targets, str) and lora_targets == "all")):
+        given = "lora_alpha" if lora_alpha is not None else "lora_targets"
+        raise ConfigError(f"{given} is given without lora: it applies to LoRA adapters, and "
+                          "none are made; expected lora=R with it, or neither")
+
+
 def personalize(*, new_head: int | None = None, seed: int = 0, output: int = 0,
                 lora: int | None = None, lora_alpha: float | None = None,
                 lora_targets: str | Iterable[str] = "all") -> list[Pass]:
     """The personalizing passes, in order: the head of output ``output`` replaced by a
     ``new_head``-way one, then rank-``lora`` adapters on ``lora_targets`` (never on the new
-    head); both seeded by ``seed``."""
+    head); both seeded by ``seed``. LoRA's options without ``lora`` are refused
+    (`check_lora_options`)."""
+    check_lora_options(lora, lora_alpha, lora_targets)
     passes: list[Pass] = []
     if new_head is not None:
         passes.append(partial(replace_head, classes=new_head, seed=seed, output=output))
@@ -99,7 +113,8 @@ def personal_params(model: ir.Model) -> frozenset[str]:
 
 __all__ = [
     "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
-    "FakeQuantPlan", "add_tensor", "bias_operators", "bias_selection", "dequantize_model",
+    "FakeQuantPlan", "add_tensor", "bias_operators", "bias_selection", "check_lora_options",
+    "dequantize_model",
     "fake_quant_plan", "fake_quantize", "lora_frozen", "lora_targets", "merge_lora",
     "personal_params", "personalize", "pipeline", "record", "replace_head", "replace_inputs",
     "replace_subgraph", "requantize_weights", "run", "select_signature", "set_inputs",

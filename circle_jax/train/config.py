@@ -3,15 +3,17 @@ and the defaults) and `select_trainable` (which params a trainable spec names)."
 
 from __future__ import annotations
 
+import difflib
 import numbers
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from typing import Any
 
 import numpy as np
 import optax
 
-from ..losses import LossFn, Reduction, get_loss, loss_name
+from ..errors import ConfigError
+from ..losses import LossFn, Reduction, get_loss, get_reduction, loss_name
 from ..model import Model
 from ..optim import accumulate, get_optimizer
 from ..passes import lora_frozen
@@ -26,7 +28,9 @@ class TrainConfig:
     ``trainable``: "all", "none", an int N (the last N operators in Circle order, onert's
     ``num_of_trainable_ops``: -1 = all, 0 = none) or an iterable of param names.
     ``accumulate``: k micro-batches per update; ``accumulate_mode`` "stream" (each step is
-    one micro-batch of ``batch_size``, the update on every k-th step) or "in_step" (each
+    one micro-batch of ``batch_size``, the update on every k-th step, counted across
+    epochs: a fresh run of fewer than k steps is refused, `loop.check_updates`) or
+    "in_step" (each
     step's batch of ``batch_size`` is split into k micro-batches inside the step).
     ``numerics``: a profile name or `circle_jax.numerics.Numerics` for the loss and optimizer
     choices (default: the profile the model was loaded with); explicit ``clip``,
@@ -78,6 +82,7 @@ class TrainConfig:
                 isinstance(lr, bool) or not isinstance(lr, numbers.Real)):
             raise ValueError(f"TrainConfig.learning_rate must be a number or an optax "
                              f"schedule, got {lr!r}")
+        check_trainable(self.trainable)
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""
@@ -105,6 +110,26 @@ class TrainConfig:
         return replace(self, **{k: v for k, v in defaults.items() if getattr(self, k) is None})
 
 
+#: other frameworks' (and onert_train's) names of TrainConfig fields, for suggestions
+_ALIASES = {"lr": "learning_rate", "num_of_trainable_ops": "trainable",
+            "loss_reduction_type": "reduction", "keep_remainder": "drop_remainder",
+            "loss_fn": "loss", "optim": "optimizer"}
+
+
+def check_overrides(overrides: Mapping[str, Any], also: Sequence[str] = ()) -> None:
+    """ConfigError (one line) for a keyword that is not a TrainConfig field (nor one of
+    ``also``, the caller's own keywords), naming the closest valid one (difflib, or the
+    field another framework's name means: ``lr`` is ``learning_rate``)."""
+    valid = sorted({f.name for f in fields(TrainConfig)} | set(also))
+    for name in overrides:
+        if name in valid:
+            continue
+        close = [_ALIASES[name]] if name in _ALIASES else \
+            difflib.get_close_matches(name, valid, n=1)
+        hint = f"did you mean {close[0]!r}?" if close else "expected a TrainConfig field"
+        raise ConfigError(f"unknown training keyword {name!r}: {hint} (see TrainConfig)")
+
+
 def check_integer(what: str, value: Any, low: int, high: int | None = None) -> None:
     """ValueError naming ``what`` unless ``value`` (None: not given) is an integer (not a
     bool) of at least ``low`` (and at most ``high``)."""
@@ -124,9 +149,31 @@ def _tail_count(ops: Sequence[int], n: int) -> int:
     return -1 if len(ops) == n else len(ops)
 
 
+def check_trainable(spec: Any, n_ops: int | None = None) -> None:
+    """ConfigError (one line) unless ``spec`` is a trainable spec: None, "all", "none", an
+    integer from -1 (all; onert's num_of_trainable_ops) to ``n_ops`` (the model's
+    operators, when given), or a name, or an iterable of param names, aliases or operator
+    indices. Bools, floats and other integers are refused: they name no operators."""
+    expected = ("expected 'all', 'none', N (the last N operators; -1 all) or param names")
+    if isinstance(spec, (str, type(None))):
+        return
+    if isinstance(spec, numbers.Integral) and not isinstance(spec, bool):
+        if spec < -1 or (n_ops is not None and spec > n_ops):
+            bound = "" if n_ops is None else f" (the model has {n_ops} operators)"
+            raise ConfigError(f"trainable={spec} names no last N operators{bound}; {expected}")
+        return
+    items = list(spec) if isinstance(spec, (Sequence, set, frozenset, np.ndarray)) else None
+    if items is None or any(isinstance(s, bool) or not isinstance(s, (str, numbers.Integral))
+                            for s in items):
+        raise ConfigError(f"trainable={spec!r} ({type(spec).__name__}) is not a trainable "
+                          f"spec; {expected}")
+
+
 def select_trainable(model: Model, spec: Any) -> frozenset[str]:
-    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``;
-    names may be aliases such as ``op3.bias``, see `circle_jax.graph.aliases`)."""
+    """The names of trainable params for a trainable spec (see ``TrainConfig.trainable``,
+    checked by `check_trainable`; names may be aliases such as ``op3.bias``, see
+    `circle_jax.graph.aliases`)."""
+    check_trainable(spec, len(model.operators))
     chosen = _selected(model, spec)
     if not chosen and (spec == "none" or (spec == 0 and not isinstance(spec, bool))):
         return chosen
@@ -135,12 +182,12 @@ def select_trainable(model: Model, spec: Any) -> frozenset[str]:
 
 def _selected(model: Model, spec: Any) -> frozenset[str]:
     names = set(model.trainable_params)
-    if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
+    if spec is None or spec == "all" or (isinstance(spec, numbers.Integral) and spec < 0):
         return frozenset(names)
-    if spec == "none" or spec == 0:
+    if spec == "none" or (isinstance(spec, numbers.Integral) and spec == 0):
         return frozenset()
-    if isinstance(spec, int) and not isinstance(spec, bool):
-        first = len(model.operators) - spec
+    if isinstance(spec, numbers.Integral):
+        first = len(model.operators) - int(spec)
         readers = model.param_operators()
         return frozenset(n for n, ops in readers.items()
                          if n in names and any(i >= first for i in ops))
@@ -170,6 +217,38 @@ def output_index(model: Model, spec: int | str) -> int:
         return spec
     raise ValueError(f"no model output {spec!r}: the outputs are "
                      + ", ".join(f"{k} {n!r}" for k, n in enumerate(names)))
+
+
+def check_loss_output(model: Model, config: TrainConfig, output: int) -> None:
+    """ConfigError (one line) for a crossentropy model output ``output`` cannot take: fewer
+    than 2 classes on its last axis (one unit: the loss is 0 and nothing trains), or
+    ``from_logits=True`` where a SOFTMAX produces it (probabilities already: the loss would
+    take a second softmax; left unset, the numerics profile may read the SOFTMAX's input
+    logits itself, `circle_jax.numerics_train`)."""
+    from ..numerics_train import softmax_input
+
+    name = loss_name(config.loss)
+    if name == "mean_squared_error":
+        return
+    spec = model.outputs[output]
+    if spec.shape and 0 <= spec.shape[-1] < 2:
+        raise ConfigError(f"loss {name} needs at least 2 classes on the last axis of output "
+                          f"{spec.name!r}, which has shape {list(spec.shape)}; expected a "
+                          "classifier's output (or loss='mse' for one unit)")
+    if config.from_logits and softmax_input(model, output) is not None:
+        raise ConfigError(f"from_logits=True, but output {spec.name!r} is a SOFTMAX's: "
+                          "probabilities already; expected from_logits=False (or unset)")
+
+
+def training_reduction(spec: str | int | Reduction) -> Reduction:
+    """The reduction a training step's loss takes: "sum_over_batch_size" or "sum". "none"
+    (per-sample losses, for code that weights them itself, `circle_jax.losses`) leaves no
+    scalar to differentiate and is refused in one line."""
+    reduction = get_reduction(spec)
+    if reduction is Reduction.NONE:
+        raise ConfigError("reduction 'none' gives per-sample losses, not the scalar a training "
+                          "step differentiates; expected 'sum_over_batch_size' or 'sum'")
+    return reduction
 
 
 def loss_function(config: TrainConfig, reduction: Reduction, from_logits: bool, clip: Any

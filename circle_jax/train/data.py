@@ -12,7 +12,7 @@ import numpy as np
 from jax import lax
 
 from ..errors import DataError
-from ..formats.rawdata import check_training_data
+from ..formats.rawdata import check_training_data, lossless_cast
 from ..lower import RANGES
 from ..model import Model
 
@@ -57,7 +57,10 @@ def correct(out: jax.Array, y: jax.Array, ignore_index: int | None = None) -> ja
 
 def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
     """``x`` (an array or one per model input) as host arrays of the model's input dtypes,
-    shapes checked (callers move them to the device in one `jax.device_put`)."""
+    shapes checked (callers move them to the device in one `jax.device_put`). An array of
+    another dtype is cast as `lossless_cast` allows, floats rounding to a narrower float:
+    float data for an integer input (token ids), bools, complex, and integers that would
+    wrap or round are refused in one line naming the input and both dtypes."""
     xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     if len(xs) != len(model.inputs):
         raise DataError(f"the model has {len(model.inputs)} inputs, got {len(xs)} arrays")
@@ -70,7 +73,8 @@ def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
         if a.shape[1:] != spec.shape[1:]:
             raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
                             f"the model expects {list(spec.shape[1:])}")
-        out.append(np.asarray(a, spec.dtype))
+        out.append(a if a.dtype == spec.dtype else lossless_cast(
+            a, spec.dtype, f"input {spec.name!r}", round_floats=True, remedy="pass it as"))
     return tuple(out)
 
 
@@ -92,11 +96,14 @@ def scoring_split(x: Sequence[jax.Array], y: jax.Array, batch_size: int
     return batched(tuple(x), y, b, steps), (trailing(x, y, b, steps) if rest else None)
 
 
-def checked_samples(model: Model, x: Any, y: Any, dtype: Any, classes: int | None = None,
-                    ignore_index: int | None = None) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
+def checked_samples(model: Model, x: Any, y: Any, dtype: Any,
+                    loss: str = "mean_squared_error", output: int = 0,
+                    ignore_index: int | None = None
+                    ) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
     """(inputs, targets as ``dtype``) from ``x`` (an array or one per input, `as_inputs`)
     and ``y``, or DataError (one line) for sample counts that differ or are 0, NaN or
-    infinity, and, with ``classes``, sparse labels outside them (or ``ignore_index``)."""
+    infinity, and targets that do not fit loss ``loss`` (a canonical name) on model output
+    ``output`` (`check_targets`)."""
     y = np.asarray(y)  # checked as given (sparse labels keep their own type)
     xs, ys = as_inputs(model, x), y.astype(dtype, copy=False)
     if any(a.shape[0] != ys.shape[0] for a in xs):
@@ -104,8 +111,30 @@ def checked_samples(model: Model, x: Any, y: Any, dtype: Any, classes: int | Non
                         f"{ys.shape[0]}")
     if ys.shape[0] == 0:
         raise DataError("no samples: expected at least one (samples on axis 0)")
-    check_training_data(xs, y, classes, ignore_index)
+    spec = model.outputs[output]
+    check_targets(y, loss, spec)
+    sparse = loss == "sparse_categorical_crossentropy"
+    check_training_data(xs, y, spec.shape[-1] if sparse and spec.shape else None,
+                        ignore_index, distributions=loss == "categorical_crossentropy")
     return xs, ys
+
+
+def check_targets(y: np.ndarray, loss: str, output: Any) -> None:
+    """DataError (one line naming both shapes) unless the samples of ``y`` have the shape
+    loss ``loss`` needs on ``output`` (a `TensorSpec`, batch on axis 0): the output's
+    per-sample shape for mean squared error and categorical crossentropy, that without the
+    class axis (or with a trailing 1 there) for sparse labels. Outputs of unknown or no
+    per-sample shape are not checked."""
+    per_sample = tuple(output.shape[1:])
+    if not output.shape or any(d < 0 for d in per_sample):
+        return
+    wanted = [per_sample]
+    if loss == "sparse_categorical_crossentropy":
+        wanted = [per_sample[:-1], per_sample[:-1] + (1,)]
+    if tuple(y.shape[1:]) not in wanted:
+        raise DataError(f"the expected data: samples of shape {list(y.shape[1:])}, but loss "
+                        f"{loss} on output {output.name!r} (samples of shape "
+                        f"{list(per_sample)}) expects {list(wanted[0])}")
 
 
 def checked_params(model: Model, params: Mapping[str, Any]) -> Mapping[str, Any]:

@@ -5,6 +5,7 @@ logging point after each, callbacks, and resumption at any step; checkpointing
 from __future__ import annotations
 
 import contextlib
+import inspect
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -15,10 +16,11 @@ import jax
 import numpy as np
 
 from ..distributed import DataParallel, local
-from ..errors import DataError, LossScaleWarning, TrainingError
+from ..errors import ConfigError, DataError, LossScaleWarning, TrainingError
 from ..model import Model
 from ..optim import NoLossScale
-from .config import TrainConfig, check_integer
+from ..passes import check_lora_options
+from .config import TrainConfig, check_integer, check_overrides
 from .data import split_validation
 from .diagnose import first_non_finite
 from .dispatch import dispatches_async
@@ -87,6 +89,7 @@ def fit(
     ``new_head`` / ``lora`` (with ``lora_alpha``, ``lora_targets``) train
     ``model.personalize(...)`` instead, seeded by the config's ``seed``, as ``circle-jax
     train --new_head K --lora R --seed S`` does; ``FitResult.model`` is that model.
+    ``lora_alpha`` / ``lora_targets`` without ``lora`` are refused (`check_lora_options`).
 
     ``x`` is an array or a sequence of arrays (one per model input) with samples on axis 0.
     The configuration is ``config`` with ``overrides`` (TrainConfig fields), resolved once
@@ -127,6 +130,8 @@ def fit(
     compiles nothing.
     """
     started = time.perf_counter()
+    check_lora_options(lora, lora_alpha, lora_targets)
+    check_overrides(overrides, tuple(inspect.signature(fit).parameters)[3:-1])  # fit's own
     epochs = overrides.get("epochs")
     if new_head is not None or lora is not None:
         if trainer is not None:
@@ -140,6 +145,7 @@ def fit(
     elif config is not None or set(overrides) - {"epochs"} or devices or mesh is not None:
         raise ValueError("give either a trainer or a config (and overrides, devices, mesh), "
                          "not both")
+    check_trains(trainer)
     check_integer("every_steps", every_steps, 1)
     check_integer("initial_epoch", initial_epoch, 0)
     check_integer("initial_step", initial_step, 0)
@@ -156,6 +162,8 @@ def fit(
         if initial_step >= max(steps, 1):
             raise ValueError(f"initial_step {initial_step} is not inside an epoch of {steps} "
                              "steps; expected 0 to steps - 1")
+        if state is None:
+            check_updates(cfg, epochs * steps - initial_step, steps)
         # Whole epochs (not in chunks, at least one full batch) run as `Trainer.epochs_runner`;
         # when nothing needs the host between epochs, fused: several a call (`_whole_epochs`).
         whole = every_steps is None and n_train >= cfg.batch_size
@@ -215,6 +223,35 @@ def fit(
                 on_epoch(i, hist)
     state, frozen = local((trainer.unpacked(state), frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
+
+
+def check_trains(trainer: Trainer) -> None:
+    """ConfigError (one line) when the run trains no param: a model without trainable
+    weights (`Model.param_roles` says why each is frozen), or a ``trainable`` spec that
+    selects none of them ("none", 0, last operators without weights)."""
+    if trainer.trainable:
+        return
+    model, spec = trainer.model, trainer.config.trainable
+    if not model.trainable_params:
+        raise ConfigError(f"the model has no trainable weights ({len(model.params)} params, "
+                          "none trainable; Model.param_roles says why): nothing would train; "
+                          "expected a model with weights")
+    raise ConfigError(f"trainable={spec!r} selects none of the model's "
+                      f"{len(model.trainable_params)} trainable weights: nothing would train; "
+                      "expected 'all', N >= 1 last operators with weights, or param names")
+
+
+def check_updates(cfg: TrainConfig, run_steps: int, epoch_steps: int) -> None:
+    """TrainingError (one line) when a run of ``run_steps`` steps from a fresh state would
+    update no weight: streamed accumulation (``accumulate=k``, "stream") updates on every
+    k-th step, counted across epoch boundaries, so k above the run's steps never updates.
+    (A run of 0 epochs trains nothing by request and is not refused.)"""
+    k = cfg.accumulate
+    if cfg.accumulate_mode == "stream" and k > 1 and 0 < run_steps < k:
+        raise TrainingError(f"accumulate={k} updates the weights every {k} steps, but the run "
+                            f"has {run_steps} ({epoch_steps} an epoch): no weight would change;"
+                            f" expected accumulate <= {run_steps}, more epochs or smaller "
+                            "batches")
 
 
 def steps_per_epoch(cfg: TrainConfig, n: int) -> int:

@@ -79,9 +79,8 @@ class Scoring:
 
     def checked_samples(self, x: Any, y: Any) -> tuple[tuple[np.ndarray, ...], np.ndarray]:
         """`circle_jax.train.data.checked_samples` for this run's model, loss and labels."""
-        sparse = loss_name(self.config.loss) == "sparse_categorical_crossentropy"
-        return checked_samples(self.model, x, y, self.loss_dtype, self.model.outputs[
-            self.loss_output].shape[-1] if sparse else None, self.config.ignore_index)
+        return checked_samples(self.model, x, y, self.loss_dtype, loss_name(self.config.loss),
+                               self.loss_output, self.config.ignore_index)
 
     def score(self, params: Mapping[str, Any], x: Sequence[Any], y: Any,
               batch_size: int | None = None) -> tuple[float, float]:

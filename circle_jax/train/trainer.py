@@ -25,7 +25,7 @@ from jax import lax
 from ..distributed import DataParallel
 from ..errors import DataError
 from ..hoisting import split_step
-from ..losses import get_reduction, loss_name
+from ..losses import loss_name
 from ..lower import RANGES, RowSquares
 from ..model import Model
 from ..numerics_train import training_numerics
@@ -41,7 +41,16 @@ from ..optim import (
 )
 from ..optim.flat import Packed, flattened, packable, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
-from .config import TrainConfig, loss_function, optimizer, output_index, select_trainable
+from .config import (
+    TrainConfig,
+    check_loss_output,
+    check_overrides,
+    loss_function,
+    optimizer,
+    output_index,
+    select_trainable,
+    training_reduction,
+)
 from .data import Batch, batched, checked_params, correct, scoring_split, trailing
 from .programs import AheadOfTime, ProgramCache, cpu_compiler_options
 from .scoring import Scoring
@@ -56,6 +65,7 @@ class Trainer(Scoring, AheadOfTime):
 
     def __init__(self, model: Model, config: TrainConfig | None = None, *,
                  placement: DataParallel | None = None, **overrides: Any):
+        check_overrides(overrides)
         config = replace(config or TrainConfig(), **overrides).with_defaults(model)
         self.model, self.config = model, config
         #: ``progress(done, total)`` is called from inside the compiled epoch (set it before
@@ -84,8 +94,9 @@ class Trainer(Scoring, AheadOfTime):
             lowering["half_weights"] = np.dtype(self.policy.compute_dtype).name
         #: the changes to the model's lowering options the training forward is lowered with
         self.lowering_changes: dict[str, Any] = lowering
-        self.reduction = reduction = get_reduction(config.reduction)
+        self.reduction = reduction = training_reduction(config.reduction)
         self.loss_output = output_index(model, config.loss_output)  #: the output the loss reads
+        check_loss_output(model, config, self.loss_output)
         #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
         self.numerics = training_numerics(
             model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,
