@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import inspect
+import numbers
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -226,12 +227,15 @@ def fit(
 
 
 def check_trains(trainer: Trainer) -> None:
-    """ConfigError (one line) when the run trains no param: a model without trainable
-    weights (`Model.param_roles` says why each is frozen), or a ``trainable`` spec that
-    selects none of them ("none", 0, last operators without weights)."""
-    if trainer.trainable:
-        return
+    """ConfigError (one line) when the run would train no param unasked: a model without
+    trainable weights (`Model.param_roles` says why each is frozen), or a ``trainable``
+    spec that selects none of them (last operators without weights, names of frozen
+    params). Asking for none (``"none"``, 0: onert_train's ``--num_of_trainable_ops 0``,
+    the loss of the model as it is) is no mistake and runs."""
     model, spec = trainer.model, trainer.config.trainable
+    if trainer.trainable or spec == "none" or (
+            isinstance(spec, numbers.Integral) and not isinstance(spec, bool) and spec == 0):
+        return
     if not model.trainable_params:
         raise ConfigError(f"the model has no trainable weights ({len(model.params)} params, "
                           "none trainable; Model.param_roles says why): nothing would train; "

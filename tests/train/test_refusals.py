@@ -79,12 +79,20 @@ def test_bad_trainable_specs_are_refused(spec: object, match: str) -> None:
     _one_line(e)
 
 
-def test_a_run_that_trains_nothing_is_refused() -> None:
+def test_a_run_that_trains_nothing_unasked_is_refused() -> None:
+    """Nothing trainable selected is refused; asking for none ("none", 0: onert_train's
+    --num_of_trainable_ops 0, the loss of the model as it is) runs and moves nothing."""
     x, y = toy_data(8)
-    with pytest.raises(ConfigError, match=r"trainable='none' selects none of the model's 4 "
+    model = reshape_mlp()
+    last = len(model.operators) - 1
+    assert not any(last in ops for ops in model.param_operators().values())
+    with pytest.raises(ConfigError, match=r"trainable=1 selects none of the model's 4 "
                                           "trainable weights: nothing would train") as e:
-        cj.fit(reshape_mlp(), x, y, batch_size=4, epochs=1, trainable="none")
+        cj.fit(model, x, y, batch_size=4, epochs=1, trainable=1)
     _one_line(e)
+    for none in ("none", 0):
+        result = cj.fit(model, x, y, batch_size=4, epochs=1, trainable=none)
+        assert all(np.array_equal(result.params[k], model.params[k]) for k in model.params)
     weightless = cj.load(shared_model("aeq_bmm.tflite"))
     rng = np.random.default_rng(0)
     xs = [rng.normal(size=(4, *s.shape[1:])).astype(np.float32) for s in weightless.inputs]
