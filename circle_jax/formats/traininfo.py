@@ -28,6 +28,7 @@ The JSON form is the one ONE's ``circle_plus_gen`` reads (see :func:`traininfo_f
 
 from __future__ import annotations
 
+import math
 import struct
 from dataclasses import dataclass, field
 from typing import Any
@@ -470,6 +471,10 @@ def traininfo_from_json(obj: dict, num_operators: int) -> TrainInfo:
             f"operators; expected 0 (all), -1 (none) or 1..{num_operators} (the last N)"
         )
     epochs = _integer(obj.get("epochs", 0), "epochs")
+    if epochs < 0:
+        raise ValueError(f"training JSON: epochs must be >= 0 (0: not set), got {epochs}")
+    if not (math.isfinite(lr) and lr >= 0):
+        raise ValueError(f"training JSON: learningRate must be a finite number >= 0, got {lr}")
 
     return TrainInfo(
         optimizer=optimizer,

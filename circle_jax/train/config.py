@@ -97,6 +97,9 @@ class TrainConfig:
                                     "from_logits": False, "optimizer": "sgd", "trainable": "all"}
         if info is not None:
             ops = tuple(info.trainable_ops)
+            if info.epochs < 0:
+                raise ConfigError(f"the model's circle+ metadata says {info.epochs} epochs; "
+                                  "expected >= 0 (0: not set); give --epoch / epochs=")
             if info.epochs > 0:
                 defaults["epochs"] = info.epochs
             defaults.update(

@@ -248,6 +248,9 @@ def test_fine_tuning_value() -> None:
             r"two different loss reductions",
         ),
         ({"optimizer": {"type": "sgd", "args": {"learningRate": "x"}}}, r"learningRate must be"),
+        ({"optimizer": {"type": "sgd", "args": {"learningRate": -1}}},
+         r"learningRate must be a finite number >= 0, got -1"),
+        ({"epochs": -3}, r"epochs must be >= 0 \(0: not set\), got -3"),
     ],
 )
 def test_json_errors(change: dict, message: str) -> None:
@@ -317,3 +320,21 @@ def test_onert_rejects_what_it_cannot_express(tmp_path: Path) -> None:
     _with_traininfo(_shared_model(MNIST), TrainInfo(loss="sparse_categorical_crossentropy"), path)
     with pytest.raises(Exception, match="NNFW_STATUS_ERROR"):  # onert has no sparse CCE
         lib.experimental.nnfw_session(str(path), "train")
+
+
+def test_training_refuses_negative_circleplus_epochs() -> None:
+    """A file another tool wrote with epochs < 0: refused when training (before: the
+    default 5 epochs, silently)."""
+    import circle_jax as cj
+    from circle_jax.errors import ConfigError
+    from circle_jax.examples import branching_cnn
+    from circle_jax.formats.reader import read_model
+    from circle_jax.formats.traininfo import encode_traininfo
+    from circle_jax.formats.writer import export_model
+    from circle_jax.train import TrainConfig
+
+    m = read_model(branching_cnn().to_bytes("circle"))
+    info = TrainInfo(epochs=-3, batch_size=4, trainable_ops=tuple(range(len(m.main.operators))))
+    model = cj.load(export_model(m, metadata={"CIRCLE_TRAINING": encode_traininfo(info)}))
+    with pytest.raises(ConfigError, match="circle\\+ metadata says -3 epochs; expected >= 0"):
+        TrainConfig().with_defaults(model)
