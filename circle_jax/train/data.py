@@ -75,7 +75,35 @@ def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
                             f"the model expects {list(spec.shape[1:])}")
         out.append(a if a.dtype == spec.dtype else lossless_cast(
             a, spec.dtype, f"input {spec.name!r}", round_floats=True, remedy="pass it as"))
+    check_table_ids(model, out)
     return tuple(out)
+
+
+#: operators that look rows up in a table: (position of the ids, of the table)
+_LOOKUPS = {"GATHER": (1, 0), "EMBEDDING_LOOKUP": (0, 1)}
+
+
+def check_table_ids(model: Model, xs: Sequence[np.ndarray]) -> None:
+    """DataError (one line) when a model input read as ids by a GATHER or EMBEDDING_LOOKUP
+    holds one outside that table's rows: JAX would clamp it, or fill the row with NaN, and
+    train on that row (LiteRT refuses the call)."""
+    sg = model.ir.main
+    for x, t in zip(xs, sg.inputs, strict=True):
+        if x.size == 0 or not np.issubdtype(x.dtype, np.integer):
+            continue
+        for op in sg.operators:
+            at = _LOOKUPS.get(op.type)
+            if at is None or len(op.inputs) <= max(at) or op.inputs[at[0]] != t:
+                continue
+            table = sg.tensors[op.inputs[at[1]]]
+            axis = int(op.options.axis or 0) if op.type == "GATHER" else 0
+            rows = table.shape[axis] if table.shape and 0 <= axis < len(table.shape) else 0
+            low, high = int(x.min()), int(x.max())
+            if rows > 0 and (low < 0 or high >= rows):
+                raise DataError(
+                    f"input {sg.tensors[t].name!r}: ids from {low} to {high}, but operator "
+                    f"{op.index} ({op.type}) reads table {table.name!r} of {rows} rows: "
+                    f"expected ids in [0, {rows})")
 
 
 def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tuple, Any]:

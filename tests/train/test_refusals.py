@@ -185,3 +185,19 @@ def test_unknown_keywords_name_the_closest_valid_one(keyword: str, hint: str) ->
     if keyword != "every_step":
         with pytest.raises(ConfigError, match=f"unknown training keyword '{keyword}'"):
             cj.Trainer(reshape_mlp(), **{keyword: 4})
+
+
+def test_token_ids_outside_the_embedding_table_are_refused() -> None:
+    """An id past the table's rows: JAX clamps or fills NaN and trains on it; LiteRT
+    refuses the call. Refused before compiling, naming the table and its rows."""
+    text = cj.load(shared_model("tflite_support_movie_review_text.tflite"))
+    y = np.eye(2, dtype=np.float32)[[0, 1, 0, 1]]
+    ids = np.random.default_rng(0).integers(0, 10003, (4, 256)).astype(np.int32)
+    for bad, shown in ((10003, "from \\d+ to 10003"), (-1, "from -1 to")):
+        wrong = ids.copy()
+        wrong[2, 7] = bad
+        with pytest.raises(DataError, match=f"ids {shown}.* of 10003 rows: expected ids in "
+                                            r"\[0, 10003\)") as e:
+            cj.fit(text, wrong, y, loss="cce", epochs=1, batch_size=2)
+        _one_line(e)
+    assert np.isfinite(cj.fit(text, ids, y, loss="cce", epochs=1, batch_size=2).history.loss[0])
