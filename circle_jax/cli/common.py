@@ -150,10 +150,13 @@ def input_names(model: Any) -> list[list[str]]:
             for spec, i in zip(model.inputs, main.inputs)]
 
 
-def read_inputs(files: Sequence[str], model: Any) -> list[np.ndarray]:
+def read_inputs(files: Sequence[str], model: Any, dtypes: Sequence[Any] | None = None
+                ) -> list[np.ndarray]:
     """The model's inputs from ``files``: one .npz (arrays named after the inputs, or in
-    order), or one .npy/.npz/raw file per model input."""
-    specs = [(s.shape[1:], s.dtype) for s in model.inputs]
+    order), or one .npy/.npz/raw file per model input; each in its input's dtype, or in
+    ``dtypes[k]`` where given (data casts only where that loses nothing)."""
+    specs = [(s.shape[1:], s.dtype if dtypes is None else dtypes[k])
+             for k, s in enumerate(model.inputs)]
     if len(files) == 1:
         return read_data(files[0], specs, input_names(model))
     if len(files) == len(specs):
