@@ -79,3 +79,22 @@ def test_the_library_takes_stored_integers_or_real_values() -> None:
     assert np.array_equal(golden(qat, [real]).inputs[0].value, q)
     with pytest.raises(ValueError, match="is int32, expected int8"):
         golden(qat, [q.astype(np.int32)])
+
+
+@pytest.mark.parametrize("name, dtype", [("ops_full_int8", np.int8),
+                                         ("ops_int16x8", np.float32)])
+def test_forward_only_golden_needs_no_qat_load(data, tmp_path, name, dtype) -> None:
+    """A MUL reading a quantized constant, which the integer QAT forward cannot re-quantize,
+    is no obstacle to forward-only golden (--qat on given or not): every tensor is the plain
+    load's (the integer kernels, LiteRT's)."""
+    path = os.path.join(QUANTIZED, f"{name}.tflite")
+    q = np.load(data["q"])
+    x = q if dtype == np.int8 else q.astype(dtype) / 128
+    np.save(tmp_path / "x.npy", x)
+    for extra in ([], ["--qat", "on"]):
+        assert main(["golden", path, "--input", str(tmp_path / "x.npy"), "-o",
+                     str(tmp_path / "g"), *extra]) == 0
+    plain = cj.load(path)
+    env = plain.tensors(plain.params, x)[1]
+    tensors = {int(e.key): e.value for e in read_h5(tmp_path / "g" / "tensors.h5")[0]}
+    assert all(np.array_equal(tensors[i], np.asarray(v)) for i, v in env.items())
