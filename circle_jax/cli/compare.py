@@ -51,7 +51,8 @@ def run(ns: argparse.Namespace) -> int:
 
     try:
         cfg = train_run(ns)
-        check_outputs({"--report": ns.report, **cfg.outputs.by_flag()}, cfg.input_files())
+        check_outputs({"--report": ns.report, "--overlay": ns.overlay,
+                       **cfg.outputs.by_flag()}, cfg.input_files())
         if ns.steps is not None and ns.steps < 1:
             raise CliError(f"--steps must be >= 1, got {ns.steps}")
         if ns.overlay:

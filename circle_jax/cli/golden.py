@@ -56,6 +56,8 @@ def run(args: argparse.Namespace) -> int:
     if args.overlay:
         check_overlay(args.overlay, args.model)
     check_output_dir("-o", args.output_dir)
+    if args.overlay:
+        check_overlay_beside(args.overlay, args.output_dir, args.model)
     model = load_model(args.model, lowering="reference", **golden_load_options(args))
     xs = read_inputs(args.input, model, input_dtypes(model))
     y, config = None, TrainConfig(**step_config(args)).with_defaults(model)
@@ -92,3 +94,22 @@ def golden_load_options(args: argparse.Namespace) -> dict[str, Any]:
     if not args.expected and options["qat"]:
         options["qat"] = None
     return options
+
+
+def check_overlay_beside(overlay: str, directory: str, model: str) -> None:
+    """Refuse, before any work, an --overlay path that is the -o directory or one of the
+    files golden writes in it (the h5 files, index.json, luci-value-test's MODEL.* files)."""
+    from circle_jax.oracle.golden import FILES
+
+    from .common import CliError
+
+    full, out = os.path.realpath(overlay), os.path.realpath(directory)
+    if full == out:
+        raise CliError(f"cannot write --overlay {overlay!r}: it is the -o directory; expected "
+                       "a file path")
+    name = os.path.basename(full)
+    luci = os.path.basename(os.path.normpath(model)) + "."
+    if os.path.dirname(full) == out and (name in (*FILES, "index.json")
+                                         or name.startswith(luci)):
+        raise CliError(f"cannot write --overlay {overlay!r}: golden writes {name!r} in -o "
+                       f"{directory!r}; choose another name")

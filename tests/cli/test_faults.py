@@ -317,3 +317,28 @@ def test_a_closed_pipe_keeps_the_status_of_the_work(lines: int) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     p = _into_closed_pipe([sys.executable, "-c", _HANDLER, str(lines)], env=env)
     assert (p.returncode, p.stderr) == (5, "")  # the handler's own status
+
+
+def test_golden_overlay_clashing_with_its_outputs_is_refused_before_any_work(files, tmp_path,
+                                                                            capsys) -> None:
+    """--overlay the -o directory itself, or a file golden writes in it: one line naming
+    --overlay, and nothing written."""
+    np.save(tmp_path / "x.npy", digits16()[0][:2])
+    out = tmp_path / "out"
+    argv = ["golden", files["cnn.circle"], "--input", str(tmp_path / "x.npy"), "-o", str(out)]
+    assert main([*argv, "--overlay", str(out)]) == 1
+    assert "cannot write --overlay" in _one_error(capsys) and not out.exists()
+    out.mkdir()
+    for name in ("index.json", "input.h5"):
+        assert main([*argv, "--overlay", str(out / name)]) == 1
+        assert f"golden writes '{name}'" in _one_error(capsys)
+    assert os.listdir(out) == []
+
+
+def test_compare_refuses_one_path_for_report_and_overlay(files, tmp_path, capsys) -> None:
+    r = str(tmp_path / "r.json")
+    argv = ["compare", files["cnn.circle"], "--load_input:raw", files["x.raw"],
+            "--load_expected:raw", files["y.raw"], "--report", r, "--overlay", r]
+    assert main(argv) == 3
+    assert "--report and --overlay both write" in _one_error(capsys)
+    assert not os.path.exists(r)
