@@ -342,3 +342,13 @@ def test_compare_refuses_one_path_for_report_and_overlay(files, tmp_path, capsys
     assert main(argv) == 3
     assert "--report and --overlay both write" in _one_error(capsys)
     assert not os.path.exists(r)
+
+
+@pytest.mark.parametrize("flag, value", [("--atol", "-1"), ("--rtol", "-0.5"),
+                                         ("--atol", "nan")])
+def test_compare_refuses_a_negative_tolerance_as_a_bad_flag(files, capsys, flag,
+                                                             value) -> None:
+    argv = ["compare", files["cnn.circle"], "--load_input:raw", files["x.raw"],
+            "--load_expected:raw", files["y.raw"], flag, value]
+    assert main(argv) == 3
+    assert f"{flag} must be a number >= 0, got {float(value)}" in _one_error(capsys)
