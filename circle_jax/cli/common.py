@@ -106,8 +106,20 @@ def _check_writable(flag: str, path: str, full: str) -> None:
         raise CliError(f"cannot write {flag} {path!r}: it is a directory, expected a file")
     directory = os.path.dirname(full)
     if not os.path.isdir(directory):
+        _refuse_file_above(flag, path)
         raise CliError(f"cannot write {flag} {path!r}: directory {directory!r} does not exist")
     _probe(flag, path, directory)
+
+
+def _refuse_file_above(flag: str, path: str) -> None:
+    """Refuse ``path`` when a directory it lies in exists as a file, naming that file as
+    the user wrote it (``afile`` of ``afile/out``)."""
+    above = os.path.dirname(os.path.normpath(path))
+    while above and not os.path.exists(above):
+        above = os.path.dirname(above)
+    if above and not os.path.isdir(above):
+        raise CliError(f"cannot write {flag} {path!r}: {above!r} is a file, expected a "
+                       "directory")
 
 
 def _probe(flag: str, path: str, directory: str) -> None:
@@ -127,6 +139,7 @@ def check_output_dir(flag: str, directory: str) -> None:
     take a new directory)."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise CliError(f"cannot write {flag} {directory!r}: it is a file, expected a directory")
+    _refuse_file_above(flag, directory)
     existing = os.path.realpath(directory)
     while not os.path.isdir(existing):
         existing = os.path.dirname(existing)

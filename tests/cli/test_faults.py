@@ -352,3 +352,22 @@ def test_compare_refuses_a_negative_tolerance_as_a_bad_flag(files, capsys, flag,
             "--load_expected:raw", files["y.raw"], flag, value]
     assert main(argv) == 3
     assert f"{flag} must be a number >= 0, got {float(value)}" in _one_error(capsys)
+
+
+def test_an_output_under_a_regular_file_names_that_file(files, tmp_path, capsys,
+                                                        monkeypatch) -> None:
+    """-o afile/out and --overlay afile/ov.json, afile a regular file: one line saying
+    'afile' is a file (not an errno, nor that it does not exist)."""
+    monkeypatch.chdir(tmp_path)
+    np.save("x.npy", digits16()[0][:2])
+    (tmp_path / "afile").write_text("")
+    golden = ["golden", files["cnn.circle"], "--input", "x.npy"]
+    for argv, flag, path in (([*golden, "-o", "afile/out"], "-o", "afile/out"),
+                             ([*golden, "-o", "g", "--overlay", "afile/ov.json"], "--overlay",
+                              "afile/ov.json"),
+                             (["run", files["cnn.circle"], "--input", "x.npy",
+                               "--output_dir", "afile/a/b"], "--output_dir", "afile/a/b")):
+        assert main(argv) == 1
+        assert (f"E: cannot write {flag} '{path}': 'afile' is a file, expected a directory"
+                in _one_error(capsys))
+    assert sorted(os.listdir(tmp_path)) == ["afile", "x.npy"]
