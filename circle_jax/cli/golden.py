@@ -19,7 +19,8 @@ HELP = ("write golden tensors (inputs, outputs, every tensor; with --expected th
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help=".circle/.tflite file or nnpackage directory")
     p.add_argument("--input", action="append", required=True, metavar="FILE",
-                   help="the batch: .npy/.npz/raw (repeat per model input, or one .npz) "
+                   help="the batch: .npy/.npz/raw (repeat per model input, or one .npz); "
+                   "an integer input takes its own dtype (the stored integers), as run does "
                    "(default: none, required)")
     p.add_argument("--expected", metavar="FILE", help="the targets of --loss_output (default "
                    "output 0; .npy/.npz/raw): "
