@@ -337,13 +337,13 @@ def test_golden_of_a_quantized_model(tmp_path: Path) -> None:
     xv = np.array([[0.5, -1.0, 2.0, 4.0]], np.float32)
     target = np.array([[0.1, 0.2, -0.3]], np.float32)
     (tmp_path / "m.tflite").write_bytes(data)
-    np.save(tmp_path / "x.npy", xv)
+    xq = _as_input(model, xv)
+    np.save(tmp_path / "x.npy", xq)  # an int8 input takes its stored integers, as run does
     np.save(tmp_path / "y.npy", target)
     argv = ["golden", str(tmp_path / "m.tflite"), "--input", str(tmp_path / "x.npy"),
             "--expected", str(tmp_path / "y.npy"), "-o", str(tmp_path)]  # --qat on: default
     assert main(argv) == 0
     tensors = {e.name: e for e in read_h5(tmp_path / "tensors.h5")[0]}
-    xq = _as_input(model, xv)
     exported = model.export()  # the weights re-quantized from the masters, as the step's
     lite = _litert(exported, xq)
     sg = read_model(exported).main

@@ -108,8 +108,20 @@ def _check_writable(flag: str, path: str, full: str) -> None:
         raise CliError(f"cannot write {flag} {path!r}: it is a directory, expected a file")
     directory = os.path.dirname(full)
     if not os.path.isdir(directory):
+        _refuse_file_above(flag, path)
         raise CliError(f"cannot write {flag} {path!r}: directory {directory!r} does not exist")
     _probe(flag, path, directory)
+
+
+def _refuse_file_above(flag: str, path: str) -> None:
+    """Refuse ``path`` when a directory it lies in exists as a file, naming that file as
+    the user wrote it (``afile`` of ``afile/out``)."""
+    above = os.path.dirname(os.path.normpath(path))
+    while above and not os.path.exists(above):
+        above = os.path.dirname(above)
+    if above and not os.path.isdir(above):
+        raise CliError(f"cannot write {flag} {path!r}: {above!r} is a file, expected a "
+                       "directory")
 
 
 def _probe(flag: str, path: str, directory: str) -> None:
@@ -129,6 +141,7 @@ def check_output_dir(flag: str, directory: str) -> None:
     take a new directory)."""
     if os.path.exists(directory) and not os.path.isdir(directory):
         raise CliError(f"cannot write {flag} {directory!r}: it is a file, expected a directory")
+    _refuse_file_above(flag, directory)
     existing = os.path.realpath(directory)
     while not os.path.isdir(existing):
         existing = os.path.dirname(existing)
@@ -152,10 +165,13 @@ def input_names(model: Any) -> list[list[str]]:
             for spec, i in zip(model.inputs, main.inputs)]
 
 
-def read_inputs(files: Sequence[str], model: Any) -> list[np.ndarray]:
+def read_inputs(files: Sequence[str], model: Any, dtypes: Sequence[Any] | None = None
+                ) -> list[np.ndarray]:
     """The model's inputs from ``files``: one .npz (arrays named after the inputs, or in
-    order), or one .npy/.npz/raw file per model input."""
-    specs = [(s.shape[1:], s.dtype) for s in model.inputs]
+    order), or one .npy/.npz/raw file per model input; each in its input's dtype, or in
+    ``dtypes[k]`` where given (data casts only where that loses nothing)."""
+    specs = [(s.shape[1:], s.dtype if dtypes is None else dtypes[k])
+             for k, s in enumerate(model.inputs)]
     if len(files) == 1:
         return read_data(files[0], specs, input_names(model))
     if len(files) == len(specs):

@@ -36,9 +36,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--arbiter", choices=["float64"],
                    help="also train in float64 and say which runtime is nearer (default: off)")
     g.add_argument("--atol", type=float, default=1e-5, metavar="F",
-                   help="absolute tolerance on weights and losses (default: 1e-05)")
+                   help="absolute tolerance on weights and losses, >= 0 (default: 1e-05)")
     g.add_argument("--rtol", type=float, default=1e-4, metavar="F",
-                   help="tolerance relative to onert's value (default: 0.0001)")
+                   help="tolerance relative to onert's value, >= 0 (default: 0.0001)")
 
 
 def run(ns: argparse.Namespace) -> int:
@@ -53,9 +53,13 @@ def run(ns: argparse.Namespace) -> int:
 
     try:
         cfg = train_run(ns)
-        check_outputs({"--report": ns.report, **cfg.outputs.by_flag()}, cfg.input_files())
+        check_outputs({"--report": ns.report, "--overlay": ns.overlay,
+                       **cfg.outputs.by_flag()}, cfg.input_files())
         if ns.steps is not None and ns.steps < 1:
             raise CliError(f"--steps must be >= 1, got {ns.steps}")
+        for flag, value in (("--atol", ns.atol), ("--rtol", ns.rtol)):
+            if not value >= 0:  # NaN too
+                raise CliError(f"{flag} must be a number >= 0, got {value}")
         if ns.overlay:
             check_overlay(ns.overlay, ns.model)
         model = train.training_model(cfg)

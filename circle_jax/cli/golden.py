@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+from typing import Any
 
 import numpy as np
 
@@ -18,7 +19,8 @@ HELP = ("write golden tensors (inputs, outputs, every tensor; with --expected th
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("model", help=".circle/.tflite file or nnpackage directory")
     p.add_argument("--input", action="append", required=True, metavar="FILE",
-                   help="the batch: .npy/.npz/raw (repeat per model input, or one .npz) "
+                   help="the batch: .npy/.npz/raw (repeat per model input, or one .npz); "
+                   "an integer input takes its own dtype (the stored integers), as run does "
                    "(default: none, required)")
     p.add_argument("--expected", metavar="FILE", help="the targets of --loss_output (default "
                    "output 0; .npy/.npz/raw): "
@@ -44,18 +46,21 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from circle_jax.losses import loss_name
     from circle_jax.oracle import golden, write_golden
+    from circle_jax.oracle.golden import input_dtypes
     from circle_jax.train import TrainConfig
     from circle_jax.train.config import output_index
 
     from .common import check_output_dir
-    from .config import load_options, step_config
+    from .config import step_config
     from .view import check_overlay
 
     if args.overlay:
         check_overlay(args.overlay, args.model)
     check_output_dir("-o", args.output_dir)
-    model = load_model(args.model, lowering="reference", **load_options(args))
-    xs = read_inputs(args.input, model)
+    if args.overlay:
+        check_overlay_beside(args.overlay, args.output_dir, args.model)
+    model = load_model(args.model, lowering="reference", **golden_load_options(args))
+    xs = read_inputs(args.input, model, input_dtypes(model))
     y, config = None, TrainConfig(**step_config(args)).with_defaults(model)
     if args.expected:
         o = model.outputs[output_index(model, config.loss_output)]
@@ -76,3 +81,36 @@ def run(args: argparse.Namespace) -> int:
           + (f", loss {data.loss:.6g}, {len(data.gradients or [])} gradients)"
              if data.loss is not None else ")"))
     return 0
+
+
+def golden_load_options(args: argparse.Namespace) -> dict[str, Any]:
+    """`circle_jax.load` keywords for golden. A fully quantized model loads for
+    quantization-aware training (--qat on, the default) only with --expected, where a step
+    is taken; forward-only it runs the file's integer kernels (the tensors QAT's untrained
+    export computes, LiteRT's), whatever --qat on / --qat_forward say; --qat off still loads
+    the dequantized float model."""
+    from .config import load_options
+
+    options = load_options(args, qat=True if args.expected else None)
+    if not args.expected and options["qat"]:
+        options["qat"] = None
+    return options
+
+
+def check_overlay_beside(overlay: str, directory: str, model: str) -> None:
+    """Refuse, before any work, an --overlay path that is the -o directory or one of the
+    files golden writes in it (the h5 files, index.json, luci-value-test's MODEL.* files)."""
+    from circle_jax.oracle.golden import FILES
+
+    from .common import CliError
+
+    full, out = os.path.realpath(overlay), os.path.realpath(directory)
+    if full == out:
+        raise CliError(f"cannot write --overlay {overlay!r}: it is the -o directory; expected "
+                       "a file path")
+    name = os.path.basename(full)
+    luci = os.path.basename(os.path.normpath(model)) + "."
+    if os.path.dirname(full) == out and (name in (*FILES, "index.json")
+                                         or name.startswith(luci)):
+        raise CliError(f"cannot write --overlay {overlay!r}: golden writes {name!r} in -o "
+                       f"{directory!r}; choose another name")

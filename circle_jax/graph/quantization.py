@@ -36,6 +36,19 @@ def quantize(value: Any, scale: Any, zero_point: Any, qmin: int, qmax: int,
     return xp.clip(round_half_away(v, xp) + xp.asarray(zero_point, np.float32), qmin, qmax)
 
 
+def dequantize(q: Any, scale: Any, zero_point: Any, axis: int = 0) -> np.ndarray:
+    """The real values ``scale * (q - zero_point)`` of integers ``q`` (numpy, float64), with
+    one scale and zero point, or one per index of dimension ``axis`` (per channel)."""
+    scale = np.asarray(scale, np.float64).reshape(-1)
+    zero = np.broadcast_to(np.asarray(zero_point, np.float64).reshape(-1), scale.shape)
+    q = np.asarray(q)
+    if scale.size > 1:
+        shape = [1] * q.ndim
+        shape[axis] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    return (q.astype(np.float64) - zero) * scale
+
+
 @dataclass(frozen=True, eq=False)
 class QParams:
     """One tensor's quantization: its integer ``dtype``, float32 ``scale`` and int64

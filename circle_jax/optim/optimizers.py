@@ -10,7 +10,7 @@ from __future__ import annotations
 import inspect
 import math
 import numbers
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from typing import Any, NamedTuple
 
 import jax
@@ -386,16 +386,30 @@ def hyperparameters(spec: str | int, family: str = "keras", **kwargs: Any) -> di
     (factory keywords: ``b1``, ``eps``, ...) where given, else the factory's defaults. A
     keyword the factory does not take raises ValueError naming the flags it takes."""
     name, factory = _factory(spec, family)
+    _check_keywords(name, family, factory, kwargs)
     sig = inspect.signature(factory).parameters
-    unknown = sorted(set(kwargs) - set(sig))
-    if unknown:
-        named = [f"--{_FLAG_OF[k]}" if k in _FLAG_OF else k for k in unknown]
-        takes = [f"--{f}" for f, k in HYPERPARAMETERS.items() if k in sig]
-        raise ValueError(f"optimizer {name!r} ({family} numerics) does not take "
-                         f"{', '.join(named)}; it takes "
-                         f"{', '.join(takes) or 'none of the hyper-parameter flags'}")
     return {flag: kwargs.get(k, sig[k].default) for flag, k in HYPERPARAMETERS.items()
             if k in sig}
+
+
+def _check_keywords(name: str, family: str, factory: Callable[..., Any],
+                    kwargs: Mapping[str, Any]) -> None:
+    """Refuse, in one line, keywords optimizer ``name``'s factory does not take: each named
+    by its flag (``--beta1``, not ``b1``) with the optimizers of ``family`` that take it,
+    then the flags this one takes."""
+    sig = inspect.signature(factory).parameters
+    unknown = sorted(set(kwargs) - set(sig))
+    if not unknown:
+        return
+    named = []
+    for k in unknown:
+        users = [n for n, f in FAMILIES[family].items() if k in inspect.signature(f).parameters]
+        named.append((f"--{_FLAG_OF[k]}" if k in _FLAG_OF else repr(k))
+                     + (f" (only {', '.join(users)} take it)" if users else ""))
+    takes = [f"--{f}" for f, k in HYPERPARAMETERS.items() if k in sig]
+    raise ValueError(f"optimizer {name!r} ({family} numerics) does not take "
+                     f"{', '.join(named)}; it takes "
+                     f"{', '.join(takes) or 'none of the hyper-parameter flags'}")
 
 
 def get_optimizer(
@@ -408,6 +422,7 @@ def get_optimizer(
     ``family`` "torch" takes torch.optim's numerics and defaults (`TORCH_OPTIMIZERS`).
     """
     name, factory = _factory(spec, family)
+    _check_keywords(name, family, factory, kwargs)
     try:
         inspect.signature(factory).bind(learning_rate, **kwargs)
         for key, value in {"learning_rate": learning_rate, **kwargs}.items():

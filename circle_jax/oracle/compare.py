@@ -14,7 +14,8 @@ Rules of the comparison:
   it (one copy per reader, the onert profile's default), onert's exported value is matched
   with the nearest copy (onert 0.1.0 writes the last reader's).
 - The first divergence is the first step where a loss or a weight differs, and there the
-  weight tensor read first in operator order; its ``operator`` is its reader. For a tensor
+  weight tensor read first in operator order; its ``operator`` is its reader (operators are
+  named by their index in the file, as overlays key them). For a tensor
   with several readers trained as one (``tie_shared_weights``), circle-jax replays the
   steps with the tensor untied: when onert's value equals one reader's copy, that reader
   is named and the cause stated.
@@ -288,7 +289,10 @@ def _close_any(tol: Tolerance, weights: dict[str, np.ndarray], names: list[str],
 
 
 def _readers(model: Model, index: int) -> list[int]:
-    return [op.index for op in model.ir.main.operators if index in op.inputs]
+    """The operators of the main subgraph reading tensor ``index``, by their index in the
+    file (what reports and overlays name; operators a pass added have none)."""
+    return [op.origin for op in model.ir.main.operators
+            if index in op.inputs and op.origin is not None]
 
 
 def _divergence(model: Model, raw: bytes, trainer: Trainer, s: int, bad: list[str],

@@ -10,10 +10,14 @@
 
 A quantization-aware training model (``load(path, qat=True)``) gives the integer model's
 golden data for its current weights (the file's at the start): its inputs, outputs and every
-tensor as the integer kernels compute them (inputs quantized with the file's parameters; each
-quantized tensor carries its ``scale``, ``zero_point`` and ``quantized_dimension`` as h5
-attributes), with the float gradients and update of the QAT step (the simulation's
-tensors have the file's tensor indices).
+tensor as the integer kernels compute them (each quantized tensor carries its ``scale``,
+``zero_point`` and ``quantized_dimension`` as h5 attributes), with the float gradients and
+update of the QAT step (the simulation's tensors have the file's tensor indices). An integer
+input of such a model takes data in its own dtype as the stored integers (written as given,
+dequantized with the input's scale and zero point for the QAT forward) or float data as real
+values (quantized with the file's parameters, round half away from zero and clamped, as
+LiteRT's QUANTIZE). A model loaded without ``qat`` runs its integer kernels directly: its
+tensors are the same, with the same attributes.
 
 Each part (the forward, the gradients, the step) runs as one compiled program, as training
 does: the golden values are what the training program computes, and a large model takes
@@ -39,7 +43,7 @@ import numpy as np
 
 from ..formats.atomic import atomic_write
 from ..graph import ir
-from ..graph.quantization import quantize
+from ..graph.quantization import dequantize, quantize
 from ..model import Model, load
 from ..train import TrainConfig, Trainer
 from .h5 import Entry, write_h5
@@ -77,8 +81,9 @@ def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
     sg = model.ir.main
     if len(inputs) != len(sg.inputs):
         raise ValueError(f"the model has {len(sg.inputs)} inputs, got {len(inputs)} arrays")
+    inputs = [np.asarray(x) for x in inputs]
     with jax.enable_x64(dt == np.float64):
-        xs = [_cast(x, dt) for x in inputs]
+        xs = [_cast(_real(model, k, x), dt) for k, x in enumerate(inputs)]
         params = {k: _cast(v, dt) for k, v in model.params.items()}
         outs, env, traced = _tensors(model, params, xs)
         index_of = {name: i for name, (k, i) in model.param_keys.items() if k == 0}
@@ -89,11 +94,11 @@ def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
             if value is None:
                 value = params[name_of[t.index]] if t.index in name_of else t.data
             if value is not None:
-                tensors.append(Entry(str(t.index), t.name, np.asarray(value)))
+                tensors.append(Entry(str(t.index), t.name, np.asarray(value), _attrs(t)))
         data = GoldenData(
-            inputs=[Entry(str(k), sg.tensors[i].name, np.asarray(x))
+            inputs=[Entry(str(k), sg.tensors[i].name, np.asarray(x), _attrs(sg.tensors[i]))
                     for k, (i, x) in enumerate(zip(sg.inputs, xs))],
-            outputs=[Entry(str(k), sg.tensors[i].name, np.asarray(o))
+            outputs=[Entry(str(k), sg.tensors[i].name, np.asarray(o), _attrs(sg.tensors[i]))
                      for k, (i, o) in enumerate(zip(sg.outputs, outs))],
             tensors=tensors,
             tensor_of={"input": {str(k): i for k, i in enumerate(sg.inputs)},
@@ -107,6 +112,33 @@ def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
             data = _backward(model, data, xs, params, env, traced, _cast(expected, dt), config,
                              dt, index_of)
     return data if model.simulated is None else _integer(model, data, inputs)
+
+
+def input_dtypes(model: Model) -> list[np.dtype]:
+    """The dtype of each input's data as the model's file defines it: a quantization-aware
+    training model's integer input takes its stored integers (int8 for an int8 input), every
+    other input the loaded model's dtype (`golden` takes both; the command line reads these)."""
+    sg = (model.ir if model.simulated is None else model.simulated).main
+    return [ir.as_numpy_dtype(sg.tensors[i].dtype) for i in sg.inputs]
+
+
+def _real(model: Model, k: int, x: np.ndarray) -> np.ndarray:
+    """Input ``k`` of a quantization-aware training model as the real values its forward
+    takes: data in the file's integer dtype is the stored integers, dequantized with the
+    input's scale and zero point; float data is taken as real values. Other models' inputs,
+    and float inputs of the file, as given."""
+    if model.simulated is None:
+        return x
+    t = model.simulated.main.tensors[model.simulated.main.inputs[k]]
+    want = ir.as_numpy_dtype(t.dtype)
+    if t.quantization is None or np.issubdtype(want, np.floating) \
+            or np.issubdtype(x.dtype, np.floating):
+        return x
+    if x.dtype != want:
+        raise ValueError(f"input {k} {t.name!r} is {x.dtype}, expected {want} (the stored "
+                         f"integers) or float (real values)")
+    q = t.quantization
+    return dequantize(x, q.scale, q.zero_point, q.quantized_dimension).astype(np.float32)
 
 
 def _integer(model: Model, data: GoldenData, inputs: Sequence[Any]) -> GoldenData:

@@ -34,7 +34,7 @@ import numpy as np
 
 from ..formats.schema import OPERATOR_CODES
 from ..graph import ir
-from ..graph.quantization import QParams, quantize
+from ..graph.quantization import QParams, dequantize, quantize
 from .edit import add_operator, add_tensor, record, replace_subgraph
 
 #: Integer types whose tensors carry affine quantization (as `circle_jax.graph.checks`
@@ -64,13 +64,7 @@ def dequantized_values(t: ir.Tensor) -> np.ndarray:
     """A quantized constant's real values, ``scale * (q - zero_point)``, as float32."""
     q = t.quantization
     assert q is not None and t.data is not None
-    scale = np.asarray(q.scale, np.float64)
-    zero = np.broadcast_to(np.asarray(q.zero_point, np.float64), scale.shape)
-    if scale.size > 1:
-        shape = [1] * t.data.ndim
-        shape[q.quantized_dimension] = scale.size
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    return ((t.data.astype(np.float64) - zero) * scale).astype(np.float32)
+    return dequantize(t.data, q.scale, q.zero_point, q.quantized_dimension).astype(np.float32)
 
 
 def _float16_weights(sg: ir.Subgraph) -> set[int]:

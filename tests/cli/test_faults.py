@@ -371,3 +371,57 @@ def test_a_closed_pipe_keeps_the_status_of_the_work(lines: int) -> None:
     env = {k: v for k, v in os.environ.items() if k != "PYTHONUNBUFFERED"}
     p = _into_closed_pipe([sys.executable, "-c", _HANDLER, str(lines)], env=env)
     assert (p.returncode, p.stderr) == (5, "")  # the handler's own status
+
+
+def test_golden_overlay_clashing_with_its_outputs_is_refused_before_any_work(files, tmp_path,
+                                                                            capsys) -> None:
+    """--overlay the -o directory itself, or a file golden writes in it: one line naming
+    --overlay, and nothing written."""
+    np.save(tmp_path / "x.npy", digits16()[0][:2])
+    out = tmp_path / "out"
+    argv = ["golden", files["cnn.circle"], "--input", str(tmp_path / "x.npy"), "-o", str(out)]
+    assert main([*argv, "--overlay", str(out)]) == 1
+    assert "cannot write --overlay" in _one_error(capsys) and not out.exists()
+    out.mkdir()
+    for name in ("index.json", "input.h5"):
+        assert main([*argv, "--overlay", str(out / name)]) == 1
+        assert f"golden writes '{name}'" in _one_error(capsys)
+    assert os.listdir(out) == []
+
+
+def test_compare_refuses_one_path_for_report_and_overlay(files, tmp_path, capsys) -> None:
+    r = str(tmp_path / "r.json")
+    argv = ["compare", files["cnn.circle"], "--load_input:raw", files["x.raw"],
+            "--load_expected:raw", files["y.raw"], "--report", r, "--overlay", r]
+    assert main(argv) == 3
+    assert "--report and --overlay both write" in _one_error(capsys)
+    assert not os.path.exists(r)
+
+
+@pytest.mark.parametrize("flag, value", [("--atol", "-1"), ("--rtol", "-0.5"),
+                                         ("--atol", "nan")])
+def test_compare_refuses_a_negative_tolerance_as_a_bad_flag(files, capsys, flag,
+                                                             value) -> None:
+    argv = ["compare", files["cnn.circle"], "--load_input:raw", files["x.raw"],
+            "--load_expected:raw", files["y.raw"], flag, value]
+    assert main(argv) == 3
+    assert f"{flag} must be a number >= 0, got {float(value)}" in _one_error(capsys)
+
+
+def test_an_output_under_a_regular_file_names_that_file(files, tmp_path, capsys,
+                                                        monkeypatch) -> None:
+    """-o afile/out and --overlay afile/ov.json, afile a regular file: one line saying
+    'afile' is a file (not an errno, nor that it does not exist)."""
+    monkeypatch.chdir(tmp_path)
+    np.save("x.npy", digits16()[0][:2])
+    (tmp_path / "afile").write_text("")
+    golden = ["golden", files["cnn.circle"], "--input", "x.npy"]
+    for argv, flag, path in (([*golden, "-o", "afile/out"], "-o", "afile/out"),
+                             ([*golden, "-o", "g", "--overlay", "afile/ov.json"], "--overlay",
+                              "afile/ov.json"),
+                             (["run", files["cnn.circle"], "--input", "x.npy",
+                               "--output_dir", "afile/a/b"], "--output_dir", "afile/a/b")):
+        assert main(argv) == 1
+        assert (f"E: cannot write {flag} '{path}': 'afile' is a file, expected a directory"
+                in _one_error(capsys))
+    assert sorted(os.listdir(tmp_path)) == ["afile", "x.npy"]

@@ -40,6 +40,7 @@ from circle_jax.formats.reader import read_model
 from circle_jax.formats.writer import pack, unpack
 from circle_jax.interop.model_explorer import INSTALL, graph_id, tflite_path
 from circle_jax.oracle import (
+    compare_overlay,
     golden,
     golden_overlay,
     read_h5,
@@ -47,6 +48,7 @@ from circle_jax.oracle import (
     write_golden,
     write_overlay,
 )
+from circle_jax.oracle.compare import CompareReport
 from tests.paths import KERAS_DATA, REPO_ROOT, shared_model
 
 CNN = os.path.join(KERAS_DATA, "branching_cnn.tflite")
@@ -297,3 +299,64 @@ def test_view_serves_the_page_and_the_overlay_on_loopback(tmp_path):
             code = proc.wait(timeout=30)
         proc.stdout.close()
     assert code == 0 and not os.path.exists(os.path.dirname(source["url"]))
+
+
+@pytest.mark.parametrize("path", [
+    os.path.join(REPO_ROOT, "tests", "data", "quantized", "float16.tflite"),
+    shared_model("mediapipe_face_detection_short_range_fp16w.tflite")])
+def test_overlays_key_the_files_operators_after_the_dequantize_pass(path, tmp_path):
+    """A float16-weight file loses its weights' DEQUANTIZE operators to the dequantize pass:
+    golden's and compare's values still go to the file's operator (the adapter's node of the
+    same type, and that operator's own outputs), and the removed DEQUANTIZEs get none."""
+    model = cj.load(path, lowering="reference")
+    gid, file_ops = graph_id(read_model(path)), read_model(path).main.operators
+    x = np.random.default_rng(0).uniform(0, 1, model.inputs[0].shape).astype(np.float32)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "o.json"
+    assert main(["golden", path, "--input", str(tmp_path / "x.npy"), "-o",
+                 str(tmp_path / "g"), "--overlay", str(out)]) == 0
+    results = read_overlay(out).graphsData[gid].results
+    tensors = {int(e.key): e.value for e in read_h5(tmp_path / "g" / "tensors.h5")[0]}
+    kept = {op.origin for op in model.ir.main.operators}
+    assert set(results) == {str(j) for j in kept} and len(kept) < len(file_ops)
+    assert all(file_ops[j].type == "DEQUANTIZE" for j in set(range(len(file_ops))) - kept)
+    for j in kept:
+        want = max(float(np.max(np.abs(tensors[i]))) for i in file_ops[j].outputs)
+        assert results[str(j)].value == pytest.approx(want, rel=1e-12)
+    nodes = {n["id"]: n["label"] for n in adapter_graphs(path, tmp_path)[0]["nodes"]}
+    assert all(nodes[str(op.origin)] == op.type.lower() for op in model.ir.main.operators)
+
+    names = [n for n, (k, _) in model.param_keys.items() if k == 0]
+    report = CompareReport(True, None, [], {}, {"steps": 1},
+                           {n: {"1": float(k + 1)} for k, n in enumerate(names)})
+    write_overlay(compare_overlay(report, model), tmp_path / "c.json")
+    compared = read_overlay(tmp_path / "c.json").graphsData[gid].results
+    index = {i: k + 1.0 for k, n in enumerate(names) for i in [model.param_keys[n][1]]}
+    for op in model.ir.main.operators:
+        reads = [index[i] for i in op.inputs if i in index]
+        assert compared.get(str(op.origin)) is None if not reads else \
+            compared[str(op.origin)].value == max(reads)
+    assert set(compared) <= {str(j) for j in kept}
+
+
+@pytest.mark.parametrize("name", ["full_int8", "full_int8_float_io"])
+def test_forward_golden_overlay_of_an_integer_model_values_every_operator(name, tmp_path):
+    """Integer tensors are dequantized with their h5 scale and zero point: every operator
+    gets the largest |real value| of its outputs."""
+    path = os.path.join(REPO_ROOT, "tests", "data", "quantized", f"{name}.tflite")
+    model = cj.load(path)
+    x = np.arange(64).reshape(model.inputs[0].shape).astype(model.inputs[0].dtype)
+    np.save(tmp_path / "x.npy", x)
+    out = tmp_path / "o.json"
+    assert main(["golden", path, "--input", str(tmp_path / "x.npy"), "-o",
+                 str(tmp_path / "g"), "--overlay", str(out)]) == 0
+    results = read_overlay(out).graphsData["main"].results
+    ops = model.ir.main.operators
+    assert set(results) == {str(op.index) for op in ops}
+    env = model.tensors(model.params, x)[1]
+    for op in ops:
+        t = model.ir.main.tensors[op.outputs[0]]
+        v = np.asarray(env[t.index], np.float64)
+        real = v if t.quantization is None or t.is_float else \
+            (v - t.quantization.zero_point[0]) * t.quantization.scale[0]
+        assert results[str(op.index)].value == pytest.approx(np.max(np.abs(real)), rel=1e-6)

@@ -222,5 +222,5 @@ def test_cli_torch_profile_and_hyperparameter_flags(tmp_path: Path,
     assert "- beta1                = 0.5" in out and "- epsilon              = 0.001" in out
     assert main([*common, "--optimizer", "sgd", "--beta1", "0.5"]) == 1
     err = capsys.readouterr().err.strip().splitlines()
-    assert err == ["E: optimizer 'sgd' (keras numerics) does not take --beta1; it takes "
-                   "--momentum"], err
+    assert err == ["E: optimizer 'sgd' (keras numerics) does not take --beta1 (only adam, "
+                   "adam_optax, adam_onert_micro, adamw take it); it takes --momentum"], err

@@ -200,7 +200,11 @@ def test_get_optimizer_codes_and_names():
     [
         (lambda: optim.get_optimizer("lamb", 0.1), "unknown optimizer 'lamb'"),
         (lambda: optim.get_optimizer(0, 0.1), "unknown onert optimizer code 0"),
-        (lambda: optim.get_optimizer("sgd", 0.1, beta=2), "bad options for optimizer 'sgd'"),
+        (lambda: optim.get_optimizer("sgd", 0.1, beta=2),
+         "optimizer 'sgd' .* does not take 'beta'; it takes --momentum"),
+        (lambda: optim.get_optimizer("sgd", 0.1, b1=0.8),  # by its flag, not its keyword
+         r"optimizer 'sgd' \(keras numerics\) does not take --beta1 \(only adam, .*adamw "
+         r"take it\); it takes --momentum$"),
         (lambda: optim.get_optimizer("sgd", float("nan")),
          r"learning_rate must be a finite number >= 0, got nan"),
         (lambda: optim.get_optimizer(1, -0.01), r"learning_rate must be .* got -0.01"),
