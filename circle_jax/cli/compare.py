@@ -28,7 +28,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--with", dest="peer", choices=["onert"], default="onert",
                    help="the peer runtime: the onert wheel's train backend (default: onert)")
     g.add_argument("--steps", type=int, metavar="N",
-                   help="steps to compare (default: one epoch)")
+                   help="steps to compare (default: --epoch epochs, one when not given)")
     g.add_argument("--report", metavar="FILE", help="write the report as JSON (default: none)")
     g.add_argument("--overlay", metavar="FILE", help="write, per operator, the largest weight "
                    "difference as Model Explorer node data (JSON; `circle-jax view MODEL "

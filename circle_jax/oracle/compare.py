@@ -156,7 +156,8 @@ def compare_with_onert(
     step, and compare (see the module docstring). ``x``: one array per model input, ``y``:
     output 0's targets; ``config``: the training settings (batch size, learning rate, loss,
     reduction, optimizer, trainable ops; circle+ values fill the rest); ``steps``: default
-    one epoch; ``load_options``: `circle_jax.load`'s (numerics, tie_shared_weights, ...).
+    ``config.epochs`` epochs where the config sets them, else one; ``load_options``:
+    `circle_jax.load`'s (numerics, tie_shared_weights, ...).
     Raises `PeerRefused` when onert cannot run the case (its message quoted)."""
     raw = source if isinstance(source, bytes) else open(source, "rb").read()
     model = load(raw, **load_options)
@@ -166,7 +167,7 @@ def compare_with_onert(
     b, n = trainer.config.batch_size, y.shape[0]
     if n < b:
         raise DataError(f"{n} samples are fewer than one batch of {b}")
-    steps = steps or n // b
+    steps = steps or n // b * (config.epochs if config is not None and config.epochs else 1)
     starts = [(s % (n // b)) * b for s in range(steps)]
     bx = [[a[i:i + b] for a in xs] for i in starts]
     by = [y[i:i + b] for i in starts]

@@ -223,6 +223,16 @@ def test_compare_agrees_untied_and_names_the_tied_bias(data, tmp_path, capsys):
     assert "DISAGREE at step 1: tensor 'arith.constant1'" in capsys.readouterr().out
 
 
+def test_compare_runs_the_epochs_asked_for(data, tmp_path):
+    """Without --steps, --epoch N compares N epochs (before: one, --epoch ignored)."""
+    x, y = _cnn_arrays(data, tmp_path)  # 32 samples: 2 steps of 16 an epoch
+    report = tmp_path / "r.json"
+    assert main(["compare", CNN, "--load_input", x, "--load_expected", y, "--batch_size", "16",
+                 "--learning_rate", "0.05", "--loss", "2", "--epoch", "2",
+                 "--report", str(report)]) == 0
+    assert [s["step"] for s in json.loads(report.read_text())["steps"]] == [1, 2, 3, 4]
+
+
 def test_compare_peer_refusals(data, capsys):
     lx, ly = data["layernorm/x"][:8], data["layernorm/y"][:8]
     with pytest.raises(PeerRefused, match="Error"):
