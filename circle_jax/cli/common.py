@@ -83,15 +83,18 @@ def check_finite_data(path: str, arrays: list[np.ndarray],
 
 def check_outputs(outputs: dict[str, str | None], inputs: Sequence[str | None],
                   allowed: dict[str, str | None] | None = None) -> None:
-    """Refuse, before any work, outputs that are inputs, repeat, or lie in no directory.
+    """Refuse, before any work, outputs that are empty paths, are inputs, repeat, or lie in
+    no directory (None: the output was not asked for).
 
     ``allowed[flag]`` is an input that output ``flag`` may rewrite (a checkpoint it resumes).
     """
     allowed = allowed or {}
     seen: dict[str, str] = {}
     for flag, path in outputs.items():
-        if not path:
+        if path is None:
             continue
+        if not path.strip():
+            raise CliError(f"{flag} {path!r} is an empty path; expected a file path")
         for src in inputs:
             if src and src != allowed.get(flag) and _same_path(src, path):
                 raise CliError(f"refusing to write {flag} {path!r}: it is the input file "

@@ -204,6 +204,8 @@ def test_unwritable_outputs_are_refused_before_training(files, capsys, flag) -> 
     err = _one_error(capsys)
     assert f"cannot write {flag} '/proc/x.circle': cannot create a file in '/proc'" in err
     assert ".tmp" not in err
+    assert main(_train(files, "x.raw", flag, "")) == 1  # before: nothing written, status 0
+    assert f"{flag} '' is an empty path; expected a file path" in _one_error(capsys)
 
 
 def test_unwritable_outputs_of_the_other_commands(files, tmp_path, capsys) -> None:
