@@ -10,6 +10,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 from .errors import (
+    CheckpointWarning,
     CircleFormatError,
     CircleJaxError,
     ConfigError,
@@ -73,8 +74,8 @@ def __dir__() -> list[str]:
 
 
 __all__ = [
-    "Builder", "CircleFormatError", "CircleJaxError", "ConfigError", "DataError", "FitResult",
-    "GraphBuilder",
+    "Builder", "CheckpointWarning", "CircleFormatError", "CircleJaxError", "ConfigError",
+    "DataError", "FitResult", "GraphBuilder",
     "History", "LossScaleWarning", "Model", "ProgramCache", "TensorSpec", "TrainConfig",
     "TrainState", "Trainer",
     "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats",

@@ -29,6 +29,11 @@ class TrainingError(CircleJaxError, RuntimeError):
     """Training cannot go on (e.g. a non-finite loss)."""
 
 
+class CheckpointWarning(UserWarning):
+    """A checkpoint read with less than it holds: Adam's moments resumed by an optimizer
+    that keeps none (the weights and the update count still resume)."""
+
+
 class LossScaleWarning(RuntimeWarning):
     """Steps are still skipped for non-finite gradients while the loss scale can no longer
     back off; the message names the first non-finite tensor and its operator."""

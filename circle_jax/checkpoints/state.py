@@ -43,6 +43,7 @@ written beside the file (`circle_jax.checkpoints.ranges`).
 
 from __future__ import annotations
 
+import warnings
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
@@ -52,7 +53,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
-from ..errors import CircleFormatError, DataError, TrainingError
+from ..errors import CheckpointWarning, CircleFormatError, DataError, TrainingError
 from ..formats.atomic import PathLike, atomic_write
 from ..formats.checkpoint import Checkpoint, as_array, decode_checkpoint, encode_checkpoint
 from ..formats.reader import read_bytes
@@ -467,6 +468,11 @@ def _restore(ckpt: Checkpoint, order: Sequence[int], model: Model, trainer: Trai
                 mu[name] = np.asarray(as_array(ckpt.adam_m[e], dt, t.shape), master)
                 nu[name] = np.asarray(as_array(ckpt.adam_v[e], dt, t.shape), master)
     updates = ckpt.step if ckpt.is_adam or not _moment_nodes(state.opt_state) else 0
+    if ckpt.is_adam and not _moment_nodes(state.opt_state):
+        warnings.warn(CheckpointWarning(
+            f"the checkpoint holds Adam's moments, which optimizer "
+            f"{trainer.config.optimizer!r} keeps none of: they are dropped (the weights and "
+            f"the update count resume)"), stacklevel=3)
 
     def set_moments(n: Any) -> Any:
         if not isinstance(n, _MOMENTS):

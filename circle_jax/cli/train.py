@@ -416,9 +416,10 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
     clock.mark("fit")
     rep.notice.start()
     o = run.outputs
-    # the reporter prints fit's LossScaleWarning as one "W:" line
+    # the reporter prints fit's LossScaleWarning as one "W:" line; any other, one line too
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", LossScaleWarning)
+        warnings.showwarning = _warning_line
         try:
             if o.checkpoint or run.resume:
                 from circle_jax.checkpoints import fit_checkpointed
@@ -432,6 +433,11 @@ def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Cl
                        on_start=rep.on_start)
         finally:
             rep.stop()
+
+
+def _warning_line(message: Warning | str, *_: Any, **__: Any) -> None:
+    """A warning during training as one ``W:`` line (not Python's file:line format)."""
+    print(f"W: {message}", file=sys.stderr, flush=True)
 
 
 def _timing(clock: Clock, history: Any, cache: str) -> out.Timing:

@@ -324,6 +324,11 @@ def test_cli_export_and_resume(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         err = capsys.readouterr().err.strip()
         assert err.startswith("E: ") and message in err and "\n" not in err, err
     assert not os.path.exists("m.ckpt")
+    # an Adam checkpoint resumed with SGD: its moments are dropped, and the run says so
+    assert main([*base[:-1], "sgd", "--checkpoint", "c.ckpt", "-v", "0"]) == 0
+    err = capsys.readouterr().err
+    assert err == ("W: the checkpoint holds Adam's moments, which optimizer 'sgd' keeps none "
+                   "of: they are dropped (the weights and the update count resume)\n"), err
 
 
 def test_the_entry_order_is_asked_once_before_training(tmp_path: Path,
