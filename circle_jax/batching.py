@@ -36,9 +36,12 @@ batched, and a graph it stops still runs right, mapped over the samples.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
+import jax
 import numpy as np
 
+from .errors import DataError
 from .graph import ir
 
 Rule = Callable[["_Op"], "str | None"]
@@ -308,3 +311,26 @@ RULES: dict[str, Rule] = {
     "UNIDIRECTIONAL_SEQUENCE_LSTM": _lstm,
 }
 """Operator key -> its batch rule: None when it follows the batch, else why not."""
+
+
+def check_inputs(model: ir.Model, inputs: Sequence[Any]) -> None:
+    """DataError (one line, naming the input) for inputs subgraph 0 cannot take: another
+    count or rank, a sample dimension (axis 1 on) other than declared unless the tensor's
+    shape signature leaves it free (-1), or real data for an integer or bool input that is
+    not quantized (token ids, indices: rounding them is never meant)."""
+    main = model.main
+    declared = [main.tensors[i] for i in main.inputs]
+    if len(inputs) != len(declared):
+        raise DataError(f"the model has {len(declared)} inputs, got {len(inputs)} arrays")
+    for t, x in zip(declared, inputs, strict=True):
+        given, free = tuple(np.shape(x)), t.shape_signature or ()
+        fixed = [k for k in range(1, len(t.shape)) if not (k < len(free) and free[k] < 0)]
+        if len(given) != len(t.shape) or any(given[k] != t.shape[k] for k in fixed):
+            want = ", ".join(["N", *map(str, t.shape[1:])] if t.shape else [])
+            raise DataError(f"input {t.name!r}: an array of shape {list(given)}, the model "
+                            f"expects [{want}] (N samples on axis 0)")
+        dtype = x.dtype if hasattr(x, "dtype") else np.asarray(x).dtype
+        if t.quantization is None and not t.is_float and jax.dtypes.issubdtype(dtype,
+                                                                                np.inexact):
+            raise DataError(f"input {t.name!r}: {dtype} data, the model expects {t.dtype} "
+                            "(integers: convert them yourself, circle-jax does not round)")

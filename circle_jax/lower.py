@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .batching import batch_blocker
+from .batching import batch_blocker, check_inputs
 from .errors import CircleFormatError, CircleJaxError, DataError, UnsupportedOperatorError
 from .graph import ir
 from .graph.checks import check_arity, check_graph, check_quantization
@@ -228,7 +228,7 @@ class Lowered:
             raise KeyError(f"params lack {len(missing)} of the model's {len(self.params)} "
                            f"params, e.g. {missing[0]!r}; expected every param of "
                            "model.params (a trainer's state: {**state.params, **frozen})")
-        self.check_inputs(inputs)
+        check_inputs(self.model, inputs)
         mode = self.batching(inputs)
         if mode == "mapped":
             return self.per_sample(params, *inputs, observed=observed)
@@ -244,28 +244,6 @@ class Lowered:
             observed[name] = (jnp.min(jnp.stack([seen[i][0] for i in members])),
                               jnp.max(jnp.stack([seen[i][1] for i in members])))
         return outputs
-
-    def check_inputs(self, inputs: Sequence[Any]) -> None:
-        """DataError (one line, naming the input) for inputs subgraph 0 cannot take: another
-        count or rank, a sample dimension (axis 1 on) other than declared unless the
-        tensor's shape signature leaves it free (-1), or real data for an integer or bool
-        input that is not quantized (token ids, indices: rounding them is never meant)."""
-        main = self.model.main
-        declared = [main.tensors[i] for i in main.inputs]
-        if len(inputs) != len(declared):
-            raise DataError(f"the model has {len(declared)} inputs, got {len(inputs)} arrays")
-        for t, x in zip(declared, inputs, strict=True):
-            given, free = tuple(np.shape(x)), t.shape_signature or ()
-            fixed = [k for k in range(1, len(t.shape)) if not (k < len(free) and free[k] < 0)]
-            if len(given) != len(t.shape) or any(given[k] != t.shape[k] for k in fixed):
-                want = ", ".join(["N", *map(str, t.shape[1:])] if t.shape else [])
-                raise DataError(f"input {t.name!r}: an array of shape {list(given)}, the model "
-                                f"expects [{want}] (N samples on axis 0)")
-            dtype = jnp.result_type(x)
-            if t.quantization is None and not t.is_float and (
-                    jnp.issubdtype(dtype, jnp.inexact)):
-                raise DataError(f"input {t.name!r}: {dtype} data, the model expects {t.dtype} "
-                                "(integers: convert them yourself, circle-jax does not round)")
 
     def batching(self, inputs: Sequence[Any]) -> str:
         """How :meth:`apply` runs ``inputs``: "mapped" (the batch-1 graph over the samples),

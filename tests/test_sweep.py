@@ -69,6 +69,8 @@ TRAIN_REFUSED = {
     # its declared [1, 1] is a placeholder of [1, -1] (it needs >= 512 samples): the trainer
     # checks samples against the declared shape
     "oww_melspectrogram.tflite": "the model expects [1]",
+    # a BATCH_MATMUL of its two inputs: no weight at all, nothing to train
+    "aeq_bmm.tflite": "the model has no trainable weights",
 }
 
 # The float16 policy (float32 masters, the policy's float32 operators) at loss scale 1.

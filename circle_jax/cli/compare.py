@@ -41,6 +41,17 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="tolerance relative to onert's value, >= 0 (default: 0.0001)")
 
 
+def _check_numbers(ns: argparse.Namespace) -> None:
+    """CliError for a step count below 1 or a tolerance that is not a number >= 0."""
+    from .common import CliError
+
+    if ns.steps is not None and ns.steps < 1:
+        raise CliError(f"--steps must be >= 1, got {ns.steps}")
+    for flag, value in (("--atol", ns.atol), ("--rtol", ns.rtol)):
+        if not value >= 0:  # NaN too
+            raise CliError(f"{flag} must be a number >= 0, got {value}")
+
+
 def run(ns: argparse.Namespace) -> int:
     from circle_jax.errors import CircleJaxError
     from circle_jax.formats.atomic import atomic_write
@@ -55,11 +66,7 @@ def run(ns: argparse.Namespace) -> int:
         cfg = train_run(ns)
         check_outputs({"--report": ns.report, "--overlay": ns.overlay,
                        **cfg.outputs.by_flag()}, cfg.input_files())
-        if ns.steps is not None and ns.steps < 1:
-            raise CliError(f"--steps must be >= 1, got {ns.steps}")
-        for flag, value in (("--atol", ns.atol), ("--rtol", ns.rtol)):
-            if not value >= 0:  # NaN too
-                raise CliError(f"{flag} must be a number >= 0, got {value}")
+        _check_numbers(ns)
         if ns.overlay:
             check_overlay(ns.overlay, ns.model)
         model = train.training_model(cfg)
