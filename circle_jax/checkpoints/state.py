@@ -1,9 +1,10 @@
 """onert checkpoints: writing, reading (whatever the entry order) and resuming.
 
-A checkpoint holds one entry per *constant tensor of subgraph 0* (float weights, trainable or
-frozen, and integer constants such as Reshape shapes), Adam ``m``/``v`` per entry (zero-size
-for tensors without optimizer state), the number of weight updates (``cur_step``) and an
-epoch counter.
+A checkpoint holds one entry per *constant tensor of subgraph 0 that an operator reads*
+(float weights, trainable or frozen, and integer constants such as Reshape shapes; onert
+leaves out a constant no operator reads, such as the old weights a new head replaced),
+Adam ``m``/``v`` per entry (zero-size for tensors without optimizer state), the number of
+weight updates (``cur_step``) and an epoch counter.
 
 *Writing*: entries go in ascending tensor index (:func:`constant_tensors`) by default; such
 files carry :data:`ASCENDING_MARK` in the header's reserved byte, so readers know their
@@ -80,8 +81,11 @@ _MOMENTS = (AdamTFState, optax.ScaleByAdamState)  # states whose mu/nu are Adam'
 
 
 def constant_tensors(model: Model) -> tuple[int, ...]:
-    """Indices of the constant tensors of subgraph 0, ascending: a checkpoint's entry order."""
-    return tuple(t.index for t in model.ir.main.tensors if t.is_constant)
+    """Indices of the constant tensors of subgraph 0 that an operator reads, ascending: a
+    checkpoint's entries in their default order (onert's hold the same tensors)."""
+    sg = model.ir.main
+    read = {i for op in sg.operators for i in op.inputs}
+    return tuple(t.index for t in sg.tensors if t.is_constant and t.index in read)
 
 
 def _moment_nodes(opt_state: Any) -> list[Any]:

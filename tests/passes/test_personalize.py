@@ -328,6 +328,27 @@ def test_lora_checkpoint_holds_adapters_and_resume_is_exact(tmp_path: Path) -> N
         np.testing.assert_array_equal(np.asarray(second.params[name]), np.asarray(value))
 
 
+def test_a_personalized_checkpoint_in_onerts_order_resumes_exactly(tmp_path: Path) -> None:
+    """The replaced head's old weights stay in the tensor table, read by nothing. onert's
+    checkpoints leave such constants out, and so do circle-jax's entries (before, onert's
+    order was refused as "not a permutation of the model's constant tensors", which made
+    the command line's default --export_checkpoint fail on every new head)."""
+    model = cj.load(shared_model(MNIST), new_head=2, lora=2)
+    sg = model.ir.main
+    read = {i for op in sg.operators for i in op.inputs}
+    assert [t.name for t in sg.tensors if t.is_constant and t.index not in read]  # old head
+    x, y = _mnist_data(16)
+    whole = fit(model, x, y, **CFG)
+    trainer = Trainer(model, **{**CFG, "epochs": 1})
+    path = tmp_path / "run.ckpt"
+    first = fit_checkpointed(model, x, y, trainer=trainer, save=path, order="onert")
+    second = fit_checkpointed(model, x, y, trainer=trainer, resume=path, save=path,
+                              order="onert")
+    assert first.history.loss + second.history.loss == whole.history.loss
+    for name, value in whole.params.items():
+        np.testing.assert_array_equal(np.asarray(second.params[name]), np.asarray(value))
+
+
 TOY = cnn().to_bytes("circle")  # CONV_2D, pool, RESHAPE, FC head, SOFTMAX: compiles fast
 ADAPTED = {"head/weights", "head/bias", "conv/w/lora_a", "conv/w/lora_b"}
 
