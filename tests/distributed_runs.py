@@ -22,7 +22,8 @@ from circle_jax.examples import branching_cnn, digits
 #: (name, TrainConfig overrides, devices: 4, or 2 for an explicit 1-D mesh whose axis is not
 #: called "data"): sgd and adam; shuffling with a validation tail and a new head with LoRA
 #: adapters on the convolutions (fit's personalizing keywords); streamed accumulation with a
-#: frozen prefix (whose forward is hoisted); in-step accumulation with dynamic loss scaling
+#: frozen prefix (whose forward is hoisted); in-step accumulation with dynamic loss scaling;
+#: a validation set smaller than a batch that the devices do not divide
 CONFIGS: list[tuple[str, dict[str, Any], int]] = [
     ("adam+shuffle+validation+new_head+lora",
      dict(optimizer="adam", shuffle=True, validation_split=0.25, new_head=10, lora=2,
@@ -30,6 +31,8 @@ CONFIGS: list[tuple[str, dict[str, Any], int]] = [
     ("adam+accumulate2+last2ops", dict(optimizer="adam", accumulate=2, trainable=2), 4),
     ("sgd+in_step2+dynamic_scale", dict(optimizer="sgd", learning_rate=0.05, accumulate=2,
                                         accumulate_mode="in_step", loss_scale="dynamic"), 2),
+    # 6 validation samples: fewer than a batch, not a multiple of the 4 devices (replicated)
+    ("sgd+validation_of_6", dict(optimizer="sgd", validation_split=0.0235), 4),
 ]
 COMMON = dict(batch_size=16, epochs=2, loss="categorical_crossentropy")
 

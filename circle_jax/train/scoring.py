@@ -106,6 +106,9 @@ class Scoring:
                         batch_size: int | None = None) -> tuple[Batch, Batch | None]:
         """`_score_impl`'s batches: the full batches of ``batch_size`` (default: the
         config's, at most all samples) and the partial batch left over (None when there is
-        none)."""
+        none). Full batches are split over the devices where their size divides evenly
+        (fewer samples than a batch may not), else replicated, as the partial batch is."""
         full, tail = scoring_split(x, y, batch_size or self.config.batch_size)
-        return self.placed(full, batch_axis=1), self.placed(tail)
+        devices = 1 if self.placement is None else self.placement.size
+        even = full[1].shape[1] % devices == 0
+        return self.placed(full, batch_axis=1 if even else None), self.placed(tail)
