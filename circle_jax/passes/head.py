@@ -109,8 +109,10 @@ def float_weights_refusal(sg: ir.Subgraph, op: ir.Operator,
 def seeded_uniform(bound: float, shape: tuple[int, ...], seed: int) -> np.ndarray:
     """Float32 weights uniform on +-``bound`` from NumPy's generator seeded by ``seed``: the
     initial draw of a new head and of LoRA's A. Drawn on the host: JAX's generator compiles
-    a program per shape (seconds of a load, measured in benchmarks/README.md)."""
-    return np.random.default_rng(seed).uniform(-bound, bound, shape).astype(np.float32)
+    a program per shape (seconds of a load, measured in benchmarks/README.md). A negative
+    seed (any 64-bit one trains, as JAX's keys take it) counts modulo 2**64."""
+    rng = np.random.default_rng(int(seed) % 2**64)
+    return rng.uniform(-bound, bound, shape).astype(np.float32)
 
 
 def glorot_uniform(shape: tuple[int, int], seed: int) -> np.ndarray:

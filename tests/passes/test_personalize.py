@@ -95,6 +95,12 @@ def test_new_head_weights_are_glorot_uniform_and_seeded() -> None:
     assert bias.shape == (10,) and not bias.any()
     rec = a.passes[-1]
     assert rec.name == "replace_head" and rec.changes["SOFTMAX #30"] == "removed"
+    # a negative seed, which training takes, draws too (modulo 2**64; before: numpy's
+    # "expected non-negative integer")
+    d = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=-5)
+    e = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=2**64 - 5)
+    assert np.array_equal(*(next(t.data for t in m.main.tensors if t.name == "head/weights")
+                            for m in (d, e)))
     assert [op.type for op in a.main.operators[-2:]] == ["FULLY_CONNECTED", "SOFTMAX"]
 
 
