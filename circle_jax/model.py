@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -12,7 +12,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .errors import CircleFormatError, CircleJaxError, TrainingError, UnsupportedOperatorError
+from .errors import (
+    CircleFormatError,
+    CircleJaxError,
+    ConfigError,
+    TrainingError,
+    UnsupportedOperatorError,
+)
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import with_weights, write_model
 from .graph import ir
@@ -393,10 +399,10 @@ def load(
     lora: int | None = None,
     lora_alpha: float | None = None,
     lora_targets: str | Iterable[str] = "all",
-    qat: bool | None = None,
+    qat: bool | str | None = None,
     qat_forward: str | None = None,
-    qat_ranges: str = "file",
-    qat_range_decay: float = 0.999,
+    qat_ranges: str | None = None,
+    qat_range_decay: float | None = None,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -436,12 +442,14 @@ def load(
     and biases, whose export writes the integer model (`circle_jax.qat`); shared weights stay
     tied and no bias is added (every param maps to a tensor of the file). ``qat=False``: a
     fully quantized model loads dequantized (``dequantize=True``: float training). Other
-    models load as they would without ``qat``. Default: a fully quantized model runs its
-    integer kernels. ``qat_forward`` (with ``qat=True``): "integer" (the default) computes
-    the forward's values with the integer kernels (what the exported file computes,
-    LiteRT's values) and its gradients through the fake-quant float graph, operator by
-    operator; "fake_quant" computes both in float (each operator within one step of its
-    grid of the integer kernels', differences compounding through the layers).
+    models are refused (nothing to simulate); ``qat="auto"`` (the command line's) is
+    ``True`` for a fully quantized model, and loads any other as without ``qat``. Default:
+    a fully quantized model runs its integer kernels. ``qat_forward`` (with ``qat=True``):
+    "integer" (the default) computes the forward's values with the integer kernels (what
+    the exported file computes, LiteRT's values) and its gradients through the fake-quant
+    float graph, operator by operator; "fake_quant" computes both in float (each operator
+    within one step of its grid of the integer kernels', differences compounding through
+    the layers).
     ``qat_ranges``: "file" (the default) keeps the file's activation scales and zero points;
     "ema" re-estimates them as TF's QAT does (tfmot's MovingAverageQuantizer): each training
     step moves every range ``[min, max]`` toward the batch's, widened to hold 0, as
@@ -451,9 +459,17 @@ def load(
     activations move, and which share a range). Moving ranges are traced values, which
     only the fake-quant forward takes: ``qat_forward`` defaults to "integer" with "file"
     ranges and to "fake_quant" with "ema" ranges ("integer" with "ema" is refused).
-    ``lora_alpha`` / ``lora_targets`` without ``lora`` are refused before the file is read.
+    ``lora_alpha`` / ``lora_targets`` without ``lora`` are refused before the file is read;
+    so are ``dequantize=True`` with ``qat=True`` and ``qat_range_decay`` without
+    ``qat_ranges="ema"``; ``qat_forward`` / ``qat_ranges`` / ``qat_range_decay`` given for
+    a model that does not load for QAT are refused once it is read.
     """
     check_lora_options(lora, lora_alpha, lora_targets)
+    qat_options = [k for k, v in (("qat_forward", qat_forward), ("qat_ranges", qat_ranges),
+                                  ("qat_range_decay", qat_range_decay)) if v is not None]
+    check_qat_options(qat, dequantize, qat_ranges, qat_range_decay, qat_options)
+    qat_ranges = qat_ranges or "file"
+    qat_range_decay = 0.999 if qat_range_decay is None else qat_range_decay
     if qat_forward is None:
         qat_forward = "fake_quant" if qat_ranges == "ema" else "integer"
     if qat_forward not in QAT_FORWARDS:
@@ -486,7 +502,16 @@ def load(
             raise error(f"{len(malformed + unsupported)} invalid tensor quantization(s): "
                         + "; ".join(malformed + unsupported)[:1000])
     original = run(selected, pipeline(dequantize=dq))
-    if qat and quantized_activations(original):
+    simulate = quantized_activations(original)
+    if qat is True and not simulate:
+        raise ConfigError("qat=True: the model has no quantized activations (a float or "
+                          "weight-only quantized model), nothing for quantization-aware "
+                          "training to simulate; load it without qat")
+    if qat_options and not (qat and simulate):
+        why = "the model has no quantized activations" if not simulate else f"qat={qat!r}"
+        raise ConfigError(f"{qat_options[0]} is an option of quantization-aware training, "
+                          f"which this load does not do ({why}); drop it or load with qat")
+    if qat and simulate:
         loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original,
                        qat_forward=qat_forward, qat_ranges=qat_ranges,
                        qat_range_decay=qat_range_decay)
@@ -504,6 +529,24 @@ def load(
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
                                     lora_alpha=lora_alpha, lora_targets=lora_targets)
     return loaded
+
+
+def check_qat_options(qat: bool | str | None, dequantize: bool | None, qat_ranges: str | None,
+                      qat_range_decay: float | None, given: Sequence[str]) -> None:
+    """ConfigError (one line) for QAT options that cannot go together, before the file is
+    read: ``qat`` other than True, False, None or "auto"; ``dequantize=True`` with
+    ``qat=True`` (a float model has nothing to simulate); QAT options with ``qat=False``;
+    ``qat_range_decay`` without ``qat_ranges="ema"``."""
+    if qat not in (True, False, None, "auto"):
+        raise ConfigError(f"qat={qat!r}: expected True, False, None or 'auto'")
+    if qat is True and dequantize:
+        raise ConfigError("dequantize=True makes the model float, which qat=True cannot "
+                          "simulate: give one of them")
+    if qat is False and given:
+        raise ConfigError(f"{given[0]} is a QAT option, and qat=False trains the model "
+                          "dequantized: drop one of them")
+    if qat_range_decay is not None and qat_ranges != "ema":
+        raise ConfigError("qat_range_decay moves ranges only with qat_ranges='ema'")
 
 
 def _output_index(model: Model, spec: int | str) -> int:

@@ -201,9 +201,21 @@ def test_qat_model_is_float_with_the_files_weights() -> None:
     for xi in _as_input(model, x):
         a, b = _litert(data, xi[None]), _litert(exported, xi[None])
         assert all(np.array_equal(a[k], b[k]) for k in computed if k in a)
-    # a model without quantized activations loads as it is
-    plain = cj.load(DATA / "float16.tflite", qat=True)
-    assert plain.simulated is None
+    # a model without quantized activations: qat=True is refused (nothing to simulate;
+    # before, it trained as float without a word), "auto" (the command line's) loads it as
+    # it is, and QAT options with it are refused
+    with pytest.raises(cj.ConfigError, match="qat=True: the model has no quantized act"):
+        cj.load(DATA / "float16.tflite", qat=True)
+    assert cj.load(DATA / "float16.tflite", qat="auto").simulated is None
+    with pytest.raises(cj.ConfigError, match="qat_forward is an option of quantization-aw"):
+        cj.load(DATA / "float16.tflite", qat="auto", qat_forward="fake_quant")
+    for bad, message in ((dict(qat=True, dequantize=True), "dequantize=True makes the model"),
+                         (dict(qat=False, qat_ranges="ema"), "qat_ranges is a QAT option"),
+                         (dict(qat=True, qat_range_decay=0.9), "only with qat_ranges='ema'"),
+                         (dict(qat="yes"), "expected True, False, None or 'auto'"),
+                         (dict(qat_forward="fake_quant"), r"this load does not do \(qat=None")):
+        with pytest.raises(cj.ConfigError, match=message):
+            cj.load(data, **bad)
 
 
 def test_fake_quant_rounds_and_passes_gradient_inside_only() -> None:
@@ -315,7 +327,8 @@ def test_qat_flag() -> None:
     from circle_jax.cli import build_parser
     from circle_jax.cli.config import load_options
 
-    for argv, want in (([], True), (["--qat", "on"], True), (["--qat", "off"], False)):
+    for argv, want in (([], "auto"), (["--qat", "on"], True), (["--qat", "off"], False),
+                       (["--dequantize"], None)):
         ns = build_parser().parse_args(["train", "m.circle", *argv])
         assert load_options(ns)["qat"] is want
         assert load_options(ns)["qat_forward"] is None  # load's: integer with file ranges

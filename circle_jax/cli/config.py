@@ -103,23 +103,26 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
     return run
 
 
-def load_options(ns: argparse.Namespace, qat: bool | None = True) -> dict[str, Any]:
+def load_options(ns: argparse.Namespace, qat: bool | str | None = "auto") -> dict[str, Any]:
     """`circle_jax.load` keywords from --numerics, --tie_shared_weights, --add_missing_bias,
     --signature, --dequantize, --qat, --qat_forward, --qat_ranges, --qat_range_decay and
     the personalizing flags
     (--new_head, --lora, ... with --seed). ``qat`` is the load's ``qat=`` when --qat is not
-    given: True where weights train or come from a QAT run; None (the file's integer
-    kernels, exact to LiteRT) to score the file as it is."""
+    given: "auto" (QAT for a fully quantized model) where weights train or come from a QAT
+    run, None (the file's integer kernels, exact to LiteRT) to score the file as it is;
+    with --dequantize, None. --qat on asks for QAT: a model without quantized activations
+    is then refused, as are QAT flags a run cannot use (`circle_jax.load`)."""
     options = {"numerics": ns.numerics or "onert",
                "tie_shared_weights": True if ns.tie_shared_weights else None,
                "add_missing_bias": ns.add_missing_bias,
                "signature": ns.signature,
                "dequantize": True if getattr(ns, "dequantize", False) else None,
-               "qat": {"on": True, "off": False}.get(getattr(ns, "qat", None), qat),
+               "qat": {"on": True, "off": False}.get(
+                   getattr(ns, "qat", None),
+                   None if getattr(ns, "dequantize", False) else qat),
                "qat_forward": getattr(ns, "qat_forward", None),
-               "qat_ranges": getattr(ns, "qat_ranges", None) or "file"}
-    if getattr(ns, "qat_range_decay", None) is not None:
-        options["qat_range_decay"] = ns.qat_range_decay
+               "qat_ranges": getattr(ns, "qat_ranges", None),
+               "qat_range_decay": getattr(ns, "qat_range_decay", None)}
     if getattr(ns, "lora", 0) is None and (ns.lora_alpha is not None
                                            or ns.lora_targets is not None
                                            or ns.export_unmerged):

@@ -91,9 +91,9 @@ def golden_load_options(args: argparse.Namespace) -> dict[str, Any]:
     the dequantized float model."""
     from .config import load_options
 
-    options = load_options(args, qat=True if args.expected else None)
-    if not args.expected and options["qat"]:
-        options["qat"] = None
+    options = load_options(args, qat="auto" if args.expected else None)
+    if not args.expected and options["qat"] is not False:
+        options.update(qat=None, qat_forward=None, qat_ranges=None, qat_range_decay=None)
     return options
 
 

@@ -177,6 +177,10 @@ def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) 
                                        "operators), got -2"),
     (["--output_sizes", "[0, 1]"], "--output_sizes: 1 bytes for output 0"),  # not whole
     (["--output_sizes", "[0, 8]"], "at least one sample's 40"),  # 10 float32 scores
+    # QAT flags a float model cannot use (before: trained as float without a word)
+    (["--qat", "on"], "qat=True: the model has no quantized activations"),
+    (["--qat_ranges", "ema"], "qat_ranges is an option of quantization-aware training"),
+    (["--dequantize", "--qat", "on"], "dequantize=True makes the model float"),
 ])
 def test_training_options_out_of_range_are_refused_before_training(files, capsys, flags,
                                                                     message) -> None:
