@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import numbers
 import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -473,14 +474,15 @@ def load(
     if qat_forward is None:
         qat_forward = "fake_quant" if qat_ranges == "ema" else "integer"
     if qat_forward not in QAT_FORWARDS:
-        raise ValueError(f"qat_forward {qat_forward!r}: expected one of {QAT_FORWARDS}")
+        raise ConfigError(f"qat_forward {qat_forward!r}: expected one of {QAT_FORWARDS}")
     if qat_ranges not in QAT_RANGES:
-        raise ValueError(f"qat_ranges {qat_ranges!r}: expected one of {QAT_RANGES}")
+        raise ConfigError(f"qat_ranges {qat_ranges!r}: expected one of {QAT_RANGES}")
     if qat_ranges == "ema" and qat_forward == "integer":
-        raise ValueError("qat_ranges 'ema' moves the activation ranges, which the integer "
-                         "forward cannot take; use qat_forward='fake_quant'")
-    if not 0.0 <= qat_range_decay < 1.0:
-        raise ValueError(f"qat_range_decay {qat_range_decay!r}: expected a number in [0, 1)")
+        raise ConfigError("qat_ranges 'ema' moves the activation ranges, which the integer "
+                          "forward cannot take; use qat_forward='fake_quant'")
+    if isinstance(qat_range_decay, bool) or not isinstance(qat_range_decay, numbers.Real) \
+            or not 0.0 <= qat_range_decay < 1.0:
+        raise ConfigError(f"qat_range_decay {qat_range_decay!r}: expected a number in [0, 1)")
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights,
         add_missing_bias=None if add_missing_bias is None else bias_selection(add_missing_bias),
@@ -555,7 +557,7 @@ def _output_index(model: Model, spec: int | str) -> int:
         return names.index(spec)
     if isinstance(spec, int) and 0 <= spec < len(names):
         return spec
-    raise ValueError(f"no model output {spec!r}; the outputs are {names}")
+    raise ConfigError(f"no model output {spec!r}; the outputs are {names}")
 
 
 def summarize(model: ir.Model, param_keys: Mapping[str, ParamKey] | None = None) -> str:

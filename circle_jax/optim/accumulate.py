@@ -24,14 +24,16 @@ import jax.numpy as jnp
 import optax
 from jax import lax
 
+from circle_jax.errors import ConfigError
+
 ACC_REDUCTIONS = ("mean", "sum")
 
 
 def _check_args(every_k: int, reduction: str) -> None:
     if isinstance(every_k, bool) or not isinstance(every_k, int) or every_k < 1:
-        raise ValueError(f"the number of micro-batches must be an int >= 1, got {every_k!r}")
+        raise ConfigError(f"the number of micro-batches must be an int >= 1, got {every_k!r}")
     if reduction not in ACC_REDUCTIONS:
-        raise ValueError(f"unknown accumulation reduction {reduction!r}: use 'mean' or 'sum'")
+        raise ConfigError(f"unknown accumulation reduction {reduction!r}: use 'mean' or 'sum'")
 
 
 class AccumulateState(NamedTuple):
@@ -143,7 +145,7 @@ def split_batch(batch: Any, k: int, groups: int = 1) -> Any:
     (n,) = sizes
     if n % (k * groups):
         per = f" in each of {groups} groups" if groups > 1 else ""
-        raise ValueError(f"batch size {n} is not divisible into {k} equal micro-batches{per}")
+        raise ConfigError(f"batch size {n} is not divisible into {k} equal micro-batches{per}")
     if groups == 1:
         return jax.tree.map(lambda x: jnp.reshape(x, (k, n // k) + jnp.shape(x)[1:]), batch)
 

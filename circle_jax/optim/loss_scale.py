@@ -26,6 +26,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 
+from circle_jax.errors import ConfigError
 from circle_jax.optim.accumulate import accumulate_in_step
 
 
@@ -94,7 +95,7 @@ class NoLossScale(_FixedScale):
 def _check_scale_value(value: Any) -> jax.Array:
     if isinstance(value, (int, float)) and not isinstance(value, bool):
         if not (math.isfinite(value) and value > 0):
-            raise ValueError(f"a loss scale must be a finite positive number, got {value!r}")
+            raise ConfigError(f"a loss scale must be a finite positive number, got {value!r}")
     return jnp.asarray(value, jnp.float32)
 
 
@@ -171,13 +172,13 @@ class DynamicLossScale(_ScalesByLeaf):
         if isinstance(growth_interval, bool) or int(growth_interval) != growth_interval or (
             growth_interval < 1
         ):
-            raise ValueError(f"growth_interval must be an int >= 1, got {growth_interval!r}")
+            raise ConfigError(f"growth_interval must be an int >= 1, got {growth_interval!r}")
         if not growth_factor >= 1.0:
-            raise ValueError(f"growth_factor must be >= 1, got {growth_factor!r}")
+            raise ConfigError(f"growth_factor must be >= 1, got {growth_factor!r}")
         if not 0.0 < backoff_factor < 1.0:
-            raise ValueError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
+            raise ConfigError(f"backoff_factor must be in (0, 1), got {backoff_factor!r}")
         if not (math.isfinite(min_scale) and min_scale > 0):
-            raise ValueError(f"min_scale must be a finite positive number, got {min_scale!r}")
+            raise ConfigError(f"min_scale must be a finite positive number, got {min_scale!r}")
         object.__setattr__(self, "loss_scale", _check_scale_value(loss_scale))
         object.__setattr__(self, "counter", jnp.asarray(counter, jnp.int32))
         object.__setattr__(self, "growth_interval", int(growth_interval))
@@ -250,7 +251,7 @@ def loss_scale_from_spec(spec: Any) -> LossScale:
             return StaticLossScale(value)
     elif isinstance(spec, (int, float)) and not isinstance(spec, bool):
         return StaticLossScale(spec)
-    raise ValueError(
+    raise ConfigError(
         f"unknown loss scale {spec!r}: use 'none', 'dynamic', a positive number or a LossScale"
     )
 
@@ -346,7 +347,7 @@ def scaled_value_and_grad(
     try:
         policy = OverflowPolicy(on_overflow)
     except ValueError:
-        raise ValueError(f"unknown on_overflow {on_overflow!r}: use 'skip' or 'retry'") from None
+        raise ConfigError(f"unknown on_overflow {on_overflow!r}: use 'skip' or 'retry'") from None
 
     def scaled_loss(params, loss_scale, *args):
         out = loss_fn(params, *args)
@@ -379,7 +380,7 @@ def scaled_value_and_grad(
         n = jnp.zeros([], jnp.int32)
         if policy is OverflowPolicy.RETRY:
             if not isinstance(loss_scale, DynamicLossScale):
-                raise ValueError(
+                raise ConfigError(
                     f"on_overflow='retry' needs a DynamicLossScale, got {type(loss_scale).__name__}"
                 )
 

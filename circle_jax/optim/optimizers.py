@@ -18,6 +18,7 @@ import jax.numpy as jnp
 import optax
 
 from circle_jax.codes import CodeTable, normalize_name
+from circle_jax.errors import ConfigError
 
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 
@@ -155,7 +156,7 @@ def decoupled_weight_decay(
 
 def _check_placement(eps_placement: str) -> str:
     if eps_placement not in EPS_PLACEMENTS:
-        raise ValueError(
+        raise ConfigError(
             f"unknown eps_placement {eps_placement!r}: use one of {', '.join(EPS_PLACEMENTS)}"
         )
     return eps_placement
@@ -170,7 +171,7 @@ def sgd(
     ``v = momentum * v - lr * g``: the same for a constant learning rate.
     """
     if nesterov and not momentum:
-        raise ValueError("nesterov=True needs a non-zero momentum")
+        raise ConfigError("nesterov=True needs a non-zero momentum")
     return optax.sgd(learning_rate, momentum=momentum or None, nesterov=nesterov)
 
 
@@ -258,8 +259,8 @@ def torch_sgd(learning_rate: ScalarOrSchedule, momentum: float = 0.0, dampening:
     momentum * buf``; ``w -= lr * buf``. optax's ``add_decayed_weights`` and ``trace``; the
     dampening is ``scale_by_schedule`` (1 at the first step, ``1 - dampening`` after)."""
     if nesterov and (not momentum or dampening):
-        raise ValueError("nesterov=True needs a non-zero momentum and zero dampening (torch's "
-                         "rule)")
+        raise ConfigError("nesterov=True needs a non-zero momentum and zero dampening (torch's "
+                          "rule)")
     parts = [optax.add_decayed_weights(weight_decay)] if weight_decay else []
     if momentum:
         if dampening:
@@ -322,11 +323,11 @@ def schedule(name: str, **kwargs) -> optax.Schedule:
     """
     key = normalize_name(name)
     if key not in SCHEDULES:
-        raise ValueError(f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}")
+        raise ConfigError(f"unknown schedule {name!r}: use one of {', '.join(SCHEDULES)}")
     try:
         return SCHEDULES[key](**kwargs)
     except TypeError as e:
-        raise ValueError(f"bad arguments for schedule {name!r}: {e}") from None
+        raise ConfigError(f"bad arguments for schedule {name!r}: {e}") from None
 
 
 # --------------------------------------------------------------------------- registry
@@ -376,7 +377,7 @@ def optimizer_name(spec: str | int) -> str:
 
 def _factory(spec: str | int, family: str) -> tuple[str, Callable[..., Any]]:
     if family not in FAMILIES:
-        raise ValueError(f"unknown optimizer family {family!r}: use one of {', '.join(FAMILIES)}")
+        raise ConfigError(f"unknown optimizer family {family!r}: use one of {', '.join(FAMILIES)}")
     name = optimizer_name(spec)
     return name, FAMILIES[family][name]
 
@@ -407,9 +408,9 @@ def _check_keywords(name: str, family: str, factory: Callable[..., Any],
         named.append((f"--{_FLAG_OF[k]}" if k in _FLAG_OF else repr(k))
                      + (f" (only {', '.join(users)} take it)" if users else ""))
     takes = [f"--{f}" for f, k in HYPERPARAMETERS.items() if k in sig]
-    raise ValueError(f"optimizer {name!r} ({family} numerics) does not take "
-                     f"{', '.join(named)}; it takes "
-                     f"{', '.join(takes) or 'none of the hyper-parameter flags'}")
+    raise ConfigError(f"optimizer {name!r} ({family} numerics) does not take "
+                      f"{', '.join(named)}; it takes "
+                      f"{', '.join(takes) or 'none of the hyper-parameter flags'}")
 
 
 def get_optimizer(
@@ -428,7 +429,7 @@ def get_optimizer(
         for key, value in {"learning_rate": learning_rate, **kwargs}.items():
             _check_range(key, value)
     except (TypeError, ValueError) as e:
-        raise ValueError(f"bad options for optimizer {name!r}: {e}") from None
+        raise ConfigError(f"bad options for optimizer {name!r}: {e}") from None
     return factory(learning_rate, **kwargs)
 
 
@@ -452,4 +453,4 @@ def _check_range(key: str, value: Any) -> None:
     named = key if flag == key else f"{key} (--{flag})"
     what, ok = _RANGES.get(key, ("a finite number >= 0", lambda v: 0 <= v < math.inf))
     if not ok(value):
-        raise ValueError(f"{named} must be {what}, got {value}")
+        raise ConfigError(f"{named} must be {what}, got {value}")

@@ -35,6 +35,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from circle_jax.errors import ConfigError
+
 _DTYPES: dict[str, np.dtype] = {}
 for _names, _dt in (
     (("float32", "f32", "fp32", "float"), jnp.float32),
@@ -86,15 +88,15 @@ def to_dtype(spec: Any) -> np.dtype:
         key = spec.strip().lower()
         if key in _DTYPES:
             return _DTYPES[key]
-        raise ValueError(
+        raise ConfigError(
             f"unknown float dtype {spec!r}: use float32/f32/fp32, float16/f16/fp16 or bfloat16/bf16"
         )
     try:
         dt = np.dtype(spec)
     except TypeError:
-        raise ValueError(f"not a dtype: {spec!r}") from None
+        raise ConfigError(f"not a dtype: {spec!r}") from None
     if not jnp.issubdtype(dt, jnp.floating):
-        raise ValueError(f"a precision policy needs floating dtypes, got {dt}")
+        raise ConfigError(f"a precision policy needs floating dtypes, got {dt}")
     return dt
 
 
@@ -141,7 +143,7 @@ class Policy:
             object.__setattr__(self, name, to_dtype(getattr(self, name)))
         ops = FLOAT32_OPERATORS if self.float32_ops is None else self.float32_ops
         if isinstance(ops, str) or not all(isinstance(k, str) for k in ops):
-            raise ValueError(f"float32_ops must be a collection of operator names, got {ops!r}")
+            raise ConfigError(f"float32_ops must be a collection of operator names, got {ops!r}")
         half = np.dtype(self.compute_dtype).itemsize < 4
         object.__setattr__(self, "float32_ops", frozenset(ops) if half else frozenset())
 
@@ -173,7 +175,7 @@ def _parse_jmp(spec: str) -> Policy:
         key, sep, value = (s.strip() for s in part.partition("="))
         if not sep or key not in _KEYS:
             bad = part.strip()
-            raise ValueError(f"bad part {bad!r} of precision policy {spec!r}: use {_FORMS}")
+            raise ConfigError(f"bad part {bad!r} of precision policy {spec!r}: use {_FORMS}")
         fields[_KEYS[key]] = to_dtype(value)
     fields.setdefault("param_dtype", np.dtype(jnp.float32))
     fields.setdefault("grad_dtype", fields["param_dtype"])
@@ -187,7 +189,7 @@ def get_policy(spec: Any = None) -> Policy:
     if spec is None:
         return Policy()
     if not isinstance(spec, str):
-        raise ValueError(f"unknown precision policy {spec!r}: use {_FORMS}")
+        raise ConfigError(f"unknown precision policy {spec!r}: use {_FORMS}")
     s = spec.strip().lower()
     if "=" in s:
         return _parse_jmp(s)
@@ -200,7 +202,7 @@ def get_policy(spec: Any = None) -> Policy:
     if sep and weight in _DTYPES and activation in _DTYPES:
         w, a = _DTYPES[weight], _DTYPES[activation]
         return Policy(param_dtype=w, compute_dtype=a, grad_dtype=w, output_dtype=a)
-    raise ValueError(f"unknown precision policy {spec!r}: use {_FORMS}")
+    raise ConfigError(f"unknown precision policy {spec!r}: use {_FORMS}")
 
 
 def master_weights_needed(policy: Policy) -> bool:

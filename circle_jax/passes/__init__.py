@@ -22,6 +22,7 @@ and its inverse :func:`merge_lora` (`.lora`). New passes build on the helpers of
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Callable, Iterable
 from functools import partial
 
@@ -92,8 +93,10 @@ def personalize(*, new_head: int | None = None, seed: int = 0, output: int = 0,
     """The personalizing passes, in order: the head of output ``output`` replaced by a
     ``new_head``-way one, then rank-``lora`` adapters on ``lora_targets`` (never on the new
     head); both seeded by ``seed``. LoRA's options without ``lora`` are refused
-    (`check_lora_options`)."""
+    (`check_lora_options`), and so is a ``seed`` that is not an integer."""
     check_lora_options(lora, lora_alpha, lora_targets)
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ConfigError(f"seed must be an integer, got {seed!r}")
     passes: list[Pass] = []
     if new_head is not None:
         passes.append(partial(replace_head, classes=new_head, seed=seed, output=output))

@@ -26,6 +26,7 @@ from dataclasses import replace
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..graph import ir
 from .edit import add_constant, add_operator, add_tensor, record, replace_subgraph, set_outputs
 
@@ -61,20 +62,20 @@ def find_head(sg: ir.Subgraph, output: int = 0) -> tuple[list[ir.Operator], ir.O
     name = sg.tensors[tensor].name
     if op is None or not _weighted(sg, op, producer):
         what = "a graph input" if op is None else f"{op.key} #{op.index}"
-        raise ValueError(f"output {name!r} is not fed by a weighted operator (FULLY_CONNECTED "
-                         f"or 1x1 CONV_2D, then RESHAPE/SQUEEZE, SOFTMAX/LOGISTIC) but by {what}:"
-                         " it has no classifier head to replace")
+        raise ConfigError(f"output {name!r} is not fed by a weighted operator (FULLY_CONNECTED "
+                          f"or 1x1 CONV_2D, then RESHAPE/SQUEEZE, SOFTMAX/LOGISTIC) but by {what}:"
+                          " it has no classifier head to replace")
     refusal = float_weights_refusal(sg, op, producer)
     if refusal:
-        raise ValueError(f"the head of output {name!r}: {refusal}")
+        raise ConfigError(f"the head of output {name!r}: {refusal}")
     chain.append(op)
     for later in chain[:-1]:
         if any(readers.get(t, 0) > 1 for t in later.inputs[:1]) or \
                 any(t in sg.outputs and t != tensor for t in later.outputs):
-            raise ValueError(f"the head of output {name!r} feeds other operators too "
-                             f"({later.key} #{later.index}'s input is shared)")
+            raise ConfigError(f"the head of output {name!r} feeds other operators too "
+                              f"({later.key} #{later.index}'s input is shared)")
     if readers.get(op.outputs[0], 0) > 1:
-        raise ValueError(f"the head of output {name!r} feeds other operators too")
+        raise ConfigError(f"the head of output {name!r} feeds other operators too")
     return chain[::-1], op, activation
 
 
@@ -124,10 +125,10 @@ def replace_head(model: ir.Model, classes: int, seed: int = 0, output: int = 0) 
     """``model`` with the head of output ``output`` replaced by a fresh ``classes``-way one
     (see the module docstring); the record maps the new params to what they are."""
     if not isinstance(classes, (int, np.integer)) or isinstance(classes, bool) or classes < 1:
-        raise ValueError(f"new head: the class count must be an integer >= 1, got {classes!r}")
+        raise ConfigError(f"new head: the class count must be an integer >= 1, got {classes!r}")
     sg = model.main
     if not 0 <= output < len(sg.outputs):
-        raise ValueError(f"new head: no output {output}; the model has {len(sg.outputs)}")
+        raise ConfigError(f"new head: no output {output}; the model has {len(sg.outputs)}")
     chain, weighted, activation = find_head(sg, output)
     x = sg.tensors[weighted.inputs[0]]
     old_out = sg.tensors[sg.outputs[output]]
@@ -136,8 +137,8 @@ def replace_head(model: ir.Model, classes: int, seed: int = 0, output: int = 0) 
     keep = bool(weighted.type == "FULLY_CONNECTED" and weighted.options.keep_num_dims)
     natural = (*x.shape[:-1], classes) if keep else (int(np.prod(x.shape)) // n_in, classes)
     if tuple(natural) != shape:
-        raise ValueError(f"new head: the head's input {list(x.shape)} does not give the "
-                         f"output's shape {list(old_out.shape)} through a FULLY_CONNECTED")
+        raise ConfigError(f"new head: the head's input {list(x.shape)} does not give the "
+                          f"output's shape {list(old_out.shape)} through a FULLY_CONNECTED")
     gone = {op.index for op in chain}
     kept = [op for op in sg.operators if op.index not in gone]
     model = replace_subgraph(model, 0, operators=tuple(

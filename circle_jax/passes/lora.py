@@ -28,11 +28,13 @@ activation again: the original graph with merged weights.
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Iterable
 from dataclasses import replace
 
 import numpy as np
 
+from ..errors import ConfigError
 from ..graph import ir
 from ..graph.aliases import alias_table
 from ..graph.params_policy import param_table
@@ -41,6 +43,8 @@ from .head import float_weights_refusal, seeded_uniform
 
 KINDS = {"fc": "FULLY_CONNECTED", "conv": "CONV_2D", "matmul": "BATCH_MATMUL"}
 RECORD = "add_lora"
+#: what a target may be, for refusals
+TARGETS = "expected all, fc, conv, matmul, or a weight's name or alias from `circle-jax info`"
 
 
 def _weight_pos(sg: ir.Subgraph, op: ir.Operator) -> int | None:
@@ -58,10 +62,16 @@ def _weight_pos(sg: ir.Subgraph, op: ir.Operator) -> int | None:
 def lora_targets(model: ir.Model, targets: str | Iterable[str] = "all",
                  exclude: Iterable[str] = ()) -> list[int]:
     """Indices of the main subgraph's operators that ``targets`` names (see the module
-    docstring); a ValueError names a target that names nothing."""
+    docstring); a ConfigError names a target that names nothing, and refuses targets that
+    name no target at all ("" or an empty list)."""
     sg = model.main
-    items = [targets] if isinstance(targets, str) else list(targets)
+    items = list(targets) if isinstance(targets, Iterable) and not isinstance(targets, str) \
+        else [targets]
+    if not all(isinstance(item, str) for item in items):
+        raise ConfigError(f"LoRA targets must be names, got {targets!r}; {TARGETS}")
     words = [w.strip() for item in items for w in item.split(",") if w.strip()]
+    if not words:
+        raise ConfigError(f"LoRA targets {targets!r} name nothing; {TARGETS}")
     skip = set(exclude)
     weighted = [op for op in sg.operators if _weight_pos(sg, op) is not None]
     able = [op for op in weighted if sg.tensors[op.inputs[1]].name not in skip]
@@ -72,11 +82,11 @@ def lora_targets(model: ir.Model, targets: str | Iterable[str] = "all",
             refusal = op.type in KINDS.values() and len(op.inputs) > 1 and op.inputs[1] >= 0 \
                 and float_weights_refusal(sg, op, producer)
             if refusal:
-                raise ValueError(f"LoRA: {refusal}")
+                raise ConfigError(f"LoRA: {refusal}")
     chosen: set[int] = set()
     table = alias_table(model, param_table(model))
     names = {k: (kk, i) for k, (kk, i) in param_table(model).items() if kk == 0}
-    for w in words or ["all"]:
+    for w in words:
         if w == "all":
             found = {op.index for op in able}
         elif w in KINDS:
@@ -86,12 +96,12 @@ def lora_targets(model: ir.Model, targets: str | Iterable[str] = "all",
             key = names.get(name)
             found = {op.index for op in able if key is not None and op.inputs[1] == key[1]}
             if not found:
-                raise ValueError(f"LoRA target {w!r} names no weights of a FULLY_CONNECTED, "
-                                 "CONV_2D or BATCH_MATMUL (use all, fc, conv, matmul, or a "
-                                 "weight's name or alias from `circle-jax info`)")
+                raise ConfigError(f"LoRA target {w!r} names no weights of a FULLY_CONNECTED, "
+                                  "CONV_2D or BATCH_MATMUL (use all, fc, conv, matmul, or a "
+                                  "weight's name or alias from `circle-jax info`)")
         if not found:
-            raise ValueError(f"LoRA target {w!r} names nothing: the model has no such operator "
-                             f"with constant float weights{but}")
+            raise ConfigError(f"LoRA target {w!r} names nothing: the model has no such operator "
+                              f"with constant float weights{but}")
         chosen |= found
     return sorted(chosen)
 
@@ -128,10 +138,11 @@ def add_lora(model: ir.Model, rank: int, alpha: float | None = None,
     ``alpha / rank`` (default alpha: rank); see the module docstring. The record maps each
     adapter's A and B to what it adapts."""
     if not isinstance(rank, (int, np.integer)) or isinstance(rank, bool) or rank < 1:
-        raise ValueError(f"LoRA rank must be an integer >= 1, got {rank!r}")
-    if alpha is not None and not 0 < alpha < math.inf:
-        raise ValueError(f"LoRA alpha must be a finite number > 0 (the adapters' scale is "
-                         f"alpha / rank), got {alpha!r}")
+        raise ConfigError(f"LoRA rank must be an integer >= 1, got {rank!r}")
+    if alpha is not None and (isinstance(alpha, bool) or not isinstance(alpha, numbers.Real)
+                              or not 0 < alpha < math.inf):
+        raise ConfigError(f"LoRA alpha must be a finite number > 0 (the adapters' scale is "
+                          f"alpha / rank), got {alpha!r}")
     scale = float(rank if alpha is None else alpha) / rank
     ops = lora_targets(model, targets, exclude)
     changes: dict[str, str] = {}
@@ -141,8 +152,8 @@ def add_lora(model: ir.Model, rank: int, alpha: float | None = None,
         w, y = sg.tensors[op.inputs[1]], sg.tensors[op.outputs[0]]
         a_shape, fan, b_shape, bound = _shapes(op, w, rank)
         if rank > bound:
-            raise ValueError(f"LoRA rank {rank} exceeds the rank {bound} of {op.key} #{j} "
-                             f"(weights {w.name!r} {list(w.shape)})")
+            raise ConfigError(f"LoRA rank {rank} exceeds the rank {bound} of {op.key} #{j} "
+                              f"(weights {w.name!r} {list(w.shape)})")
         act = op.options.fused_activation_function or ir.ACT_NONE
         model, y0 = add_tensor(model, 0, f"{y.name}/base", y.shape, y.dtype)
         base_opts = dict(op.options)

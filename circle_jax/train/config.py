@@ -72,16 +72,20 @@ class TrainConfig:
     ignore_index: int | None = None
 
     def __post_init__(self) -> None:
-        """ValueError (one line naming the field) for a count, rate or seed that cannot
-        train: checked when the configuration is made, before anything compiles."""
+        """ConfigError (one line naming the field) for a count, rate, seed or switch that
+        cannot train: checked when the configuration is made, before anything compiles."""
         for name, low, high in (("epochs", 0, None), ("batch_size", 1, None),
                                 ("accumulate", 1, None), ("seed", -(1 << 63), (1 << 63) - 1)):
             check_integer(f"TrainConfig.{name}", getattr(self, name), low, high)
         lr = self.learning_rate
         if lr is not None and not callable(lr) and (
                 isinstance(lr, bool) or not isinstance(lr, numbers.Real)):
-            raise ValueError(f"TrainConfig.learning_rate must be a number or an optax "
-                             f"schedule, got {lr!r}")
+            raise ConfigError(f"TrainConfig.learning_rate must be a number or an optax "
+                              f"schedule, got {lr!r}")
+        for name in ("shuffle", "drop_remainder"):
+            if not isinstance(getattr(self, name), (bool, np.bool_)):
+                raise ConfigError(f"TrainConfig.{name} must be a bool, got "
+                                  f"{getattr(self, name)!r}")
         check_trainable(self.trainable)
 
     def with_defaults(self, model: Model) -> TrainConfig:
@@ -134,14 +138,14 @@ def check_overrides(overrides: Mapping[str, Any], also: Sequence[str] = ()) -> N
 
 
 def check_integer(what: str, value: Any, low: int, high: int | None = None) -> None:
-    """ValueError naming ``what`` unless ``value`` (None: not given) is an integer (not a
+    """ConfigError naming ``what`` unless ``value`` (None: not given) is an integer (not a
     bool) of at least ``low`` (and at most ``high``)."""
     if value is None:
         return
     if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < low or (
             high is not None and value > high):
         bound = f">= {low}" if high is None else f"in [{low}, {high}]"
-        raise ValueError(f"{what} must be an integer {bound}, got {value!r}")
+        raise ConfigError(f"{what} must be an integer {bound}, got {value!r}")
 
 
 def _is_tail(ops: Sequence[int], n: int) -> bool:
@@ -218,8 +222,8 @@ def output_index(model: Model, spec: int | str) -> int:
         spec = int(spec)
     if isinstance(spec, int) and not isinstance(spec, bool) and 0 <= spec < len(names):
         return spec
-    raise ValueError(f"no model output {spec!r}: the outputs are "
-                     + ", ".join(f"{k} {n!r}" for k, n in enumerate(names)))
+    raise ConfigError(f"no model output {spec!r}: the outputs are "
+                      + ", ".join(f"{k} {n!r}" for k, n in enumerate(names)))
 
 
 def check_loss_output(model: Model, config: TrainConfig, output: int) -> None:
@@ -265,8 +269,8 @@ def loss_function(config: TrainConfig, reduction: Reduction, from_logits: bool, 
         kwargs.update(from_logits=from_logits, clip=clip)
     if config.ignore_index is not None:
         if name != "sparse_categorical_crossentropy":
-            raise ValueError(f"ignore_index applies to sparse_categorical_crossentropy "
-                             f"(integer labels); the loss is {name}")
+            raise ConfigError(f"ignore_index applies to sparse_categorical_crossentropy "
+                              f"(integer labels); the loss is {name}")
         kwargs["ignore_index"] = int(config.ignore_index)
     return get_loss(config.loss, **kwargs)
 
@@ -278,10 +282,10 @@ def optimizer(config: TrainConfig, numerics: Any, reduction: Reduction
     batch's gradients under a mean loss, and accumulating ``accumulate`` steps' gradients
     per update in "stream" mode."""
     if config.accumulate_mode not in ("stream", "in_step"):
-        raise ValueError(f"accumulate_mode must be 'stream' or 'in_step', got "
-                         f"{config.accumulate_mode!r}")
+        raise ConfigError(f"accumulate_mode must be 'stream' or 'in_step', got "
+                          f"{config.accumulate_mode!r}")
     if config.accumulate < 1:
-        raise ValueError(f"accumulate must be >= 1, got {config.accumulate}")
+        raise ConfigError(f"accumulate must be >= 1, got {config.accumulate}")
     tx = get_optimizer(config.optimizer, config.learning_rate, numerics.optimizers,
                        **numerics.optimizer_kwargs)
     if numerics.sum_gradients and reduction is Reduction.SUM_OVER_BATCH_SIZE:

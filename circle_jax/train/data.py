@@ -3,6 +3,7 @@ the params a run is given, checked."""
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -11,7 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..formats.rawdata import check_training_data, lossless_cast
 from ..lower import RANGES
 from ..model import Model
@@ -108,8 +109,9 @@ def check_table_ids(model: Model, xs: Sequence[np.ndarray]) -> None:
 
 def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tuple, Any]:
     """(train x, train y, val x, val y): the LAST ``fraction`` of samples validate (onert)."""
-    if not 0.0 <= fraction < 1.0:
-        raise ValueError(f"validation_split must be in [0, 1), got {fraction}")
+    if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) \
+            or not 0.0 <= fraction < 1.0:
+        raise ConfigError(f"validation_split must be in [0, 1), got {fraction}")
     cut = y.shape[0] - int(y.shape[0] * fraction)
     return tuple(a[:cut] for a in x), y[:cut], tuple(a[cut:] for a in x), y[cut:]
 

@@ -136,8 +136,8 @@ def fit(
     epochs = overrides.get("epochs")
     if new_head is not None or lora is not None:
         if trainer is not None:
-            raise ValueError("new_head and lora personalize the model a trainer is built "
-                             "for: give them without a trainer, or to the trainer's model")
+            raise ConfigError("new_head and lora personalize the model a trainer is built "
+                              "for: give them without a trainer, or to the trainer's model")
         seed = overrides.get("seed", config.seed if config is not None else 0)
         model = model.personalize(new_head=new_head, seed=seed, lora=lora,
                                   lora_alpha=lora_alpha, lora_targets=lora_targets)

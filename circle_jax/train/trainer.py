@@ -23,7 +23,7 @@ import optax
 from jax import lax
 
 from ..distributed import DataParallel
-from ..errors import DataError
+from ..errors import ConfigError, DataError
 from ..hoisting import split_step
 from ..losses import loss_name
 from ..lower import RANGES, RowSquares
@@ -113,9 +113,9 @@ class Trainer(Scoring, AheadOfTime):
         wide = [str(d) for d in (self.policy.param_dtype, self.policy.compute_dtype,
                                  self.policy.output_dtype) if np.dtype(d).itemsize > 4]
         if wide and not jax.config.jax_enable_x64:
-            raise ValueError(f"precision {str(self.policy)!r} uses {wide[0]}, which needs 64-bit "
-                             "JAX: jax.config.update('jax_enable_x64', True) or "
-                             "`with jax.enable_x64(True):`")
+            raise ConfigError(f"precision {str(self.policy)!r} uses {wide[0]}, which needs 64-bit "
+                              "JAX: jax.config.update('jax_enable_x64', True) or "
+                              "`with jax.enable_x64(True):`")
         if placement is not None:
             placement.check_batch(config.batch_size, self.micro_batches)
         self.trainable = select_trainable(model, config.trainable)
@@ -123,10 +123,10 @@ class Trainer(Scoring, AheadOfTime):
         self.row_squares = self.numerics.row_squares & self.trainable
         if self.row_squares and (config.accumulate > 1 or not isinstance(
                 loss_scale_from_spec(config.loss_scale), NoLossScale)):
-            raise ValueError(f"numerics {self.numerics.numerics.name!r} trains embedding "
-                             "tables with Keras's sparse-gradient Adam, which does not combine "
-                             "with gradient accumulation or loss scaling; drop those, or use "
-                             "a profile with embedding_adam='dense'")
+            raise ConfigError(f"numerics {self.numerics.numerics.name!r} trains embedding "
+                              "tables with Keras's sparse-gradient Adam, which does not combine "
+                              "with gradient accumulation or loss scaling; drop those, or use "
+                              "a profile with embedding_adam='dense'")
         self._grads = {in_loop: scaled_value_and_grad(
             functools.partial(self._loss, in_loop=in_loop), config.on_overflow, has_aux=True,
             micro_batches=self.micro_batches, reduction=acc_reduction,

@@ -201,3 +201,34 @@ def test_token_ids_outside_the_embedding_table_are_refused() -> None:
             cj.fit(text, wrong, y, loss="cce", epochs=1, batch_size=2)
         _one_line(e)
     assert np.isfinite(cj.fit(text, ids, y, loss="cce", epochs=1, batch_size=2).history.loss[0])
+
+
+CONV1D = "tests/data/keras/conv1d_stack.tflite"
+FULL_INT8 = "tests/data/quantized/full_int8.tflite"
+BAD_LOADS = [
+    (CONV1D, dict(new_head=0)), (CONV1D, dict(new_head=True)), (CONV1D, dict(lora=5)),
+    (CONV1D, dict(lora=1, lora_targets="bogus")), (CONV1D, dict(lora=1, lora_targets="")),
+    (CONV1D, dict(lora=1, lora_alpha="4")), (CONV1D, dict(new_head=2, seed="a")),
+    (shared_model("aeq_branching_conv_fc.tflite"), dict(new_head=3)),
+    (FULL_INT8, dict(new_head=3)),
+    (FULL_INT8, dict(qat=True, qat_ranges="ema", qat_forward="integer")),
+    (FULL_INT8, dict(qat=True, qat_range_decay=1.5)),
+]
+BAD_FITS = [dict(accumulate=0), dict(accumulate=3, accumulate_mode="in_step", batch_size=8),
+            dict(validation_split=1.0), dict(batch_size=0), dict(precision="fp8"),
+            dict(loss_scale=-1), dict(on_overflow="ignore"), dict(learning_rate=-1),
+            dict(shuffle="yes")]
+
+
+@pytest.mark.parametrize("case", [*BAD_LOADS, *BAD_FITS], ids=repr)
+def test_options_that_cannot_apply_are_config_errors_in_one_line(case: object) -> None:
+    """Each refused option is a ConfigError (a ValueError too), never a TypeError from a
+    comparison inside or an option accepted silently."""
+    with pytest.raises(ConfigError) as e:
+        if isinstance(case, tuple):
+            cj.load(case[0], **case[1])
+        else:
+            x, y = toy_data(8)
+            cj.fit(reshape_mlp(), x, y, **{"batch_size": 4, "epochs": 1, **case})
+    assert isinstance(e.value, ValueError)
+    _one_line(e)
