@@ -154,7 +154,7 @@ def _train(run: TrainRun, log: Log, cache: str, programs: ProgramCache | None) -
         f"expected {list(y.shape[1:])}")
     cfg = TrainConfig(**{k: v for k, v in run.train.items() if v is not None})
     cfg = cfg.with_defaults(model)
-    _check(run, model, cfg)
+    _check(run, model, cfg, len(y))
     print(out.parameter_block(**_parameters(run, model, cfg)), flush=True)
     _log_trainable(log, model, cfg)
     result = _fit(run, model, xs, y, cfg, clock, log, programs)
@@ -249,17 +249,22 @@ def _trainable_ops(cfg: Any) -> int:
     return {"all": -1, "none": 0}.get(spec, -2) if isinstance(spec, str) else len(spec)
 
 
-def _check(run: TrainRun, model: Any, cfg: Any) -> None:
-    """Refuse before compiling what would fail after training."""
-    from circle_jax.optim import hyperparameters
+def _check(run: TrainRun, model: Any, cfg: Any, samples: int | None = None) -> None:
+    """Refuse, before the parameter block and any compiling, what would fail later: the
+    trainer's own checks (optimizer hyper-parameters, precision, loss scale, trainable
+    params; a trainer is a few Python objects, about a millisecond), operator counts, the
+    steps that accumulation needs, output sizes and what circle+ cannot hold."""
+    from circle_jax.train import Trainer
 
     n_ops, spec = len(model.operators), cfg.trainable
-    try:
-        hyperparameters(cfg.optimizer, model.numerics.optimizers, **cfg.optimizer_kwargs)
-    except ValueError as e:
-        raise CliError(str(e)) from None
-    if isinstance(spec, int) and spec > n_ops:
+    if isinstance(spec, int) and spec > n_ops:  # named as the flag, before the trainer's
         raise CliError(f"--num_of_trainable_ops {spec} exceeds the model's {n_ops} operators")
+    trainer = Trainer(model, cfg)
+    if samples is not None and run.resume is None:  # fit's check, before the parameter block
+        from circle_jax.train.loop import check_updates, steps_per_epoch
+
+        steps = steps_per_epoch(cfg, samples - int(samples * cfg.validation_split))
+        check_updates(cfg, cfg.epochs * steps, steps)
     for index, size in run.output_sizes:
         if index >= len(model.outputs):
             raise CliError(f"--output_sizes: output {index} does not exist (the model has "
@@ -267,9 +272,8 @@ def _check(run: TrainRun, model: Any, cfg: Any) -> None:
         _check_output_size(model.outputs[index], index, size)
     if run.outputs.circleplus:
         from circle_jax.checkpoints import traininfo_of
-        from circle_jax.train import Trainer
 
-        traininfo_of(Trainer(model, cfg))  # fails now rather than after training
+        traininfo_of(trainer)  # fails now rather than after training
     if run.devices is not None or run.processes is not None:
         from circle_jax.distributed import DataParallel
 

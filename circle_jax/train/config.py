@@ -16,6 +16,7 @@ from ..errors import ConfigError
 from ..losses import LossFn, Reduction, get_loss, get_reduction, loss_name
 from ..model import Model
 from ..optim import accumulate, get_optimizer
+from ..optim.loss_scale import DynamicLossScale, loss_scale_from_spec
 from ..passes import lora_frozen
 
 
@@ -87,6 +88,21 @@ class TrainConfig:
                 raise ConfigError(f"TrainConfig.{name} must be a bool, got "
                                   f"{getattr(self, name)!r}")
         check_trainable(self.trainable)
+        self._check_combinations()
+
+    def _check_combinations(self) -> None:
+        """ConfigError (one line) for fields that do not go together, named as the
+        library's keywords and the command line's flags: in-step micro-batches that do not
+        split the batch, a loss scale that is not one, a retry without a dynamic scale."""
+        k, b = self.accumulate, self.batch_size
+        if self.accumulate_mode == "in_step" and b is not None and b % k:
+            raise ConfigError(f"batch size {b} is not divisible into {k} equal micro-batches "
+                              f"(accumulate_mode 'in_step'); use a multiple of {k}")
+        scale = loss_scale_from_spec(self.loss_scale)  # refuses what is no loss scale
+        if self.on_overflow == "retry" and not isinstance(scale, DynamicLossScale):
+            raise ConfigError(f"on_overflow 'retry' backs a dynamic loss scale off and retries "
+                              f"the step; loss_scale {self.loss_scale!r} is not one: use "
+                              "loss_scale='dynamic' (--loss_scale dynamic)")
 
     def with_defaults(self, model: Model) -> TrainConfig:
         """Fill unset fields from the model's circle+ metadata, then from built-in defaults."""

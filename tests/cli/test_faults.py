@@ -175,21 +175,32 @@ def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) 
     (["--lora", "1", "--lora_alpha", "0"], "LoRA alpha must be a finite number > 0"),
     (["--num_of_trainable_ops", "-2"], "must be -1 (all), 0 (none) or N (the last N "
                                        "operators), got -2"),
+    (["--num_of_trainable_ops", "99"], "--num_of_trainable_ops 99 exceeds the model's"),
     (["--output_sizes", "[0, 1]"], "--output_sizes: 1 bytes for output 0"),  # not whole
     (["--output_sizes", "[0, 8]"], "at least one sample's 40"),  # 10 float32 scores
     # QAT flags a float model cannot use (before: trained as float without a word)
     (["--qat", "on"], "qat=True: the model has no quantized activations"),
     (["--qat_ranges", "ema"], "qat_ranges is an option of quantization-aware training"),
     (["--dequantize", "--qat", "on"], "dequantize=True makes the model float"),
+    # refused before the parameter block, in the flags' words (before: after it, one of
+    # them naming the classes DynamicLossScale and NoLossScale)
+    (["--on_overflow", "retry"], "use loss_scale='dynamic' (--loss_scale dynamic)"),
+    (["--accumulate", "3", "--accumulate_mode", "in_step"], "batch size 4 is not divisible "
+                                                            "into 3 equal micro-batches"),
+    (["--accumulate", "5"], "accumulate=5 updates the weights every 5 steps"),
+    (["--loss_scale", "-3", "--precision", "fp16-fp16"], "loss scale"),
 ])
 def test_training_options_out_of_range_are_refused_before_training(files, capsys, flags,
                                                                     message) -> None:
     """A learning rate or optimizer option that cannot train (NaN, negative, a beta of 1, an
     epsilon of 0, a momentum over 1), a LoRA alpha that is NaN or 0 (NaN, or adapters that
     never train) are one line before the first epoch, not a NaN loss or a divergence after
-    it; so is a number of trainable operators below -1 (onert's incorrect state)."""
+    it; so is a number of trainable operators below -1 (onert's incorrect state). All
+    before the parameter block is printed."""
     assert main(_train(files, "x.raw", *flags)) == 1
-    assert message in _one_error(capsys)
+    out, err = capsys.readouterr()
+    assert err.startswith("E: ") and err.count("\n") == 1 and message in err, err
+    assert "training parameter" not in out and "Traceback" not in err
 
 
 def test_a_seed_jax_cannot_take_is_a_usage_error(files, capsys) -> None:
