@@ -161,7 +161,8 @@ def test_bad_range_options_are_refused_in_one_line(tmp_path: Path, capsys) -> No
     out = tmp_path / "ema.tflite"
     assert main([*base, "--qat_ranges", "ema", "--qat_range_decay", "0.5",
                  "--export_tflite", str(out)]) == 0
-    capsys.readouterr()
+    assert "- qat                  = forward fake_quant, ranges ema\n" in \
+        capsys.readouterr().out  # the parameter block says how QAT runs
     a, b = read_model(path).main, read_model(out.read_bytes()).main
     assert any(t.quantization != u.quantization for t, u in zip(a.tensors, b.tensors)
                if t.data is None)

@@ -15,12 +15,15 @@ RULE = "==================================="
 
 
 def parameter_block(learning_rate: float, batch_size: int, loss: str, reduction: str,
-                    optimizer: str, trainable_ops: int, extra: dict[str, str]) -> str:
-    """onert_train's ``== training parameter ==`` block; ``extra`` lines follow onert's."""
+                    optimizer: str, trainable_ops: int | None, extra: dict[str, str]) -> str:
+    """onert_train's ``== training parameter ==`` block; ``extra`` lines follow onert's.
+    ``trainable_ops`` None (trainable params chosen by name, which no count of last
+    operators says) leaves onert's ``num_of_trainable_ops`` line out."""
+    ops = {} if trainable_ops is None else {"num_of_trainable_ops": str(trainable_ops)}
     rows = {"learning_rate": f"{learning_rate:g}", "batch_size": str(batch_size),
             "loss_info": f"{{loss = {loss.replace('_', ' ')}, reduction = "
                          f"{reduction.replace('_', ' ')}}}",
-            "optimizer": optimizer, "num_of_trainable_ops": str(trainable_ops), **extra}
+            "optimizer": optimizer, **ops, **extra}
     lines = ["== training parameter ==", *(f"- {k:20} = {v}" for k, v in rows.items()),
              "========================"]
     return "\n".join(lines)

@@ -241,12 +241,14 @@ def _count_hint(files: DataFiles, in_specs: list, ex_specs: list, n_in: int, n_e
     return ""
 
 
-def _trainable_ops(cfg: Any) -> int:
-    """onert's num_of_trainable_ops for the parameter block (-1 all, 0 none, N)."""
+def _trainable_ops(cfg: Any) -> int | None:
+    """onert's num_of_trainable_ops for the parameter block (-1 all, 0 none, N); None for
+    params chosen by name (a new head and adapters, circle+'s operator list), which the
+    block's ``trainable`` line lists instead."""
     spec = cfg.trainable
     if isinstance(spec, int) and not isinstance(spec, bool):
         return spec
-    return {"all": -1, "none": 0}.get(spec, -2) if isinstance(spec, str) else len(spec)
+    return {"all": -1, "none": 0}.get(spec) if isinstance(spec, str) else None
 
 
 def _check(run: TrainRun, model: Any, cfg: Any, samples: int | None = None) -> None:
@@ -296,6 +298,8 @@ def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
              **model.numerics.as_dict(), **_rewrites(model)}
     if cfg.precision:
         extra["precision"] = str(get_policy(cfg.precision))
+    if model.qat_forward is not None:
+        extra["qat"] = f"forward {model.qat_forward}, ranges {model.qat_ranges}"
     if not isinstance(cfg.trainable, (int, str)):
         extra["trainable"] = ", ".join(sorted(model.aliases[n] for n in
                                               model.resolve_params(cfg.trainable)))

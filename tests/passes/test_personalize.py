@@ -460,6 +460,10 @@ def test_cli_new_head_writes_circleplus_tflite_and_refuses_lora_circleplus(
             "--epoch", "1", "--batch_size", "4", "--loss", "cce", "--optimizer", "adam",
             "--new_head", "3", "--seed", "2"]
     assert main(base + ["--export_circleplus", "h.circle", "--export_tflite", "h.tflite"]) == 0
+    block = capsys.readouterr().out.split("========================")[0]
+    # the new head's two params train: listed by name, not as a count of last operators
+    # (before: "num_of_trainable_ops = 2", the number of names)
+    assert "num_of_trainable_ops" not in block and "- trainable " in block, block
     plus = read_model("h.circle")
     info = decode_traininfo(plus.metadata["CIRCLE_TRAINING"])
     assert info.trainable_ops == (4, 5)  # the new FULLY_CONNECTED and the SOFTMAX
