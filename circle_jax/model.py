@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import hashlib
-import numbers
 import os
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -49,12 +48,7 @@ from .passes.fake_quant import (
     moving_ranges,
     quantized_activations,
 )
-from .qat import integer_model
-
-#: How a QAT model's forward computes its values (``load(qat_forward=...)``).
-QAT_FORWARDS = ("integer", "fake_quant")
-#: Where a QAT model's activation ranges come from (``load(qat_ranges=...)``).
-QAT_RANGES = ("file", "ema")
+from .qat import QatSettings, integer_model
 
 
 @dataclass(frozen=True)
@@ -466,23 +460,8 @@ def load(
     a model that does not load for QAT are refused once it is read.
     """
     check_lora_options(lora, lora_alpha, lora_targets)
-    qat_options = [k for k, v in (("qat_forward", qat_forward), ("qat_ranges", qat_ranges),
-                                  ("qat_range_decay", qat_range_decay)) if v is not None]
-    check_qat_options(qat, dequantize, qat_ranges, qat_range_decay, qat_options)
-    qat_ranges = qat_ranges or "file"
-    qat_range_decay = 0.999 if qat_range_decay is None else qat_range_decay
-    if qat_forward is None:
-        qat_forward = "fake_quant" if qat_ranges == "ema" else "integer"
-    if qat_forward not in QAT_FORWARDS:
-        raise ConfigError(f"qat_forward {qat_forward!r}: expected one of {QAT_FORWARDS}")
-    if qat_ranges not in QAT_RANGES:
-        raise ConfigError(f"qat_ranges {qat_ranges!r}: expected one of {QAT_RANGES}")
-    if qat_ranges == "ema" and qat_forward == "integer":
-        raise ConfigError("qat_ranges 'ema' moves the activation ranges, which the integer "
-                          "forward cannot take; use qat_forward='fake_quant'")
-    if isinstance(qat_range_decay, bool) or not isinstance(qat_range_decay, numbers.Real) \
-            or not 0.0 <= qat_range_decay < 1.0:
-        raise ConfigError(f"qat_range_decay {qat_range_decay!r}: expected a number in [0, 1)")
+    q = QatSettings.of(qat, dequantize, qat_forward, qat_ranges, qat_range_decay)
+    qat_forward, qat_ranges, qat_range_decay = q.forward, q.ranges, q.range_decay
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights,
         add_missing_bias=None if add_missing_bias is None else bias_selection(add_missing_bias),
@@ -505,14 +484,7 @@ def load(
                         + "; ".join(malformed + unsupported)[:1000])
     original = run(selected, pipeline(dequantize=dq))
     simulate = quantized_activations(original)
-    if qat is True and not simulate:
-        raise ConfigError("qat=True: the model has no quantized activations (a float or "
-                          "weight-only quantized model), nothing for quantization-aware "
-                          "training to simulate; load it without qat")
-    if qat_options and not (qat and simulate):
-        why = "the model has no quantized activations" if not simulate else f"qat={qat!r}"
-        raise ConfigError(f"{qat_options[0]} is an option of quantization-aware training, "
-                          f"which this load does not do ({why}); drop it or load with qat")
+    q.check_applies(simulate)
     if qat and simulate:
         loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original,
                        qat_forward=qat_forward, qat_ranges=qat_ranges,
@@ -531,24 +503,6 @@ def load(
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
                                     lora_alpha=lora_alpha, lora_targets=lora_targets)
     return loaded
-
-
-def check_qat_options(qat: bool | str | None, dequantize: bool | None, qat_ranges: str | None,
-                      qat_range_decay: float | None, given: Sequence[str]) -> None:
-    """ConfigError (one line) for QAT options that cannot go together, before the file is
-    read: ``qat`` other than True, False, None or "auto"; ``dequantize=True`` with
-    ``qat=True`` (a float model has nothing to simulate); QAT options with ``qat=False``;
-    ``qat_range_decay`` without ``qat_ranges="ema"``."""
-    if qat not in (True, False, None, "auto"):
-        raise ConfigError(f"qat={qat!r}: expected True, False, None or 'auto'")
-    if qat is True and dequantize:
-        raise ConfigError("dequantize=True makes the model float, which qat=True cannot "
-                          "simulate: give one of them")
-    if qat is False and given:
-        raise ConfigError(f"{given[0]} is a QAT option, and qat=False trains the model "
-                          "dequantized: drop one of them")
-    if qat_range_decay is not None and qat_ranges != "ema":
-        raise ConfigError("qat_range_decay moves ranges only with qat_ranges='ema'")
 
 
 def _output_index(model: Model, spec: int | str) -> int:

@@ -1,4 +1,5 @@
-"""Quantization-aware training's export: trained float masters back into the integer model.
+"""Quantization-aware training's settings (:class:`QatSettings`: `circle_jax.load`'s QAT
+keywords, checked) and its export: trained float masters back into the integer model.
 
 A QAT model (``circle_jax.load(path, qat=True)``) is the float model
 `circle_jax.passes.fake_quantize` makes of a fully quantized file, lowered with the
@@ -19,18 +20,87 @@ Everything else of the file (operators, I/O types, metadata) is written as it wa
 
 from __future__ import annotations
 
+import numbers
 from collections.abc import Mapping
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
+from .errors import ConfigError
 from .graph import ir
 from .graph.quantization import QParams
 from .lower import moving_parameters
 from .ops import fake_quant as fq
 from .passes.edit import replace_subgraph
 from .passes.fake_quant import FakeQuantPlan
+
+#: How a QAT model's forward computes its values (``load(qat_forward=...)``).
+QAT_FORWARDS = ("integer", "fake_quant")
+#: Where a QAT model's activation ranges come from (``load(qat_ranges=...)``).
+QAT_RANGES = ("file", "ema")
+
+
+@dataclass(frozen=True)
+class QatSettings:
+    """`circle_jax.load`'s QAT keywords, checked and with their defaults: ``forward``
+    ("integer", or "fake_quant" with "ema" ranges), ``ranges`` ("file"), ``range_decay``
+    (0.999, TF's); ``given`` names the QAT options the caller set."""
+
+    qat: bool | str | None
+    forward: str
+    ranges: str
+    range_decay: float
+    given: tuple[str, ...]
+
+    @classmethod
+    def of(cls, qat: bool | str | None, dequantize: bool | None, forward: str | None,
+           ranges: str | None, range_decay: float | None) -> QatSettings:
+        """ConfigError (one line), before the file is read, for a ``qat`` other than
+        True, False, None or "auto"; ``dequantize=True`` with ``qat=True`` (a float model
+        has nothing to simulate); QAT options with ``qat=False``; ``range_decay`` without
+        "ema" ranges or outside [0, 1); an unknown forward or ranges, or "ema" ranges
+        with the integer forward (which cannot take moving ranges)."""
+        given = tuple(k for k, v in (("qat_forward", forward), ("qat_ranges", ranges),
+                                     ("qat_range_decay", range_decay)) if v is not None)
+        if qat not in (True, False, None, "auto"):
+            raise ConfigError(f"qat={qat!r}: expected True, False, None or 'auto'")
+        if qat is True and dequantize:
+            raise ConfigError("dequantize=True makes the model float, which qat=True cannot "
+                              "simulate: give one of them")
+        if qat is False and given:
+            raise ConfigError(f"{given[0]} is a QAT option, and qat=False trains the model "
+                              "dequantized: drop one of them")
+        if range_decay is not None and ranges != "ema":
+            raise ConfigError("qat_range_decay moves ranges only with qat_ranges='ema'")
+        ranges = ranges or "file"
+        forward = forward or ("fake_quant" if ranges == "ema" else "integer")
+        decay = 0.999 if range_decay is None else range_decay
+        if forward not in QAT_FORWARDS:
+            raise ConfigError(f"qat_forward {forward!r}: expected one of {QAT_FORWARDS}")
+        if ranges not in QAT_RANGES:
+            raise ConfigError(f"qat_ranges {ranges!r}: expected one of {QAT_RANGES}")
+        if ranges == "ema" and forward == "integer":
+            raise ConfigError("qat_ranges 'ema' moves the activation ranges, which the "
+                              "integer forward cannot take; use qat_forward='fake_quant'")
+        if isinstance(decay, bool) or not isinstance(decay, numbers.Real) \
+                or not 0.0 <= decay < 1.0:
+            raise ConfigError(f"qat_range_decay {decay!r}: expected a number in [0, 1)")
+        return cls(qat, forward, ranges, float(decay), given)
+
+    def check_applies(self, simulate: bool) -> None:
+        """ConfigError (one line) once the model is read: ``qat=True`` for a model without
+        quantized activations (``simulate`` False: nothing to simulate), or QAT options
+        for a load that does not simulate."""
+        if self.qat is True and not simulate:
+            raise ConfigError("qat=True: the model has no quantized activations (a float or "
+                              "weight-only quantized model), nothing for quantization-aware "
+                              "training to simulate; load it without qat")
+        if self.given and not (self.qat and simulate):
+            why = "the model has no quantized activations" if not simulate \
+                else f"qat={self.qat!r}"
+            raise ConfigError(f"{self.given[0]} is an option of quantization-aware training, "
+                              f"which this load does not do ({why}); drop it or load with qat")
 
 
 def _written(t: ir.Tensor, q: Any, g: QParams) -> ir.Tensor:
