@@ -320,8 +320,7 @@ def check_inputs(model: ir.Model, inputs: Sequence[Any]) -> None:
     not quantized (token ids, indices: rounding them is never meant)."""
     main = model.main
     declared = [main.tensors[i] for i in main.inputs]
-    if len(inputs) != len(declared):
-        raise DataError(f"the model has {len(declared)} inputs, got {len(inputs)} arrays")
+    check_input_count(len(declared), len(inputs))
     for t, x in zip(declared, inputs, strict=True):
         given, free = tuple(np.shape(x)), t.shape_signature or ()
         fixed = [k for k in range(1, len(t.shape)) if not (k < len(free) and free[k] < 0)]
@@ -334,3 +333,9 @@ def check_inputs(model: ir.Model, inputs: Sequence[Any]) -> None:
                                                                                 np.inexact):
             raise DataError(f"input {t.name!r}: {dtype} data, the model expects {t.dtype} "
                             "(integers: convert them yourself, circle-jax does not round)")
+
+
+def check_input_count(declared: int, given: int) -> None:
+    """DataError (one line) unless ``given`` arrays feed a model of ``declared`` inputs."""
+    if given != declared:
+        raise DataError(f"the model has {declared} inputs, got {given} arrays")

@@ -4,9 +4,8 @@
 from __future__ import annotations
 
 from ..formats.traininfo import METADATA_NAME, TrainInfo, encode_traininfo
-from ..train import (
-    Trainer,
-)
+from ..train import Trainer
+from ..train.config import asks_none
 
 
 def traininfo_of(trainer: Trainer) -> TrainInfo:
@@ -51,7 +50,7 @@ def _trainable_tail(trainer: Trainer) -> tuple[int, ...]:
     spec = trainer.config.trainable
     if spec is None or spec == "all" or (isinstance(spec, int) and spec < 0):
         return tuple(range(n))
-    if spec == "none" or (isinstance(spec, int) and not isinstance(spec, bool) and spec == 0):
+    if asks_none(spec):
         return ()
     if isinstance(spec, int) and not isinstance(spec, bool):
         return tuple(range(n - min(spec, n), n))

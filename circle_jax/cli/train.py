@@ -154,10 +154,10 @@ def _train(run: TrainRun, log: Log, cache: str, programs: ProgramCache | None) -
         f"expected {list(y.shape[1:])}")
     cfg = TrainConfig(**{k: v for k, v in run.train.items() if v is not None})
     cfg = cfg.with_defaults(model)
-    _check(run, model, cfg, len(y))
+    trainer = _checked_trainer(run, model, cfg, len(y))
     print(out.parameter_block(**_parameters(run, model, cfg)), flush=True)
     _log_trainable(log, model, cfg)
-    result = _fit(run, model, xs, y, cfg, clock, log, programs)
+    result = _fit(run, model, xs, y, trainer, clock, log, programs)
     clock.mark("EXECUTE")
     _export(run, model, result, log)
     if programs is not None:  # after the exports: a resumed checkpoint rewritten is named anew
@@ -251,21 +251,23 @@ def _trainable_ops(cfg: Any) -> int | None:
     return {"all": -1, "none": 0}.get(spec) if isinstance(spec, str) else None
 
 
-def _check(run: TrainRun, model: Any, cfg: Any, samples: int | None = None) -> None:
-    """Refuse, before the parameter block and any compiling, what would fail later: the
-    trainer's own checks (optimizer hyper-parameters, precision, loss scale, trainable
-    params; a trainer is a few Python objects, about a millisecond), operator counts, the
-    steps that accumulation needs, output sizes and what circle+ cannot hold."""
+def _checked_trainer(run: TrainRun, model: Any, cfg: Any, samples: int) -> Any:
+    """The run's `Trainer` (on ``--devices`` / the processes' devices), refusing, before
+    the parameter block and any compiling, what would fail later: the trainer's own checks
+    (optimizer hyper-parameters, precision, loss scale, trainable params, a batch the
+    devices do not split), operator counts, the steps that accumulation needs, output
+    sizes and what circle+ cannot hold."""
+    from circle_jax.distributed import DataParallel
     from circle_jax.train import Trainer
+    from circle_jax.train.data import training_samples
+    from circle_jax.train.loop import check_updates, steps_per_epoch
 
     n_ops, spec = len(model.operators), cfg.trainable
     if isinstance(spec, int) and spec > n_ops:  # named as the flag, before the trainer's
         raise CliError(f"--num_of_trainable_ops {spec} exceeds the model's {n_ops} operators")
-    trainer = Trainer(model, cfg)
-    if samples is not None and run.resume is None:  # fit's check, before the parameter block
-        from circle_jax.train.loop import check_updates, steps_per_epoch
-
-        steps = steps_per_epoch(cfg, samples - int(samples * cfg.validation_split))
+    trainer = Trainer(model, cfg, placement=DataParallel.of(run.devices))
+    if run.resume is None:  # fit's check, before the parameter block
+        steps = steps_per_epoch(cfg, training_samples(samples, cfg.validation_split))
         check_updates(cfg, cfg.epochs * steps, steps)
     for index, size in run.output_sizes:
         if index >= len(model.outputs):
@@ -276,13 +278,7 @@ def _check(run: TrainRun, model: Any, cfg: Any, samples: int | None = None) -> N
         from circle_jax.checkpoints import traininfo_of
 
         traininfo_of(trainer)  # fails now rather than after training
-    if run.devices is not None or run.processes is not None:
-        from circle_jax.distributed import DataParallel
-
-        place = DataParallel.of(run.devices)
-        if place is not None:  # the devices exist and the batch splits over them
-            place.check_batch(cfg.batch_size, cfg.accumulate
-                              if cfg.accumulate_mode == "in_step" else 1)
+    return trainer
 
 
 def _parameters(run: TrainRun, model: Any, cfg: Any) -> dict[str, Any]:
@@ -410,16 +406,15 @@ def _check_output_size(spec: Any, index: int, size: int) -> None:
                        f"bytes, at least one sample's {sample}")
 
 
-def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, cfg: Any, clock: Clock,
+def _fit(run: TrainRun, model: Any, xs: list, y: np.ndarray, trainer: Any, clock: Clock,
          log: Log, programs: ProgramCache | None) -> Any:
-    """Train, printing epoch lines as they end; the fit result. With the compile cache on,
-    the compiled programs are kept in ``programs`` (`circle_jax.train.programs`)."""
-    from circle_jax.distributed import DataParallel
-    from circle_jax.train import Trainer, fit
+    """Train with ``trainer``, printing epoch lines as they end; the fit result. With the
+    compile cache on, the compiled programs are kept in ``programs``
+    (`circle_jax.train.programs`)."""
+    from circle_jax.train import fit
 
-    trainer = Trainer(model, cfg, placement=DataParallel.of(run.devices, None))
     trainer.program_cache = programs
-    rep = Reporter(run, cfg.epochs, clock, log)
+    rep = Reporter(run, trainer.config.epochs, clock, log)
     rep.programs = trainer.program_cache
     clock.mark("fit")
     rep.notice.start()

@@ -41,6 +41,7 @@ from typing import Any
 import jax
 import numpy as np
 
+from ..batching import check_input_count
 from ..formats.atomic import atomic_write
 from ..graph import ir
 from ..graph.quantization import dequantize, quantize
@@ -79,8 +80,7 @@ def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
         raise ValueError(f"dtype must be one of {', '.join(DTYPES)}, got {dtype!r}")
     dt = np.dtype(dtype)
     sg = model.ir.main
-    if len(inputs) != len(sg.inputs):
-        raise ValueError(f"the model has {len(sg.inputs)} inputs, got {len(inputs)} arrays")
+    check_input_count(len(sg.inputs), len(inputs))
     inputs = [np.asarray(x) for x in inputs]
     with jax.enable_x64(dt == np.float64):
         xs = [_cast(_real(model, k, x), dt) for k, x in enumerate(inputs)]

@@ -93,8 +93,12 @@ class TrainConfig:
     def _check_combinations(self) -> None:
         """ConfigError (one line) for fields that do not go together, named as the
         library's keywords and the command line's flags: in-step micro-batches that do not
-        split the batch, a loss scale that is not one, a retry without a dynamic scale."""
+        split the batch (or an unknown accumulate_mode), a loss scale that is not one, a
+        retry without a dynamic scale."""
         k, b = self.accumulate, self.batch_size
+        if self.accumulate_mode not in ("stream", "in_step"):
+            raise ConfigError(f"accumulate_mode must be 'stream' or 'in_step', got "
+                              f"{self.accumulate_mode!r}")
         if self.accumulate_mode == "in_step" and b is not None and b % k:
             raise ConfigError(f"batch size {b} is not divisible into {k} equal micro-batches "
                               f"(accumulate_mode 'in_step'); use a multiple of {k}")
@@ -197,18 +201,22 @@ def select_trainable(model: Model, spec: Any) -> frozenset[str]:
     checked by `check_trainable`; names may be aliases such as ``op3.bias``, see
     `circle_jax.graph.aliases`)."""
     check_trainable(spec, len(model.operators))
-    chosen = _selected(model, spec)
-    if not chosen and (spec == "none" or (spec == 0 and not isinstance(spec, bool))):
-        return chosen
-    return (chosen | model.personal_params) - lora_frozen(model.ir)
+    if asks_none(spec):
+        return frozenset()
+    return (_selected(model, spec) | model.personal_params) - lora_frozen(model.ir)
+
+
+def asks_none(spec: Any) -> bool:
+    """Whether a trainable spec asks for no trainable param: "none", or 0 (onert_train's
+    ``--num_of_trainable_ops 0``)."""
+    return (isinstance(spec, str) and spec == "none") or (
+        isinstance(spec, numbers.Integral) and not isinstance(spec, bool) and spec == 0)
 
 
 def _selected(model: Model, spec: Any) -> frozenset[str]:
     names = set(model.trainable_params)
     if spec is None or spec == "all" or (isinstance(spec, numbers.Integral) and spec < 0):
         return frozenset(names)
-    if spec == "none" or (isinstance(spec, numbers.Integral) and spec == 0):
-        return frozenset()
     if isinstance(spec, numbers.Integral):
         first = len(model.operators) - int(spec)
         readers = model.param_operators()
@@ -297,11 +305,6 @@ def optimizer(config: TrainConfig, numerics: Any, reduction: Reduction
     (`circle_jax.numerics_train`): scaled by the batch size where the profile sums the
     batch's gradients under a mean loss, and accumulating ``accumulate`` steps' gradients
     per update in "stream" mode."""
-    if config.accumulate_mode not in ("stream", "in_step"):
-        raise ConfigError(f"accumulate_mode must be 'stream' or 'in_step', got "
-                          f"{config.accumulate_mode!r}")
-    if config.accumulate < 1:
-        raise ConfigError(f"accumulate must be >= 1, got {config.accumulate}")
     tx = get_optimizer(config.optimizer, config.learning_rate, numerics.optimizers,
                        **numerics.optimizer_kwargs)
     if numerics.sum_gradients and reduction is Reduction.SUM_OVER_BATCH_SIZE:

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
+from ..batching import check_input_count
 from ..errors import ConfigError, DataError
 from ..formats.rawdata import check_training_data, lossless_cast
 from ..lower import RANGES
@@ -63,8 +64,7 @@ def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
     float data for an integer input (token ids), bools, complex, and integers that would
     wrap or round are refused in one line naming the input and both dtypes."""
     xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
-    if len(xs) != len(model.inputs):
-        raise DataError(f"the model has {len(model.inputs)} inputs, got {len(xs)} arrays")
+    check_input_count(len(model.inputs), len(xs))
     out = []
     for a, spec in zip(xs, model.inputs):
         a = np.asarray(a)
@@ -107,12 +107,19 @@ def check_table_ids(model: Model, xs: Sequence[np.ndarray]) -> None:
                     f"expected ids in [0, {rows})")
 
 
-def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tuple, Any]:
-    """(train x, train y, val x, val y): the LAST ``fraction`` of samples validate (onert)."""
+def training_samples(n: int, fraction: float) -> int:
+    """How many of ``n`` samples train when the last ``fraction`` validate (onert's
+    split), or ConfigError for a fraction outside [0, 1)."""
     if isinstance(fraction, bool) or not isinstance(fraction, numbers.Real) \
             or not 0.0 <= fraction < 1.0:
         raise ConfigError(f"validation_split must be in [0, 1), got {fraction}")
-    cut = y.shape[0] - int(y.shape[0] * fraction)
+    return n - int(n * fraction)
+
+
+def split_validation(x: tuple, y: Any, fraction: float) -> tuple[tuple, Any, tuple, Any]:
+    """(train x, train y, val x, val y): the LAST ``fraction`` of samples validate (onert,
+    `training_samples`)."""
+    cut = training_samples(y.shape[0], fraction)
     return tuple(a[:cut] for a in x), y[:cut], tuple(a[cut:] for a in x), y[cut:]
 
 

@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import contextlib
 import inspect
-import numbers
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
@@ -21,7 +20,7 @@ from ..errors import ConfigError, DataError, LossScaleWarning, TrainingError
 from ..model import Model
 from ..optim import NoLossScale
 from ..passes import check_lora_options
-from .config import TrainConfig, check_integer, check_overrides
+from .config import TrainConfig, asks_none, check_integer, check_overrides
 from .data import split_validation
 from .diagnose import first_non_finite
 from .dispatch import dispatches_async
@@ -233,8 +232,7 @@ def check_trains(trainer: Trainer) -> None:
     params). Asking for none (``"none"``, 0: onert_train's ``--num_of_trainable_ops 0``,
     the loss of the model as it is) is no mistake and runs."""
     model, spec = trainer.model, trainer.config.trainable
-    if trainer.trainable or spec == "none" or (
-            isinstance(spec, numbers.Integral) and not isinstance(spec, bool) and spec == 0):
+    if trainer.trainable or asks_none(spec):
         return
     if not model.trainable_params:
         raise ConfigError(f"the model has no trainable weights ({len(model.params)} params, "
