@@ -25,6 +25,7 @@ from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
 from .graph.checks import check_graph, check_tensor_quantization
 from .graph.params_policy import CONTROL_FLOW, ParamRole, classify_params, describe_roles
+from .graph.quantization import QParams, stored_integers
 from .lower import RANGES, Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
 from .numerics import Numerics, get_numerics
@@ -71,11 +72,15 @@ class Rewrites:
 
 @dataclass(frozen=True)
 class TensorSpec:
-    """Name, shape and dtype of a model input or output."""
+    """Name, shape and dtype of a model input or output; ``stored``: for a float input the
+    model's file holds as quantized integers (a dequantized or quantization-aware training
+    model), the file's integer dtype and quantization: data in that dtype is those stored
+    integers (`circle_jax.train.data.model_input`)."""
 
     name: str
     shape: tuple[int, ...]
     dtype: str
+    stored: QParams | None = field(default=None, compare=False)
 
 
 class Model:
@@ -93,13 +98,16 @@ class Model:
     ``simulated``: the fully quantized model this one simulates by fake quantization
     (quantization-aware training: ``load(qat=True)``), which export writes; ``qat_forward``
     how, ``qat_ranges`` and ``qat_range_decay`` its activation ranges (see :func:`load`).
+    ``stored``: the model a dequantized one was loaded from, whose quantized integer inputs
+    give the inputs' `TensorSpec.stored` (QAT's come from ``simulated``).
     """
 
     def __init__(self, model: ir.Model, lowering: str | LoweringOptions | None = None,
                  numerics: Numerics | str | None = None,
                  original: ir.Model | None = None, *,
                  quantized: ir.Model | None = None,
-                 simulated: ir.Model | None = None, qat_forward: str = "integer",
+                 simulated: ir.Model | None = None, stored: ir.Model | None = None,
+                 qat_forward: str = "integer",
                  qat_ranges: str = "file", qat_range_decay: float = 0.999) -> None:
         self.ir = model
         self.rewrites = Rewrites.of(model)
@@ -133,7 +141,11 @@ class Model:
         self.param_roles: dict[str, ParamRole] = classify_params(
             model, self.param_keys, self.numerics.trainable_policy)
         sg = model.main
-        self.inputs = tuple(_spec(sg.tensors[i]) for i in sg.inputs)
+        #: the file's model as loaded before dequantizing, or QAT's integer model
+        self._stored = simulated if stored is None else stored
+        encodings = (stored_integers(self._stored, model) if self._stored is not None
+                     else (None,) * len(sg.inputs))
+        self.inputs = tuple(_spec(sg.tensors[i], q) for i, q in zip(sg.inputs, encodings))
         self.outputs = tuple(_spec(sg.tensors[i]) for i in sg.outputs)
 
     def apply(self, params: Mapping[str, Any], *inputs: Any, **observed: Any
@@ -318,7 +330,8 @@ class Model:
         index = _output_index(self, output)
         model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets))
-        out = Model(model, self.lowering, self.numerics, quantized=self._quantized)
+        out = Model(model, self.lowering, self.numerics, quantized=self._quantized,
+                    stored=self._stored)
         if self.digest is not None:
             extra = (new_head, seed, index, lora, lora_alpha, str(lora_targets))
             out.digest = hashlib.sha256((self.digest + repr(extra)).encode()).hexdigest()
@@ -374,8 +387,8 @@ def _finite(name: str, value: np.ndarray) -> np.ndarray:
     return value
 
 
-def _spec(t: ir.Tensor) -> TensorSpec:
-    return TensorSpec(t.name, t.shape, t.dtype)
+def _spec(t: ir.Tensor, stored: QParams | None = None) -> TensorSpec:
+    return TensorSpec(t.name, t.shape, t.dtype, stored)
 
 
 def load(
@@ -494,7 +507,8 @@ def load(
                                        add_bias=prof.add_missing_bias,
                                        policy=prof.trainable_policy))
         loaded = Model(model, lowering, prof, original,
-                       quantized=selected if dq and dequantize is None else None)
+                       quantized=selected if dq and dequantize is None else None,
+                       stored=selected if dq else None)
     digest = hashlib.sha256(data)
     digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat,
                         loaded.qat_forward, loaded.qat_ranges, qat_range_decay)).encode())

@@ -204,15 +204,23 @@ def labelled_data(files: DataFiles, model: Any, sparse: bool = False, output: in
     """(inputs, targets of model output ``output``) from the files (``sparse``: class
     indices, one per position: the output's shape without its class axis). Sample counts
     are compared before values are checked, so that a raw file of another dtype is named
-    as such; ``log`` hears of lossless casts (-v 1)."""
+    as such; ``log`` hears of lossless casts (-v 1). A .npy/.npz input in the integer dtype
+    a dequantized or QAT model's file stores it in is those integers (`model_input`)."""
     if not files.inputs or not files.expected:
         raise CliError("data missing: give --load_input:raw FILE and --load_expected:raw FILE "
                        "(or --load_input/--load_expected .npy/.npz)")
     from circle_jax.formats.rawdata import check_same_count
+    from circle_jax.train.data import model_input
 
     in_specs = [(s.shape[1:], s.dtype) for s in model.inputs]
-    xs = read_data(files.inputs, in_specs, input_names(model), raw=files.inputs_raw,
-                   log=log, finite=False)
+    numpy_file = os.path.splitext(files.inputs)[1].lower() in (".npy", ".npz")
+    keep = [(s.shape[1:], None if s.stored and numpy_file and not files.inputs_raw
+             else s.dtype) for s in model.inputs]  # stored integers: model_input reads them
+    xs = read_data(files.inputs, keep, input_names(model), raw=files.inputs_raw, log=log,
+                   finite=False)
+    notice = None if log is None else (lambda line: log(1, line))
+    xs = [model_input(s, a, f"the data of input {s.name!r} in {files.inputs!r}", notice)
+          for s, a in zip(model.inputs, xs)]
     o = model.outputs[output]
     ex_specs = [(o.shape[1:-1], np.int32) if sparse else (o.shape[1:], o.dtype)]
     ys = read_data(files.expected, ex_specs, None, raw=files.expected_raw, log=log,

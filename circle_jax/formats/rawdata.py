@@ -33,7 +33,7 @@ def _specs(specs: Sequence[tuple[Sequence[int], np.dtype | str | type]]) -> list
         shape = tuple(int(d) for d in shape)
         if any(d < 0 for d in shape):
             raise DataError(f"input {i} has unknown dimensions {list(shape)}; give a fixed shape")
-        out.append((shape, np.dtype(dtype)))
+        out.append((shape, None if dtype is None else np.dtype(dtype)))
     if not out:
         raise DataError("no inputs given: expected at least one (shape, dtype)")
     return out
@@ -150,7 +150,8 @@ def size_hint(nbytes: int, specs: Sequence[tuple[Sequence[int], np.dtype | str |
 
 def _fit(arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, what: str,
          on_cast: Callable[[str], None] | None = None) -> np.ndarray:
-    """Check ``arr`` is (N, *shape), and cast it to ``dtype`` where that loses nothing."""
+    """Check ``arr`` is (N, *shape), and cast it to ``dtype`` (None: keep its own) where
+    that loses nothing."""
     if arr.ndim != len(shape) + 1 or tuple(arr.shape[1:]) != shape:
         raise DataError(
             f"{what} has shape {list(arr.shape)}, expected [N, {', '.join(map(str, shape))}]"
@@ -161,7 +162,7 @@ def _fit(arr: np.ndarray, shape: tuple[int, ...], dtype: np.dtype, what: str,
         raise DataError(f"{what} holds no samples (shape {list(arr.shape)}); expected "
                         f"[N, {', '.join(map(str, shape))}] with N >= 1" if shape else
                         f"{what} holds no samples; expected [N] with N >= 1")
-    if arr.dtype == dtype:
+    if dtype is None or arr.dtype == dtype:
         return arr
     return lossless_cast(arr, dtype, what, on_cast)
 
@@ -220,7 +221,8 @@ def load_array_file(
     name for it) when each key is one input's, else under ``arr_0``, ``arr_1``, ...
     (``np.savez`` positional order). An array of another dtype
     is cast only where every value converts exactly (`lossless_cast`; ``on_cast(line)``
-    hears of it); other files are read as raw data.
+    hears of it); a spec's dtype None keeps the array's own. Other files are read as raw
+    data (their specs need a dtype).
     """
     sp = _specs(specs)
     p = os.fspath(path)

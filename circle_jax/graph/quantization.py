@@ -108,9 +108,28 @@ class QParams:
         """Zero points all 0 on a signed type."""
         return self.qmin < 0 and not np.any(np.asarray(self.zero_point) != 0)
 
+    def real(self, q: Any) -> np.ndarray:
+        """The real values of integers ``q`` stored with these parameters, as float32."""
+        return dequantize(q, self.scale, self.zero_point, self.axis).astype(np.float32)
+
     def quantization(self) -> ir.Quantization:
         """These parameters as the IR stores them."""
         scale = np.asarray(self.scale, np.float32).reshape(-1)
         zero = np.broadcast_to(np.asarray(self.zero_point).reshape(-1), scale.shape)
         return ir.Quantization(tuple(float(s) for s in scale), tuple(int(z) for z in zero),
                                self.axis)
+
+
+def stored_integers(file: ir.Model, loaded: ir.Model) -> tuple[QParams | None, ...]:
+    """Per input of ``loaded``'s main graph: how ``file`` (the model it was loaded from, its
+    inputs in the same order) stores it where ``file`` holds affine-quantized integers and
+    ``loaded`` takes real values (a dequantized or quantization-aware training model); else
+    None."""
+    out: list[QParams | None] = []
+    for i, j in zip(file.main.inputs, loaded.main.inputs, strict=True):
+        t = file.main.tensors[i]
+        q = t.quantization
+        takes_real = np.issubdtype(ir.as_numpy_dtype(loaded.main.tensors[j].dtype), np.floating)
+        out.append(QParams.of(t) if q is not None and q.scale and takes_real
+                   and np.issubdtype(ir.as_numpy_dtype(t.dtype), np.integer) else None)
+    return tuple(out)

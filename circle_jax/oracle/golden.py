@@ -16,8 +16,9 @@ update of the QAT step (the simulation's tensors have the file's tensor indices)
 input of such a model takes data in its own dtype as the stored integers (written as given,
 dequantized with the input's scale and zero point for the QAT forward) or float data as real
 values (quantized with the file's parameters, round half away from zero and clamped, as
-LiteRT's QUANTIZE). A model loaded without ``qat`` runs its integer kernels directly: its
-tensors are the same, with the same attributes.
+LiteRT's QUANTIZE). A dequantized model's input takes data in the file's integer dtype as
+those stored integers too, dequantized (`TensorSpec.stored`). A model loaded without ``qat``
+runs its integer kernels directly: its tensors are the same, with the same attributes.
 
 Each part (the forward, the gradients, the step) runs as one compiled program, as training
 does: the golden values are what the training program computes, and a large model takes
@@ -44,7 +45,7 @@ import numpy as np
 from ..batching import check_input_count
 from ..formats.atomic import atomic_write
 from ..graph import ir
-from ..graph.quantization import dequantize, quantize
+from ..graph.quantization import quantize
 from ..model import Model, load
 from ..train import TrainConfig, Trainer
 from .h5 import Entry, write_h5
@@ -115,30 +116,27 @@ def golden(model: Model, inputs: Sequence[Any], expected: Any = None,
 
 
 def input_dtypes(model: Model) -> list[np.dtype]:
-    """The dtype of each input's data as the model's file defines it: a quantization-aware
-    training model's integer input takes its stored integers (int8 for an int8 input), every
-    other input the loaded model's dtype (`golden` takes both; the command line reads these)."""
-    sg = (model.ir if model.simulated is None else model.simulated).main
-    return [ir.as_numpy_dtype(sg.tensors[i].dtype) for i in sg.inputs]
+    """The dtype of each input's data as the model's file defines it: an input the file
+    stores as quantized integers and the loaded model takes as real values (a QAT or
+    dequantized model, `TensorSpec.stored`) takes those integers (int8 for an int8 input),
+    every other input the loaded model's dtype (`golden` takes both; the command line reads
+    these)."""
+    return [np.dtype(s.dtype) if s.stored is None else s.stored.np_dtype
+            for s in model.inputs]
 
 
 def _real(model: Model, k: int, x: np.ndarray) -> np.ndarray:
-    """Input ``k`` of a quantization-aware training model as the real values its forward
-    takes: data in the file's integer dtype is the stored integers, dequantized with the
-    input's scale and zero point; float data is taken as real values. Other models' inputs,
-    and float inputs of the file, as given."""
-    if model.simulated is None:
+    """Input ``k`` as the real values the loaded model takes: data in the integer dtype its
+    file stores the input in (`TensorSpec.stored`) is those integers, dequantized with the
+    input's scale and zero point; float data is taken as real values; other inputs as
+    given."""
+    q = model.inputs[k].stored
+    if q is None or np.issubdtype(x.dtype, np.floating):
         return x
-    t = model.simulated.main.tensors[model.simulated.main.inputs[k]]
-    want = ir.as_numpy_dtype(t.dtype)
-    if t.quantization is None or np.issubdtype(want, np.floating) \
-            or np.issubdtype(x.dtype, np.floating):
-        return x
-    if x.dtype != want:
-        raise ValueError(f"input {k} {t.name!r} is {x.dtype}, expected {want} (the stored "
-                         f"integers) or float (real values)")
-    q = t.quantization
-    return dequantize(x, q.scale, q.zero_point, q.quantized_dimension).astype(np.float32)
+    if x.dtype != q.np_dtype:
+        raise ValueError(f"input {k} {model.inputs[k].name!r} is {x.dtype}, expected "
+                         f"{q.np_dtype} (the stored integers) or float (real values)")
+    return q.real(x)
 
 
 def _integer(model: Model, data: GoldenData, inputs: Sequence[Any]) -> GoldenData:

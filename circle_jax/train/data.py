@@ -4,7 +4,7 @@ the params a run is given, checked."""
 from __future__ import annotations
 
 import numbers
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import jax
@@ -16,7 +16,7 @@ from ..batching import check_input_count
 from ..errors import ConfigError, DataError
 from ..formats.rawdata import check_training_data, lossless_cast
 from ..lower import RANGES
-from ..model import Model
+from ..model import Model, TensorSpec
 
 Batch = tuple[tuple[jax.Array, ...], jax.Array]
 
@@ -58,11 +58,9 @@ def correct(out: jax.Array, y: jax.Array, ignore_index: int | None = None) -> ja
 
 
 def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
-    """``x`` (an array or one per model input) as host arrays of the model's input dtypes,
-    shapes checked (callers move them to the device in one `jax.device_put`). An array of
-    another dtype is cast as `lossless_cast` allows, floats rounding to a narrower float:
-    float data for an integer input (token ids), bools, complex, and integers that would
-    wrap or round are refused in one line naming the input and both dtypes."""
+    """``x`` (an array or one per model input) as host arrays of the model's input dtypes
+    (`model_input`), shapes checked (callers move them to the device in one
+    `jax.device_put`)."""
     xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     check_input_count(len(model.inputs), len(xs))
     out = []
@@ -74,10 +72,32 @@ def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
         if a.shape[1:] != spec.shape[1:]:
             raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
                             f"the model expects {list(spec.shape[1:])}")
-        out.append(a if a.dtype == spec.dtype else lossless_cast(
-            a, spec.dtype, f"input {spec.name!r}", round_floats=True, remedy="pass it as"))
+        out.append(model_input(spec, a, f"input {spec.name!r}", round_floats=True,
+                               remedy="pass it as"))
     check_table_ids(model, out)
     return tuple(out)
+
+
+def model_input(spec: TensorSpec, a: np.ndarray, what: str,
+                on_cast: Callable[[str], None] | None = None, **cast: Any) -> np.ndarray:
+    """Data ``a`` for the model input ``spec`` in its dtype. Data in the integer dtype the
+    model's file stores a float input in (``spec.stored``: a dequantized or quantization-
+    aware training model of a quantized file) is those stored integers: dequantized with
+    the file's scale and zero point, as the file's own QUANTIZE/DEQUANTIZE would. Any other
+    dtype is cast as `lossless_cast` allows (``cast``: its keywords): float data for an
+    integer input (token ids), bools, complex, and integers that would wrap or round are
+    refused in one line naming ``what`` and both dtypes. ``on_cast`` hears of each cast."""
+    q = spec.stored
+    if q is not None and a.dtype == q.np_dtype:
+        if on_cast is not None:
+            how = ("per channel" if q.per_channel else
+                   f"scale {q.s:.6g}, zero point {q.zp}")
+            on_cast(f"{what}: {a.dtype.name}, the integers the model's file stores the input "
+                    f"in, dequantized ({how})")
+        return q.real(a).astype(spec.dtype)
+    if a.dtype == spec.dtype:
+        return a
+    return lossless_cast(a, spec.dtype, what, on_cast, **cast)
 
 
 #: operators that look rows up in a table: (position of the ids, of the table)
