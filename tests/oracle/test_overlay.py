@@ -108,6 +108,29 @@ def test_ids_match_the_adapter_on_the_example_and_unnamed_subgraphs(tmp_path):
     assert ids == ["alpha", "signature_2", "signature_1", "signature_2", "main", "subgraph_1"]
 
 
+@pytest.mark.parametrize("names", [("alpha", None), (None, None), (None, b"beta")], ids=str)
+def test_an_overlay_of_another_signature_keys_that_signatures_graph(names, tmp_path):
+    """golden's overlay of ``signature_2`` (the file's subgraph 1, which `load` makes the
+    main graph) takes the id the adapter gives subgraph 1 (its name, else its signature's
+    key), and its nodes are that graph's operators."""
+    m = unpack(read_model(shared_model("aeq_toy_transformer_kv_cache_2sig.tflite")).source)
+    m.subgraphs[0].name, m.subgraphs[1].name = names
+    path = tmp_path / "m.tflite"
+    path.write_bytes(pack(m, "tflite"))
+    model = cj.load(str(path), signature="signature_2", lowering="reference")
+    rng = np.random.default_rng(0)
+    xs = [rng.integers(0, 50, s.shape).astype(s.dtype) if s.dtype == "int32"
+          else rng.standard_normal(s.shape).astype(s.dtype) for s in model.inputs]
+    write_overlay(golden_overlay(golden(model, xs), model), tmp_path / "o.json")
+    want = graph_id(read_model(str(path)), 1)
+    assert want == ("beta" if names[1] else "signature_2")
+    found = overlay_ids(tmp_path / "o.json", tmp_path, str(path))
+    sg = read_model(str(path)).subgraphs[1]
+    real = {str(op.index) for op in sg.operators  # real-valued outputs get a value
+            if all(sg.tensors[i].dtype.startswith("float") for i in op.outputs)}
+    assert list(found) == [want] and found[want] == real and len(real) > 50
+
+
 def overlay_ids(path, tmp_path, model_path: str) -> dict[str, set[str]]:
     """graph id -> node ids of the overlay at ``path``, after reading it back through
     Model Explorer's classes; checks they exist in the adapter's graph of ``model_path``."""
