@@ -1,4 +1,5 @@
-"""``eval``: the loss and categorical accuracy of a model over every sample of a labelled set."""
+"""``eval``: the loss and categorical accuracy of a model over every sample of a labelled set
+(no accuracy for mean squared error on targets other than 0/1 values: regression)."""
 
 from __future__ import annotations
 
@@ -30,6 +31,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def run(ns: argparse.Namespace) -> int:
+    import numpy as np
+
+    from circle_jax.losses import loss_name
     from circle_jax.train import Trainer
 
     from .common import CliError, load_model
@@ -43,9 +47,13 @@ def run(ns: argparse.Namespace) -> int:
                       reduction=ns.loss_reduction_type,
                       from_logits=True if ns.from_logits else None,
                       ignore_index=ns.ignore_index)
-    sparse = trainer.config.loss == "sparse_categorical_crossentropy"
+    loss_kind = loss_name(trainer.config.loss)
+    sparse = loss_kind == "sparse_categorical_crossentropy"
     xs, y = labelled_data(data_files(ns), model, sparse)
     loss, accuracy = trainer.evaluate(model.params, xs, y)
-    print(f"loss: {loss:.4f} - categorical_accuracy: {accuracy:.4f} ({len(y)} samples, "
-          f"batch {min(trainer.config.batch_size, len(y))})")
+    batch = f"{len(y)} samples, batch {min(trainer.config.batch_size, len(y))}"
+    if loss_kind == "mean_squared_error" and not np.isin(y, (0, 1)).all():
+        print(f"loss: {loss:.4f} ({batch}; no accuracy: the targets are not one-hot classes)")
+    else:
+        print(f"loss: {loss:.4f} - categorical_accuracy: {accuracy:.4f} ({batch})")
     return 0

@@ -287,6 +287,13 @@ def test_eval_command(tmp_path, capsys) -> None:
         f"loss: {loss:.4f} - categorical_accuracy: {acc:.4f} (23 samples, batch 4)")
     assert main(["eval", str(path), "--load_input", str(tmp_path / "x.npy")]) == 1
     assert capsys.readouterr().err.startswith("E: data missing")
+    for target, shown in ((y, True), (y * 0.9 + 0.01, False)):  # one-hot; regression
+        np.save(tmp_path / "t.npy", target)
+        assert main(["eval", str(path), "--load_input", str(tmp_path / "x.npy"),
+                     "--load_expected", str(tmp_path / "t.npy"), "--loss", "1"]) == 0
+        loss, _ = _direct(model, x, target, "mse", "sum_over_batch_size", 32)
+        out = capsys.readouterr().out.strip()
+        assert out.startswith(f"loss: {loss:.4f}") and ("categorical_accuracy" in out) == shown
 
 
 def test_accuracy_of_image_shaped_and_sparse_targets() -> None:
