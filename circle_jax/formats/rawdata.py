@@ -363,7 +363,8 @@ def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
     infinity, and, with ``classes`` (sparse labels), for labels that are not whole numbers
     in ``[0, classes)`` (or ``ignore_index``, padding): the message names that sample's
     distinct bad labels (the first four) and, when one is negative and no ``ignore_index``
-    is set, suggests ``ignore_index`` (padding such as -100). With ``distributions``
+    is set, suggests ``ignore_index`` (padding such as -100); and for a sample whose labels
+    are all ``ignore_index`` (it would count as right and add a loss of 0). With ``distributions``
     (categorical crossentropy's one-hot or probability targets), for negative targets."""
     check_finite(list(inputs), "the input data")
     check_finite([expected], "the expected data")
@@ -389,6 +390,12 @@ def check_training_data(inputs: Sequence[np.ndarray], expected: np.ndarray,
             raise DataError(f"the expected data: sample {i} has label(s) {wrong[:4]}"
                             f"{' ...' if len(wrong) > 4 else ''} outside the {classes} classes "
                             f"[0, {classes}){hint}")
+        padding = (y == ignore_index).all(axis=1) if ignore_index is not None else None
+        if padding is not None and padding.any():
+            i = int(np.argmax(padding))
+            raise DataError(f"the expected data: sample {i} is padding only (every label "
+                            f"{ignore_index}, the ignore_index): it has nothing to score or "
+                            "train on; leave such samples out")
 
 
 def _count(arrays: Sequence[np.ndarray], what: str) -> int:

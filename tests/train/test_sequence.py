@@ -84,6 +84,14 @@ def test_labels_must_be_classes_or_the_ignore_index() -> None:
         cj.fit(model, [x], y, loss="sparse_cce", batch_size=2, epochs=1)
     with pytest.raises(ValueError, match="ignore_index applies to sparse_categorical_cross"):
         Trainer(model, loss="cce", ignore_index=PAD)
+    y[3] = PAD  # a sample of padding only would score as right and add a loss of 0
+    for run in (lambda: cj.fit(model, [x], y, loss="sparse_cce", ignore_index=PAD,
+                               batch_size=2, epochs=1),
+                lambda: Trainer(model, loss="sparse_cce", ignore_index=PAD).evaluate(
+                    model.params, [x], y)):
+        with pytest.raises(cj.DataError, match=r"sample 3 is padding only \(every label -1, "
+                                               r"the ignore_index\)"):
+            run()
 
 
 def test_command_line_ignore_index_and_what_it_shows(tmp_path, capsys) -> None:
