@@ -371,6 +371,9 @@ class Reporter:
         self.notice.stop(h.compile_ms, "loading the compiled training epoch from the cache"
                          if self.loaded else None)
         self.clock.mark("PREPARE")
+        from circle_jax.lowering import cpu_kernels
+
+        self.log(2, f"CPU kernels: {cpu_kernels.status()}")
         if self.terminal:
             self.bar = self.tqdm(total=self.epochs, unit="epoch", leave=False, file=sys.stderr,
                             dynamic_ncols=True)

@@ -16,6 +16,7 @@ dozens (measured in benchmarks/README.md, "2026-11-28 evening").
 from __future__ import annotations
 
 import functools
+import math
 from collections.abc import Sequence
 
 import jax
@@ -25,6 +26,7 @@ from jax.extend.core import Primitive
 from jax.interpreters import ad, batching, mlir
 
 from ..ops.conv import Geometry, out_sizes
+from . import cpu_kernels
 from ._taps import offsets, tap_bounds, taps
 
 
@@ -54,7 +56,8 @@ def weight_gradient(x: jax.Array, ct: jax.Array, g: Geometry) -> jax.Array:
 
     One variadic reduction over the last spatial axis computes all K partial sums in one
     pass (XLA fuses the slices into it; no slice is materialized), then one plain sum over
-    the samples and the other spatial axes. Half-precision inputs are accumulated in float32.
+    the samples and the other spatial axes. Half-precision inputs are accumulated, and
+    returned, in float32.
     """
     acc = jnp.promote_types(ct.dtype, jnp.float32)
     ct = ct.astype(acc)
@@ -85,6 +88,23 @@ def _abstract_eval(x: jax.core.ShapedArray, wk: jax.core.ShapedArray, *, geometr
 
 
 mlir.register_lowering(channelwise_p, mlir.lower_fun(_product, multiple_results=False))
+
+
+def _kernel_attributes(x: jax.core.ShapedArray, other: jax.core.ShapedArray, *,
+                       geometry: Geometry) -> dict[str, int] | None:
+    """The CPU kernels' attributes for a 3x3 float32 [N, H, W, C] convolution of equal
+    strides 1 or 2 (`circle_jax.lowering.cpu_kernels`); None where they do not apply."""
+    g = geometry
+    if x.ndim != 4 or x.dtype != jnp.float32 or other.dtype != jnp.float32 \
+            or g.kernel != (3, 3) or g.dilations != (1, 1) \
+            or g.strides not in ((1, 1), (2, 2)):
+        return None
+    return {"stride": g.strides[0], "pad_top": g.pads[0][0], "pad_left": g.pads[1][0]}
+
+
+mlir.register_lowering(channelwise_p, cpu_kernels.lowering_with_kernel(
+    "circle_jax_depthwise_forward", mlir.lower_fun(_product, multiple_results=False),
+    _kernel_attributes), platform="cpu")
 
 
 def input_gradient(ct: jax.Array, wk: jax.Array, g: Geometry, sizes: Sequence[int]
@@ -121,7 +141,50 @@ def _transpose_x(ct: jax.Array, x: ad.UndefinedPrimal, wk: jax.Array, *, geometr
 
 def _transpose_wk(ct: jax.Array, x: jax.Array, wk: ad.UndefinedPrimal, *, geometry: Geometry
                   ) -> jax.Array:
-    return weight_gradient(x, ct, geometry).astype(wk.aval.dtype)
+    return weight_gradient_p.bind(x, ct, geometry=geometry).astype(wk.aval.dtype)
+
+
+#: ``weight_gradient_p.bind(x, ct, geometry=...)`` is :func:`weight_gradient`, bilinear in
+#: ``x`` and ``ct``: a primitive so that the CPU lowers it to its kernel.
+weight_gradient_p = Primitive("depthwise_weight_gradient")
+
+
+def _weight_gradient(x: jax.Array, ct: jax.Array, *, geometry: Geometry) -> jax.Array:
+    return weight_gradient(x, ct, geometry)
+
+
+weight_gradient_p.def_impl(_weight_gradient)
+
+
+@weight_gradient_p.def_abstract_eval
+def _weight_gradient_shape(x: jax.core.ShapedArray, ct: jax.core.ShapedArray, *,
+                           geometry: Geometry) -> jax.core.ShapedArray:
+    return jax.core.ShapedArray((math.prod(geometry.kernel), x.shape[-1]),
+                                jnp.promote_types(ct.dtype, jnp.float32))
+
+
+def _weight_gradient_batch(args: tuple, dims: tuple, *, geometry: Geometry
+                           ) -> tuple[jax.Array, int]:
+    """vmap (per-sample gradients): :func:`weight_gradient` under vmap."""
+    return jax.vmap(functools.partial(weight_gradient, g=geometry), in_axes=dims)(*args), 0
+
+
+def _weight_gradient_transpose_x(dw: jax.Array, x: ad.UndefinedPrimal, ct: jax.Array, *,
+                                 geometry: Geometry) -> jax.Array:
+    return input_gradient(ct, dw, geometry, x.aval.shape[1:-1]).astype(x.aval.dtype)
+
+
+def _weight_gradient_transpose_ct(dw: jax.Array, x: jax.Array, ct: ad.UndefinedPrimal, *,
+                                  geometry: Geometry) -> jax.Array:
+    return channelwise_p.bind(x, dw.astype(x.dtype), geometry=geometry).astype(ct.aval.dtype)
+
+
+fallback = mlir.lower_fun(_weight_gradient, multiple_results=False)
+mlir.register_lowering(weight_gradient_p, fallback)
+mlir.register_lowering(weight_gradient_p, cpu_kernels.lowering_with_kernel(
+    "circle_jax_depthwise_weight_gradient", fallback, _kernel_attributes), platform="cpu")
+ad.defbilinear(weight_gradient_p, _weight_gradient_transpose_x, _weight_gradient_transpose_ct)
+batching.primitive_batchers[weight_gradient_p] = _weight_gradient_batch
 
 
 def _batch(args: tuple, dims: tuple, *, geometry: Geometry) -> tuple[jax.Array, int]:

@@ -49,6 +49,8 @@ import numpy as np
 from jax.experimental import serialize_executable
 from jax.experimental.compilation_cache import compilation_cache
 
+from ..lowering import cpu_kernels
+
 _PACKAGE = Path(__file__).resolve().parents[1]
 
 
@@ -221,10 +223,11 @@ class ProgramCache:
 
 
 def _software() -> list[str]:
-    """The JAX and jaxlib versions, ``XLA_FLAGS`` and circle_jax's source digest: what makes
-    an entry another program (or unloadable) besides its key and the device."""
+    """The JAX and jaxlib versions, ``XLA_FLAGS``, circle_jax's source digest and its CPU
+    kernels (`circle_jax.lowering.cpu_kernels.cache_key`): what makes an entry another
+    program (or unloadable) besides its key and the device."""
     return [jax.__version__, jax.lib.__version__, os.environ.get("XLA_FLAGS", ""),
-            source_digest()]
+            source_digest(), cpu_kernels.cache_key()]
 
 
 def _hashed(parts: Sequence[str]) -> str:

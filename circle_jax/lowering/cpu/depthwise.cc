@@ -1,0 +1,289 @@
+// circle-jax's CPU kernels for the 3x3 depthwise convolution, as XLA FFI custom calls
+// (circle_jax/lowering/cpu_kernels.py builds, loads and registers them; the readable
+// reference they are tested against is circle_jax/lowering/depthwise.py).
+//
+// Layout NHWC, one weight per (tap, channel), stride 1 or 2 in both directions, dilation
+// 1, padding pad_top / pad_left (bottom and right follow from the output's size):
+//
+//   circle_jax_depthwise_forward:         out[n, oy, ox, c] = sum_k x(n, oy*s+ky-pt, ox*s+kx-pl, c) * w[k, c]
+//   circle_jax_depthwise_weight_gradient: dw[k, c] = sum_{n, oy, ox} x(n, oy*s+ky-pt, ox*s+kx-pl, c) * ct[n, oy, ox, c]
+//
+// with k = 3 * ky + kx and x() zero outside the input. float32 only; vectorized over the
+// channels (the contiguous axis) with GCC vector extensions, built with -march=native.
+//
+// Threads: the samples are cut into chunks that XLA's intra-op thread pool and the calling
+// thread take from a shared counter. The weight gradient sums each chunk's partial sums in
+// chunk order, and the chunks depend on the batch alone (not on the thread count), so a
+// result is the same bits however many threads ran it.
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+namespace {
+
+template <int L>
+struct Lanes {
+  typedef float type __attribute__((vector_size(L * 4), aligned(4)));
+};
+
+template <int L>
+inline typename Lanes<L>::type load(const float* p) {
+  typename Lanes<L>::type v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int L>
+inline void store(float* p, typename Lanes<L>::type v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+struct Shape {
+  int64_t n, h, w, c;     // input
+  int64_t oh, ow;         // output
+  int64_t stride, pad_top, pad_left;
+};
+
+// The three input rows tap row ky = 0, 1, 2 reads for output row oy (zeros outside).
+inline void rows_for(const Shape& s, const float* sample, int64_t oy, const float* zeros,
+                     const float* r[3]) {
+  for (int ky = 0; ky < 3; ++ky) {
+    int64_t iy = oy * s.stride + ky - s.pad_top;
+    r[ky] = (iy >= 0 && iy < s.h) ? sample + iy * s.w * s.c : zeros;
+  }
+}
+
+// Column ix of the three rows (zeros outside the input).
+template <int L>
+inline void column(const Shape& s, const float* const r[3], int64_t ix,
+                   typename Lanes<L>::type v[3]) {
+  if (ix >= 0 && ix < s.w) {
+    for (int ky = 0; ky < 3; ++ky) v[ky] = load<L>(r[ky] + ix * s.c);
+  } else {
+    for (int ky = 0; ky < 3; ++ky) v[ky] = typename Lanes<L>::type{};
+  }
+}
+
+// Walks output row oy of one channel block, calling visit(ox, window) with the 3x3 input
+// window (window[kx][ky]) each output position reads; consecutive windows share columns.
+template <int L, int S, class Visit>
+inline void walk_row(const Shape& s, const float* const r[3], Visit visit) {
+  using V = typename Lanes<L>::type;
+  V win[3][3];
+  column<L>(s, r, -s.pad_left, win[0]);
+  if (S == 1) column<L>(s, r, 1 - s.pad_left, win[1]);
+  for (int64_t ox = 0; ox < s.ow; ++ox) {
+    int64_t left = ox * S - s.pad_left;
+    if (S != 1) column<L>(s, r, left + 1, win[1]);
+    column<L>(s, r, left + 2, win[2]);
+    visit(ox, win);
+    for (int ky = 0; ky < 3; ++ky) {
+      if (S == 1) {
+        win[0][ky] = win[1][ky];
+        win[1][ky] = win[2][ky];
+      } else {
+        win[0][ky] = win[2][ky];
+      }
+    }
+  }
+}
+
+template <int L, int S>
+void forward_samples(const Shape& s, const float* x, const float* w, float* out, int64_t n0,
+                     int64_t n1, const float* zeros) {
+  using V = typename Lanes<L>::type;
+  for (int64_t n = n0; n < n1; ++n) {
+    for (int64_t c0 = 0; c0 < s.c; c0 += L) {
+      V wk[3][3];
+      for (int ky = 0; ky < 3; ++ky)
+        for (int kx = 0; kx < 3; ++kx) wk[kx][ky] = load<L>(w + (3 * ky + kx) * s.c + c0);
+      const float* sample = x + n * s.h * s.w * s.c + c0;
+      float* result = out + n * s.oh * s.ow * s.c + c0;
+      for (int64_t oy = 0; oy < s.oh; ++oy) {
+        const float* r[3];
+        rows_for(s, sample, oy, zeros, r);
+        float* row = result + oy * s.ow * s.c;
+        walk_row<L, S>(s, r, [&](int64_t ox, const V (&win)[3][3]) {
+          V top = win[0][0] * wk[0][0] + win[1][0] * wk[1][0] + win[2][0] * wk[2][0];
+          V mid = win[0][1] * wk[0][1] + win[1][1] * wk[1][1] + win[2][1] * wk[2][1];
+          V low = win[0][2] * wk[0][2] + win[1][2] * wk[1][2] + win[2][2] * wk[2][2];
+          store<L>(row + ox * s.c, top + mid + low);
+        });
+      }
+    }
+  }
+}
+
+// Adds the weight gradient of samples [n0, n1) to sums [9, C]: per sample, per channel
+// block, nine accumulators (one per tap) over its output positions, then added to sums.
+template <int L, int S>
+void weight_gradient_samples(const Shape& s, const float* x, const float* ct, float* sums,
+                             int64_t n0, int64_t n1, const float* zeros) {
+  using V = typename Lanes<L>::type;
+  for (int64_t c0 = 0; c0 < s.c; c0 += L) {
+    for (int64_t n = n0; n < n1; ++n) {
+      V acc[3][3] = {};
+      const float* sample = x + n * s.h * s.w * s.c + c0;
+      const float* grad = ct + n * s.oh * s.ow * s.c + c0;
+      for (int64_t oy = 0; oy < s.oh; ++oy) {
+        const float* r[3];
+        rows_for(s, sample, oy, zeros, r);
+        const float* row = grad + oy * s.ow * s.c;
+        walk_row<L, S>(s, r, [&](int64_t ox, const V (&win)[3][3]) {
+          V g = load<L>(row + ox * s.c);
+          for (int kx = 0; kx < 3; ++kx)
+            for (int ky = 0; ky < 3; ++ky) acc[kx][ky] += win[kx][ky] * g;
+        });
+      }
+      for (int ky = 0; ky < 3; ++ky)
+        for (int kx = 0; kx < 3; ++kx) {
+          float* at = sums + (3 * ky + kx) * s.c + c0;
+          store<L>(at, load<L>(at) + acc[kx][ky]);
+        }
+    }
+  }
+}
+
+// Runs f(chunk) for chunks [0, count) on the calling thread and up to threads - 1 pool
+// tasks, which take chunk numbers from a shared counter. The caller waits only for chunks
+// already taken, so a pool task that starts late (or never) cannot block it.
+template <class F>
+void in_chunks(ffi::ThreadPool& pool, int64_t count, F f) {
+  int64_t threads = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), count);
+  if (threads <= 1) {
+    for (int64_t i = 0; i < count; ++i) f(i);
+    return;
+  }
+  struct Progress {
+    std::atomic<int64_t> next{0}, done{0};
+    std::mutex mutex;
+    std::condition_variable finished;
+  };
+  auto progress = std::make_shared<Progress>();
+  auto body = std::make_shared<F>(std::move(f));
+  auto work = [progress, body, count]() {
+    for (int64_t i; (i = progress->next.fetch_add(1)) < count;) {
+      (*body)(i);
+      if (progress->done.fetch_add(1) + 1 == count) {
+        std::lock_guard<std::mutex> lock(progress->mutex);
+        progress->finished.notify_all();
+      }
+    }
+  };
+  for (int64_t t = 1; t < threads; ++t) {
+    auto task = work;
+    pool.Schedule(std::move(task));
+  }
+  work();
+  std::unique_lock<std::mutex> lock(progress->mutex);
+  progress->finished.wait(lock, [&] { return progress->done.load() == count; });
+}
+
+// Calls run(std::integral_constant<int, L>()) with the widest lane count dividing C.
+template <class Run>
+void by_lanes(int64_t c, Run run) {
+  if (c % 16 == 0) run(std::integral_constant<int, 16>());
+  else if (c % 8 == 0) run(std::integral_constant<int, 8>());
+  else if (c % 4 == 0) run(std::integral_constant<int, 4>());
+  else run(std::integral_constant<int, 1>());
+}
+
+//: samples per chunk of the batch (the chunks, not the threads, fix the summation order)
+constexpr int64_t kChunks = 8;
+
+ffi::Error checked(const Shape& s) {
+  if (s.stride != 1 && s.stride != 2)
+    return ffi::Error::InvalidArgument("depthwise kernel: stride 1 or 2 expected");
+  if (s.n < 0 || s.h <= 0 || s.w <= 0 || s.c <= 0 || s.oh <= 0 || s.ow <= 0)
+    return ffi::Error::InvalidArgument("depthwise kernel: empty shape");
+  return ffi::Error::Success();
+}
+
+ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                   ffi::ResultBuffer<ffi::F32> out, int64_t stride, int64_t pad_top,
+                   int64_t pad_left) {
+  auto xd = x.dimensions();
+  auto od = out->dimensions();
+  if (xd.size() != 4 || od.size() != 4 || w.element_count() != 9 * xd[3])
+    return ffi::Error::InvalidArgument("depthwise kernel: x [N, H, W, C], w [9, C] expected");
+  Shape s{xd[0], xd[1], xd[2], xd[3], od[1], od[2], stride, pad_top, pad_left};
+  if (auto e = checked(s); e.failure()) return e;
+  std::vector<float> zeros(s.w * s.c + 16, 0.0f);
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* op = out->typed_data();
+  int64_t chunks = std::min(s.n, kChunks);
+  by_lanes(s.c, [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    in_chunks(pool, chunks, [&, xp, wp, op](int64_t i) {
+      int64_t n0 = s.n * i / chunks, n1 = s.n * (i + 1) / chunks;
+      if (s.stride == 1) forward_samples<L, 1>(s, xp, wp, op, n0, n1, zeros.data());
+      else forward_samples<L, 2>(s, xp, wp, op, n0, n1, zeros.data());
+    });
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                          ffi::Buffer<ffi::F32> ct, ffi::ResultBuffer<ffi::F32> dw,
+                          int64_t stride, int64_t pad_top, int64_t pad_left) {
+  auto xd = x.dimensions();
+  auto cd = ct.dimensions();
+  if (xd.size() != 4 || cd.size() != 4 || cd[0] != xd[0] || cd[3] != xd[3] ||
+      dw->element_count() != 9 * xd[3])
+    return ffi::Error::InvalidArgument(
+        "depthwise kernel: x [N, H, W, C], ct [N, OH, OW, C], dw [9, C] expected");
+  Shape s{xd[0], xd[1], xd[2], xd[3], cd[1], cd[2], stride, pad_top, pad_left};
+  if (auto e = checked(s); e.failure()) return e;
+  std::vector<float> zeros(s.w * s.c + 16, 0.0f);
+  int64_t chunks = std::max<int64_t>(std::min(s.n, kChunks), 1);
+  std::vector<float> partial(chunks * 9 * s.c, 0.0f);
+  const float* xp = x.typed_data();
+  const float* cp = ct.typed_data();
+  by_lanes(s.c, [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    in_chunks(pool, chunks, [&, xp, cp](int64_t i) {
+      int64_t n0 = s.n * i / chunks, n1 = s.n * (i + 1) / chunks;
+      float* sums = partial.data() + i * 9 * s.c;
+      if (s.stride == 1) weight_gradient_samples<L, 1>(s, xp, cp, sums, n0, n1, zeros.data());
+      else weight_gradient_samples<L, 2>(s, xp, cp, sums, n0, n1, zeros.data());
+    });
+  });
+  float* result = dw->typed_data();
+  std::memcpy(result, partial.data(), 9 * s.c * sizeof(float));
+  for (int64_t i = 1; i < chunks; ++i)
+    for (int64_t j = 0; j < 9 * s.c; ++j) result[j] += partial[i * 9 * s.c + j];
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_forward, Forward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("stride")
+                                  .Attr<int64_t>("pad_top")
+                                  .Attr<int64_t>("pad_left"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_weight_gradient, WeightGradient,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("stride")
+                                  .Attr<int64_t>("pad_top")
+                                  .Attr<int64_t>("pad_left"));

@@ -1,0 +1,188 @@
+"""Hand-written CPU kernels beside the XLA lowerings: built once per machine, used where
+they apply, the XLA form everywhere else.
+
+``cpu/depthwise.cc`` holds the 3x3 depthwise convolution's forward product and weight
+gradient as XLA FFI custom calls (`circle_jax.lowering.depthwise` lowers to them; its
+own `shift_sum` and `weight_gradient` are the readable reference they are tested against).
+XLA CPU has no fast form of that weight gradient (benchmarks/README.md).
+
+The rules:
+
+- **Built on first use** with the machine's C++ compiler (``$CXX``, else ``c++`` or
+  ``g++``; ``-O3 -march=native``, against the FFI headers of the installed jaxlib), about
+  5 s once, into ``$CIRCLE_JAX_KERNEL_DIR`` (default ``~/.cache/circle-jax/kernels``,
+  under ``$XDG_CACHE_HOME`` where set) under a name that changes with the source, the
+  jaxlib version, the compiler and the CPU. Processes building at once take turns (a file
+  lock). A library already built is loaded when this module is imported, so a compiled
+  program kept on disk finds its custom calls registered.
+- **Used** for float32 4-d inputs, a 3x3 kernel, equal strides 1 or 2, dilation 1, in a
+  program lowered for the CPU on one device; anything else (other dtypes or kernels, GPU,
+  a program split over several devices) takes the XLA lowering.
+- **Off** with ``CIRCLE_JAX_CPU_KERNELS=0``, or where no compiler builds them (`status`
+  says why); results then differ from the kernels' only by float32 summation order.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import fcntl
+import functools
+import hashlib
+import os
+import platform
+import shutil
+import subprocess
+import threading
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+import jax
+import numpy as np
+from jax.interpreters import mlir
+
+SOURCE = Path(__file__).with_name("cpu") / "depthwise.cc"
+#: the custom-call targets ``SOURCE`` defines
+TARGETS = ("circle_jax_depthwise_forward", "circle_jax_depthwise_weight_gradient")
+FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-w")
+#: set to "0" to lower everything through XLA
+SWITCH = "CIRCLE_JAX_CPU_KERNELS"
+
+
+def kernel_dir() -> Path:
+    """Where built kernels are kept (see the module docstring)."""
+    if os.environ.get("CIRCLE_JAX_KERNEL_DIR"):
+        return Path(os.environ["CIRCLE_JAX_KERNEL_DIR"])
+    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    return Path(cache) / "circle-jax" / "kernels"
+
+
+def _compiler() -> str | None:
+    for name in (os.environ.get("CXX"), "c++", "g++"):
+        if name and shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+@functools.cache
+def _cpu() -> str:
+    """What ``-march=native`` depends on: the CPU's model name and flags."""
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
+        return "".join(sorted(set(lines)))
+    except OSError:
+        return platform.processor() or platform.machine()
+
+
+@functools.cache
+def _library_path(compiler: str) -> Path:
+    import jaxlib
+
+    h = hashlib.sha256(SOURCE.read_bytes())
+    for part in (jaxlib.__version__, compiler, os.path.getmtime(compiler), FLAGS, _cpu()):
+        h.update(repr(part).encode())
+    return kernel_dir() / f"depthwise-{h.hexdigest()[:20]}.so"
+
+
+def _build(path: Path, compiler: str) -> None:
+    """Compile ``SOURCE`` into ``path`` (a temporary file renamed into place, under a lock
+    that other processes building the same library wait on)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with open(path.with_suffix(".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if path.exists():
+            return
+        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        try:
+            subprocess.run([compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE),
+                            "-o", str(tmp)], check=True, capture_output=True, timeout=300)
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+
+
+_LOCK = threading.Lock()
+_NOT_BUILT = "not built yet"
+#: (whether the kernels are registered, the library or why not); None: not looked for
+_state: tuple[bool, str] | None = None
+
+
+def _load(build: bool) -> tuple[bool, str]:
+    """(whether the kernels are registered, the library or why not); ``build``: compile
+    them first where they are not built."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return False, f"{SWITCH}=0"
+    compiler = _compiler()
+    if compiler is None:
+        return False, "no C++ compiler ($CXX, c++ or g++) on PATH"
+    path = _library_path(compiler)
+    if not path.exists():
+        if not build:
+            return False, _NOT_BUILT
+        try:
+            _build(path, compiler)
+        except (OSError, subprocess.SubprocessError) as e:
+            err = getattr(e, "stderr", b"") or b""
+            detail = err.decode(errors="replace").strip().splitlines()[:1] or [str(e)]
+            return False, f"building {SOURCE.name} failed: {detail[0][:200]}"
+    library = ctypes.CDLL(str(path))
+    for name in TARGETS:
+        jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, name)),
+                                    platform="cpu")
+    return True, str(path)
+
+
+def _loaded(build: bool) -> tuple[bool, str]:
+    global _state
+    with _LOCK:
+        if _state is None or (build and _state == (False, _NOT_BUILT)):
+            _state = _load(build)
+        return _state
+
+
+def available() -> bool:
+    """Whether the kernels are built (building them now if needed) and registered."""
+    return _loaded(True)[0]
+
+
+def status() -> str:
+    """"on: <library>" or "off: <why>" ("not built yet" before the first use), building
+    nothing: what ``circle-jax train -v 2`` reports."""
+    on, detail = _loaded(False)
+    return f"{'on' if on else 'off'}: {detail}"
+
+
+def cache_key() -> str:
+    """What a compiled program kept on disk depends on (`circle_jax.train.programs`):
+    the library the kernels are, or would be once built, or why they are off."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return f"off: {SWITCH}=0"
+    compiler = _compiler()
+    return "off: no compiler" if compiler is None else f"on: {_library_path(compiler).name}"
+
+
+def on_one_cpu(ctx: mlir.LoweringRuleContext) -> bool:
+    """Whether the program being lowered runs unsplit on one device (a custom call has no
+    rule for splitting its operands over several)."""
+    axis = ctx.module_context.axis_context
+    return type(axis).__name__ == "ShardingContext" and getattr(axis, "num_devices", 0) == 1
+
+
+def lowering_with_kernel(target: str, fallback: Callable[..., Any],
+                         attributes: Callable[..., dict[str, Any] | None]
+                         ) -> Callable[..., Sequence[Any]]:
+    """A CPU lowering rule: the custom call ``target`` with ``attributes(*avals_in,
+    **params)`` (None where the kernel does not apply) on one device once `available`,
+    else the rule ``fallback``."""
+    def rule(ctx: mlir.LoweringRuleContext, *args: Any, **params: Any) -> Sequence[Any]:
+        attrs = attributes(*ctx.avals_in, **params)
+        if attrs is None or not on_one_cpu(ctx) or not available():
+            return fallback(ctx, *args, **params)
+        attrs = {k: np.int64(v) for k, v in attrs.items()}
+        return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)
+
+    return rule
+
+
+_loaded(False)  # a library built before: register its targets for kept programs

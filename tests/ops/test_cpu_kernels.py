@@ -1,0 +1,197 @@
+"""The hand-written CPU kernels (`circle_jax.lowering.cpu_kernels`: the 3x3 depthwise
+convolution's forward product and weight gradient) against the readable XLA forms they
+replace (`circle_jax.lowering.depthwise.shift_sum` and `weight_gradient`) and a float64
+numpy sum; where they apply and where the XLA form stays; their AD rules; a kept program
+calling them loaded by a fresh process.
+
+Tolerance: 2e-6 of the largest reference value. Both sides are float32 sums of at most
+N * OH * OW products (the weight gradient) in another order; 2e-6 is about 16 float32
+ulps, above the largest difference measured over these shapes (6.6e-7) and far below
+any indexing error (a wrong tap or border is a difference of order 1)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.lowering import cpu_kernels
+from circle_jax.lowering.depthwise import channelwise, shift_sum, weight_gradient
+from circle_jax.ops.conv import Geometry
+from tests.paths import REPO_ROOT
+
+FORWARD, WEIGHT_GRADIENT = cpu_kernels.TARGETS
+TOLERANCE = 2e-6
+
+
+@pytest.fixture(scope="module", autouse=True)
+def kernels() -> None:
+    """The kernels build where a C++ compiler is (always in CI: `.ci/run` runs there)."""
+    if not cpu_kernels.available():
+        assert not os.environ.get("CI"), cpu_kernels.status()
+        pytest.skip(f"no CPU kernels here ({cpu_kernels.status()})")
+
+
+def _geometry(stride: int, pads: tuple) -> Geometry:
+    return Geometry((3, 3), (stride, stride), (1, 1), pads)
+
+
+def _numpy(x: np.ndarray, w: np.ndarray, ct: np.ndarray, g: Geometry
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """(forward, weight gradient) in float64, tap by tap."""
+    (top, bottom), (left, right) = g.pads
+    s = g.strides[0]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (left, right), (0, 0)))
+    oh, ow = ct.shape[1:3]
+    out, dw = np.zeros(ct.shape), np.zeros(w.shape)
+    for k in range(9):
+        ky, kx = divmod(k, 3)
+        tap = xp[:, ky:ky + s * (oh - 1) + 1:s, kx:kx + s * (ow - 1) + 1:s]
+        out += tap * w[k]
+        dw[k] = np.sum(tap * ct, axis=(0, 1, 2))
+    return out, dw
+
+
+SHAPES = [  # (N, H, W, C), stride, ((top, bottom), (left, right))
+    ((1, 5, 7, 3), 1, ((1, 1), (1, 1))),      # odd channels: one lane
+    ((3, 8, 8, 8), 2, ((0, 1), (0, 1))),      # TFLite SAME at stride 2, even size
+    ((2, 9, 6, 24), 2, ((1, 1), (1, 1))),     # 8 lanes
+    ((9, 16, 16, 64), 1, ((1, 1), (1, 1))),   # 16 lanes, more samples than chunks
+    ((4, 7, 7, 16), 1, ((0, 0), (0, 0))),     # VALID
+    ((2, 4, 4, 256), 1, ((1, 1), (1, 1))),
+    ((5, 10, 11, 12), 2, ((1, 2), (0, 1))),   # 4 lanes, uneven padding
+    ((1, 1, 1, 4), 1, ((1, 1), (1, 1))),      # a 1x1 input: every tap but the centre pads
+]
+
+
+@pytest.mark.parametrize("shape, stride, pads", SHAPES, ids=str)
+def test_the_kernels_compute_the_xla_forms(shape, stride, pads) -> None:
+    g = _geometry(stride, pads)
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((9, shape[-1])).astype(np.float32)
+    forward = jax.jit(lambda x, w: channelwise(x, w, g))
+    assert FORWARD in forward.lower(x, w).as_text()
+    y = np.asarray(forward(x, w))
+    ct = rng.standard_normal(y.shape).astype(np.float32)
+    grad = jax.jit(jax.grad(lambda w: jnp.sum(channelwise(x, w, g) * ct)))
+    assert WEIGHT_GRADIENT in grad.lower(w).as_text()
+    dw = np.asarray(grad(w))
+    want_y, want_dw = _numpy(x, w, ct, g)
+    for got, xla, exact in ((y, shift_sum(x, w, g), want_y),
+                            (dw, weight_gradient(x, ct, g), want_dw)):
+        scale = np.abs(exact).max()
+        assert np.abs(got - exact).max() <= TOLERANCE * scale
+        assert np.abs(got - np.asarray(xla)).max() <= TOLERANCE * scale
+    assert np.array_equal(dw, np.asarray(grad(w)))  # the same bits every call
+
+
+@pytest.mark.parametrize("geometry, dtype", [
+    (Geometry((5, 5), (1, 1), (1, 1), ((2, 2), (2, 2))), np.float32),   # not 3x3
+    (Geometry((3, 3), (1, 2), (1, 1), ((1, 1), (0, 1))), np.float32),   # unequal strides
+    (Geometry((3, 3), (1, 1), (2, 2), ((2, 2), (2, 2))), np.float32),   # dilated
+    (Geometry((3, 3), (1, 1), (1, 1), ((1, 1), (1, 1))), np.float16),   # half precision
+], ids=str)
+def test_what_the_kernels_do_not_cover_lowers_through_xla(geometry, dtype) -> None:
+    x = np.ones((2, 6, 6, 4), dtype)
+    w = np.ones((geometry.kernel[0] * geometry.kernel[1], 4), dtype)
+    step = jax.jit(jax.value_and_grad(lambda w: jnp.sum(channelwise(x, w, geometry))))
+    text = step.lower(w).as_text()
+    assert FORWARD not in text and WEIGHT_GRADIENT not in text
+
+
+def test_float64_and_a_program_split_over_devices_lower_through_xla() -> None:
+    code = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import NamedSharding, PartitionSpec as P
+from circle_jax.lowering import cpu_kernels
+from circle_jax.lowering.depthwise import channelwise
+from circle_jax.ops.conv import Geometry
+g = Geometry((3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)))
+loss = lambda w, x: jnp.sum(channelwise(x, w, g))
+step = jax.jit(jax.grad(loss))
+w, x = np.ones((9, 4), np.float32), np.ones((4, 6, 6, 4), np.float32)
+assert cpu_kernels.available()
+one = step.lower(w, x).as_text()
+mesh = jax.make_mesh((2,), ("data",))
+xs = jax.device_put(x, NamedSharding(mesh, P("data")))
+split = step.lower(w, xs).as_text()
+with jax.enable_x64(True):
+    wide = step.lower(w.astype(np.float64), x.astype(np.float64)).as_text()
+print([cpu_kernels.TARGETS[1] in t for t in (one, split, wide)])
+"""
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=REPO_ROOT, timeout=300)
+    assert p.stdout.strip() == "[True, False, False]", p.stderr[-2000:]
+
+
+def test_switched_off_by_the_environment() -> None:
+    code = ("from circle_jax.lowering import cpu_kernels; "
+            "print(cpu_kernels.available(), cpu_kernels.status(), cpu_kernels.cache_key())")
+    env = {**os.environ, cpu_kernels.SWITCH: "0"}
+    p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                       cwd=REPO_ROOT, timeout=120, env=env)
+    assert p.stdout.strip() == ("False off: CIRCLE_JAX_CPU_KERNELS=0 "
+                                "off: CIRCLE_JAX_CPU_KERNELS=0"), p.stderr[-2000:]
+
+
+def test_second_derivatives_and_per_sample_gradients() -> None:
+    """The weight-gradient primitive's own transposes (w.r.t. the input and the output's
+    cotangent) and its vmap rule, against autodiff of the reference `weight_gradient` in
+    float64 (the XLA forms; the kernels' values are the test above)."""
+    g = _geometry(2, ((0, 1), (1, 1)))
+    rng = np.random.default_rng(3)
+    x = rng.standard_normal((3, 7, 6, 5))
+    w = rng.standard_normal((9, 5))
+    with jax.enable_x64(True):
+        ct = rng.standard_normal(np.shape(shift_sum(x, w, g)))
+
+        def mixed(f):  # d/dx of <dL/dw, v>, L = <conv(x, w), ct>
+            return jax.grad(lambda x: jnp.sum(jax.grad(lambda w: jnp.sum(f(x, w) * ct))(w)
+                                              * w))(x)
+
+        np.testing.assert_allclose(mixed(lambda x, w: channelwise(x, w, g)),
+                                   mixed(lambda x, w: shift_sum(x, w, g)), rtol=1e-12)
+        per_sample = jax.vmap(jax.grad(lambda w, x, c: jnp.sum(channelwise(x[None], w, g)
+                                                              * c[None])),
+                              in_axes=(None, 0, 0))(w, x, ct)
+        want = [weight_gradient(x[i:i + 1], ct[i:i + 1], g) for i in range(3)]
+        np.testing.assert_allclose(per_sample, np.stack(want), rtol=1e-12)
+
+
+def test_a_kept_program_with_kernels_runs_in_a_fresh_process(tmp_path) -> None:
+    """Two runs of the command line with one compile cache: the second loads the kept
+    epoch (whose custom calls this module registers at import) and trains the same bits."""
+    b = cj.Builder("depthwise")
+    rng = np.random.default_rng(0)
+    x = b.input("x", (1, 8, 8, 4))
+    h = b.op("DEPTHWISE_CONV_2D", [x, b.constant("dw/w", rng.standard_normal(
+        (1, 3, 3, 4)).astype(np.float32)), b.constant("dw/b", np.zeros(4, np.float32))],
+        {"padding": "SAME", "stride_h": 2, "stride_w": 2, "depth_multiplier": 1,
+         "fused_activation_function": "RELU6"})
+    f = b.op("RESHAPE", [h, b.constant("shape", np.array([1, 64], np.int32))])
+    b.output(b.op("FULLY_CONNECTED", [f, b.constant("fc/w", rng.standard_normal(
+        (3, 64)).astype(np.float32) * 0.1), b.constant("fc/b", np.zeros(3, np.float32))]))
+    (tmp_path / "m.circle").write_bytes(b.to_bytes("circle"))
+    np.save(tmp_path / "x.npy", rng.standard_normal((16, 8, 8, 4)).astype(np.float32))
+    np.save(tmp_path / "y.npy", rng.standard_normal((16, 3)).astype(np.float32))
+    outputs = []
+    for run in range(2):
+        out = tmp_path / f"out{run}.circle"
+        argv = [sys.executable, "-m", "circle_jax.cli", "train", str(tmp_path / "m.circle"),
+                "--load_input", str(tmp_path / "x.npy"), "--load_expected",
+                str(tmp_path / "y.npy"), "--epoch", "2", "--batch_size", "4",
+                "--compile_cache", str(tmp_path / "cache"), "--export_circle", str(out)]
+        p = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+        outputs.append(out.read_bytes())
+    assert outputs[0] == outputs[1]
+    assert any(f.endswith(".jaxexec") for f in os.listdir(tmp_path / "cache" / "programs"))
