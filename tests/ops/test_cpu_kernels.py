@@ -133,6 +133,21 @@ print([cpu_kernels.TARGETS[1] in t for t in (one, split, wide)])
     assert p.stdout.strip() == "[True, False, False]", p.stderr[-2000:]
 
 
+def test_a_fresh_kernel_directory_builds_them_once(tmp_path) -> None:
+    """The build itself (a fresh ``$CIRCLE_JAX_KERNEL_DIR``): one library, named by what it
+    was built from, loaded by the next process without building."""
+    code = ("from circle_jax.lowering import cpu_kernels as k; "
+            "before = k.status(); print(before, k.available(), k.status() != before)")
+    env = {**os.environ, "CIRCLE_JAX_KERNEL_DIR": str(tmp_path)}
+    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                           cwd=REPO_ROOT, timeout=600, env=env) for _ in range(2)]
+    built = [f for f in os.listdir(tmp_path) if f.endswith(".so")]
+    assert len(built) == 1 and built[0].startswith("depthwise-")
+    assert runs[0].stdout.split() == ["off:", "not", "built", "yet", "True", "True"], \
+        runs[0].stderr[-2000:]
+    assert runs[1].stdout.split() == ["on:", str(tmp_path / built[0]), "True", "False"]
+
+
 def test_switched_off_by_the_environment() -> None:
     code = ("from circle_jax.lowering import cpu_kernels; "
             "print(cpu_kernels.available(), cpu_kernels.status(), cpu_kernels.cache_key())")
