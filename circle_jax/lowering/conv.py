@@ -5,7 +5,8 @@ The methods, all computing :func:`circle_jax.ops.conv.conv`:
 - ``"xla"``: ``lax.conv_general_dilated`` (the reference itself).
 - ``"im2col"``: the kernel's shifted slices of the padded input are concatenated on the
   channel axis and multiplied by the flattened filter in one matmul (a batched matmul per
-  group for grouped convolutions).
+  group for grouped convolutions); a 3x3 one of few input channels is the primitive of
+  :mod:`circle_jax.lowering.few_channels` (hand-written kernels on the CPU).
 - ``"kn2row"``: one matmul gives every tap's product at every input pixel, then each tap's
   shifted slice of it is summed (ungrouped convolutions).
 - ``"shift"``: depthwise only, see :mod:`circle_jax.lowering.depthwise`.
@@ -30,10 +31,10 @@ from ..ops.registry import OpContext
 from . import CONV_METHODS, LoweringOptions, fast
 from ._taps import offsets, pad_spatial, tap, taps
 from .depthwise import channelwise
+from .few_channels import applies, few_channels_conv, im2col_conv
 from .matmul import (
     TRANSPOSED_OPERAND_ELEMENTS,
     matmul_2d,
-    matmul_nt,
     matmul_pretransposed,
 )
 
@@ -118,13 +119,9 @@ def _conv_impl(x: jax.Array, w: jax.Array, g: Geometry, method: str) -> jax.Arra
         if m > 1:  # output channel c*M + k reads input channel c
             x = jnp.repeat(x, m, axis=-1)
         return channelwise(x, w.reshape(-1, c_out), g)
-    cols = taps(x, g)
     if groups == 1:
-        im2col = cols[0] if len(cols) == 1 else jnp.concatenate(cols, axis=-1)
-        rows = math.prod(im2col.shape[:-1])
-        # the filter as [O, K] (K in im2col's tap-major order): CONV_2D's stored layout
-        y = matmul_nt(im2col.reshape(rows, -1), jnp.moveaxis(w, -1, 0).reshape(c_out, -1))
-        return y.reshape(*im2col.shape[:-1], c_out)
+        return few_channels_conv(x, w, g) if applies(x, w, g) else im2col_conv(x, w, g)
+    cols = taps(x, g)
     stacked = jnp.stack(cols, axis=-2)  # [N, *S', K, C_in]
     stacked = stacked.reshape(*stacked.shape[:-1], groups, cg)
     wg = w.reshape(len(cols), cg, groups, c_out // groups)

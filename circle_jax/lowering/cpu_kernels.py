@@ -3,8 +3,10 @@ they apply, the XLA form everywhere else.
 
 ``cpu/depthwise.cc`` holds the 3x3 depthwise convolution's forward product and weight
 gradient as XLA FFI custom calls (`circle_jax.lowering.depthwise` lowers to them; its
-own `shift_sum` and `weight_gradient` are the readable reference they are tested against).
-XLA CPU has no fast form of that weight gradient (benchmarks/README.md).
+own `shift_sum` and `weight_gradient` are the readable reference they are tested against;
+XLA CPU has no fast form of that weight gradient, benchmarks/README.md); ``cpu/conv.cc``
+those of a 3x3 convolution of at most 4 input channels, an image's first layer
+(`circle_jax.lowering.few_channels`, whose im2col form is their reference).
 
 The rules:
 
@@ -16,7 +18,8 @@ The rules:
   lock). A library already built is loaded when this module is imported, so a compiled
   program kept on disk finds its custom calls registered.
 - **Used** for float32 4-d inputs, a 3x3 kernel, equal strides 1 or 2, dilation 1, in a
-  program lowered for the CPU on one device; anything else (other dtypes or kernels, GPU,
+  program lowered for the CPU on one device (and, for `few_channels`, 1 to 4 input
+  channels); anything else (other dtypes or kernels, GPU,
   a program split over several devices) takes the XLA lowering.
 - **Off** with ``CIRCLE_JAX_CPU_KERNELS=0``, or where no compiler builds them (`status`
   says why); results then differ from the kernels' only by float32 summation order.
@@ -41,10 +44,13 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-SOURCE = Path(__file__).with_name("cpu") / "depthwise.cc"
-#: the custom-call targets ``SOURCE`` defines
-TARGETS = ("circle_jax_depthwise_forward", "circle_jax_depthwise_weight_gradient")
-FLAGS = ("-O3", "-march=native", "-shared", "-fPIC", "-std=c++17", "-w")
+SOURCE_DIR = Path(__file__).with_name("cpu")
+#: one source file per operator family, compiled in parallel and linked into one library
+SOURCES = ("depthwise.cc", "conv.cc")
+#: the custom-call targets ``SOURCES`` define
+TARGETS = ("circle_jax_depthwise_forward", "circle_jax_depthwise_weight_gradient",
+           "circle_jax_conv3x3_forward", "circle_jax_conv3x3_weight_gradient")
+FLAGS = ("-O3", "-march=native", "-fPIC", "-std=c++17", "-w")
 #: set to "0" to lower everything through XLA
 SWITCH = "CIRCLE_JAX_CPU_KERNELS"
 
@@ -79,27 +85,44 @@ def _cpu() -> str:
 def _library_path(compiler: str) -> Path:
     import jaxlib
 
-    h = hashlib.sha256(SOURCE.read_bytes())
+    h = hashlib.sha256()
+    for source in sorted(SOURCE_DIR.iterdir()):
+        h.update(source.name.encode() + source.read_bytes())
     for part in (jaxlib.__version__, compiler, os.path.getmtime(compiler), FLAGS, _cpu()):
         h.update(repr(part).encode())
-    return kernel_dir() / f"depthwise-{h.hexdigest()[:20]}.so"
+    return kernel_dir() / f"kernels-{h.hexdigest()[:20]}.so"
 
 
 def _build(path: Path, compiler: str) -> None:
-    """Compile ``SOURCE`` into ``path`` (a temporary file renamed into place, under a lock
-    that other processes building the same library wait on)."""
+    """Compile ``SOURCES`` (in parallel) and link them into ``path`` (a temporary file
+    renamed into place, under a lock that other processes building it wait on)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     with open(path.with_suffix(".lock"), "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if path.exists():
             return
-        tmp = path.with_suffix(f".{os.getpid()}.tmp")
+        tmp = path.with_suffix(f".{os.getpid()}")
+        objects = [tmp.with_suffix(f".{os.getpid()}.{name}.o") for name in SOURCES]
         try:
-            subprocess.run([compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", str(SOURCE),
-                            "-o", str(tmp)], check=True, capture_output=True, timeout=300)
+            compiles = [subprocess.Popen(
+                [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", "-c", str(SOURCE_DIR / name),
+                 "-o", str(o)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+                for name, o in zip(SOURCES, objects)]
+            try:
+                for c in compiles:
+                    _, err = c.communicate(timeout=300)
+                    if c.returncode:
+                        raise subprocess.CalledProcessError(c.returncode, c.args, stderr=err)
+            finally:
+                for c in compiles:
+                    if c.poll() is None:
+                        c.kill()
+            subprocess.run([compiler, "-shared", *map(str, objects), "-o", str(tmp)],
+                           check=True, capture_output=True, timeout=300)
             os.replace(tmp, path)
         finally:
-            tmp.unlink(missing_ok=True)
+            for leftover in (tmp, *objects):
+                leftover.unlink(missing_ok=True)
 
 
 _LOCK = threading.Lock()
@@ -125,7 +148,7 @@ def _load(build: bool) -> tuple[bool, str]:
         except (OSError, subprocess.SubprocessError) as e:
             err = getattr(e, "stderr", b"") or b""
             detail = err.decode(errors="replace").strip().splitlines()[:1] or [str(e)]
-            return False, f"building {SOURCE.name} failed: {detail[0][:200]}"
+            return False, f"building the kernels failed: {detail[0][:200]}"
     library = ctypes.CDLL(str(path))
     for name in TARGETS:
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, name)),
@@ -167,6 +190,19 @@ def on_one_cpu(ctx: mlir.LoweringRuleContext) -> bool:
     rule for splitting its operands over several)."""
     axis = ctx.module_context.axis_context
     return type(axis).__name__ == "ShardingContext" and getattr(axis, "num_devices", 0) == 1
+
+
+def attributes_3x3(x: jax.core.ShapedArray, other: jax.core.ShapedArray, *,
+                   geometry: Any) -> dict[str, int] | None:
+    """The kernels' attributes for a 3x3 float32 [N, H, W, C] convolution (``other``: the
+    filter or the output's cotangent) of equal strides 1 or 2 and dilation 1; None where
+    they do not apply."""
+    g = geometry
+    if x.ndim != 4 or x.dtype != np.float32 or other.dtype != np.float32 \
+            or tuple(g.kernel) != (3, 3) or tuple(g.dilations) != (1, 1) \
+            or tuple(g.strides) not in ((1, 1), (2, 2)):
+        return None
+    return {"stride": g.strides[0], "pad_top": g.pads[0][0], "pad_left": g.pads[1][0]}
 
 
 def lowering_with_kernel(target: str, fallback: Callable[..., Any],

@@ -90,21 +90,9 @@ def _abstract_eval(x: jax.core.ShapedArray, wk: jax.core.ShapedArray, *, geometr
 mlir.register_lowering(channelwise_p, mlir.lower_fun(_product, multiple_results=False))
 
 
-def _kernel_attributes(x: jax.core.ShapedArray, other: jax.core.ShapedArray, *,
-                       geometry: Geometry) -> dict[str, int] | None:
-    """The CPU kernels' attributes for a 3x3 float32 [N, H, W, C] convolution of equal
-    strides 1 or 2 (`circle_jax.lowering.cpu_kernels`); None where they do not apply."""
-    g = geometry
-    if x.ndim != 4 or x.dtype != jnp.float32 or other.dtype != jnp.float32 \
-            or g.kernel != (3, 3) or g.dilations != (1, 1) \
-            or g.strides not in ((1, 1), (2, 2)):
-        return None
-    return {"stride": g.strides[0], "pad_top": g.pads[0][0], "pad_left": g.pads[1][0]}
-
-
 mlir.register_lowering(channelwise_p, cpu_kernels.lowering_with_kernel(
     "circle_jax_depthwise_forward", mlir.lower_fun(_product, multiple_results=False),
-    _kernel_attributes), platform="cpu")
+    cpu_kernels.attributes_3x3), platform="cpu")
 
 
 def input_gradient(ct: jax.Array, wk: jax.Array, g: Geometry, sizes: Sequence[int]
@@ -182,7 +170,7 @@ def _weight_gradient_transpose_ct(dw: jax.Array, x: jax.Array, ct: ad.UndefinedP
 fallback = mlir.lower_fun(_weight_gradient, multiple_results=False)
 mlir.register_lowering(weight_gradient_p, fallback)
 mlir.register_lowering(weight_gradient_p, cpu_kernels.lowering_with_kernel(
-    "circle_jax_depthwise_weight_gradient", fallback, _kernel_attributes), platform="cpu")
+    "circle_jax_depthwise_weight_gradient", fallback, cpu_kernels.attributes_3x3), platform="cpu")
 ad.defbilinear(weight_gradient_p, _weight_gradient_transpose_x, _weight_gradient_transpose_ct)
 batching.primitive_batchers[weight_gradient_p] = _weight_gradient_batch
 

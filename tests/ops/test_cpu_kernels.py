@@ -1,8 +1,9 @@
-"""The hand-written CPU kernels (`circle_jax.lowering.cpu_kernels`: the 3x3 depthwise
-convolution's forward product and weight gradient) against the readable XLA forms they
-replace (`circle_jax.lowering.depthwise.shift_sum` and `weight_gradient`) and a float64
-numpy sum; where they apply and where the XLA form stays; their AD rules; a kept program
-calling them loaded by a fresh process.
+"""The hand-written CPU kernels (`circle_jax.lowering.cpu_kernels`: the forward product and
+weight gradient of the 3x3 depthwise convolution and of the 3x3 convolution of few input
+channels) against the readable XLA forms they replace (`circle_jax.lowering.depthwise`'s
+`shift_sum` and `weight_gradient`, `circle_jax.lowering.few_channels.im2col_conv` and its
+autodiff) and a float64 numpy sum; where they apply and where the XLA form stays; their AD
+rules; a kept program calling them loaded by a fresh process.
 
 Tolerance: 2e-6 of the largest reference value. Both sides are float32 sums of at most
 N * OH * OW products (the weight gradient) in another order; 2e-6 is about 16 float32
@@ -23,10 +24,11 @@ import pytest
 import circle_jax as cj
 from circle_jax.lowering import cpu_kernels
 from circle_jax.lowering.depthwise import channelwise, shift_sum, weight_gradient
+from circle_jax.lowering.few_channels import few_channels_conv, im2col_conv
 from circle_jax.ops.conv import Geometry
 from tests.paths import REPO_ROOT
 
-FORWARD, WEIGHT_GRADIENT = cpu_kernels.TARGETS
+FORWARD, WEIGHT_GRADIENT, CONV_FORWARD, CONV_WEIGHT_GRADIENT = cpu_kernels.TARGETS
 TOLERANCE = 2e-6
 
 
@@ -92,6 +94,58 @@ def test_the_kernels_compute_the_xla_forms(shape, stride, pads) -> None:
     assert np.array_equal(dw, np.asarray(grad(w)))  # the same bits every call
 
 
+def _numpy_conv(x: np.ndarray, w: np.ndarray, ct: np.ndarray, g: Geometry
+                ) -> tuple[np.ndarray, np.ndarray]:
+    """A full convolution's (forward, weight gradient) in float64; w [3, 3, I, O]."""
+    (top, bottom), (left, right) = g.pads
+    s = g.strides[0]
+    xp = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (left, right), (0, 0)))
+    oh, ow = ct.shape[1:3]
+    out, dw = np.zeros(ct.shape), np.zeros(w.shape)
+    for ky in range(3):
+        for kx in range(3):
+            tap = xp[:, ky:ky + s * (oh - 1) + 1:s, kx:kx + s * (ow - 1) + 1:s]
+            out += np.einsum("nhwi,io->nhwo", tap, w[ky, kx])
+            dw[ky, kx] = np.einsum("nhwi,nhwo->io", tap, ct)
+    return out, dw
+
+
+CONV_SHAPES = [  # (N, H, W, I), O, stride, pads
+    ((32, 64, 64, 3), 8, 2, ((0, 1), (0, 1))),  # MobileNet's first layer at half size
+    ((2, 9, 7, 1), 5, 1, ((1, 1), (1, 1))),     # one input channel, odd outputs: one lane
+    ((3, 8, 8, 4), 16, 1, ((0, 0), (0, 0))),    # 16 lanes, VALID
+    ((9, 10, 11, 2), 12, 2, ((1, 1), (1, 1))),  # 4 lanes
+    ((1, 1, 1, 3), 4, 1, ((1, 1), (1, 1))),
+]
+
+
+@pytest.mark.parametrize("shape, outputs, stride, pads", CONV_SHAPES, ids=str)
+def test_the_few_channel_kernels_compute_im2col(shape, outputs, stride, pads) -> None:
+    g = _geometry(stride, pads)
+    rng = np.random.default_rng(sum(shape))
+    x = rng.standard_normal(shape).astype(np.float32)
+    w = rng.standard_normal((3, 3, shape[-1], outputs)).astype(np.float32)
+    forward = jax.jit(lambda x, w: few_channels_conv(x, w, g))
+    assert CONV_FORWARD in forward.lower(x, w).as_text()
+    y = np.asarray(forward(x, w))
+    ct = rng.standard_normal(y.shape).astype(np.float32)
+
+    def loss(conv):
+        return lambda x, w: jnp.sum(conv(x, w, g) * ct)
+
+    grads = jax.jit(jax.grad(loss(few_channels_conv), argnums=(0, 1)))
+    assert CONV_WEIGHT_GRADIENT in grads.lower(x, w).as_text()
+    dx, dw = map(np.asarray, grads(x, w))
+    xla_dx, xla_dw = jax.grad(loss(im2col_conv), argnums=(0, 1))(x, w)
+    want_y, want_dw = _numpy_conv(x, w, ct, g)
+    for got, xla, exact in ((y, im2col_conv(x, w, g), want_y), (dw, xla_dw, want_dw),
+                            (dx, xla_dx, None)):  # the input's gradient is im2col's
+        scale = np.abs(np.asarray(xla) if exact is None else exact).max()
+        if exact is not None:
+            assert np.abs(got - exact).max() <= TOLERANCE * scale
+        assert np.abs(got - np.asarray(xla)).max() <= TOLERANCE * scale
+
+
 @pytest.mark.parametrize("geometry, dtype", [
     (Geometry((5, 5), (1, 1), (1, 1), ((2, 2), (2, 2))), np.float32),   # not 3x3
     (Geometry((3, 3), (1, 2), (1, 1), ((1, 1), (0, 1))), np.float32),   # unequal strides
@@ -142,7 +196,7 @@ def test_a_fresh_kernel_directory_builds_them_once(tmp_path) -> None:
     runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                            cwd=REPO_ROOT, timeout=600, env=env) for _ in range(2)]
     built = [f for f in os.listdir(tmp_path) if f.endswith(".so")]
-    assert len(built) == 1 and built[0].startswith("depthwise-")
+    assert len(built) == 1 and built[0].startswith("kernels-")
     assert runs[0].stdout.split() == ["off:", "not", "built", "yet", "True", "True"], \
         runs[0].stderr[-2000:]
     assert runs[1].stdout.split() == ["on:", str(tmp_path / built[0]), "True", "False"]
@@ -175,10 +229,27 @@ def test_second_derivatives_and_per_sample_gradients() -> None:
 
         np.testing.assert_allclose(mixed(lambda x, w: channelwise(x, w, g)),
                                    mixed(lambda x, w: shift_sum(x, w, g)), rtol=1e-12)
+        w4 = rng.standard_normal((3, 3, 5, 2))[:, :, :4]  # 4 input channels, 2 outputs
+        x4, ct2 = x[..., :4], ct[..., :2]
+
+        def mixed4(f):
+            return jax.grad(lambda x: jnp.sum(jax.grad(lambda w: jnp.sum(f(x, w) * ct2))(w4)
+                                              * w4))(x4)
+
+        np.testing.assert_allclose(mixed4(lambda x, w: few_channels_conv(x, w, g)),
+                                   mixed4(lambda x, w: im2col_conv(x, w, g)), rtol=1e-12)
         per_sample = jax.vmap(jax.grad(lambda w, x, c: jnp.sum(channelwise(x[None], w, g)
                                                               * c[None])),
                               in_axes=(None, 0, 0))(w, x, ct)
         want = [weight_gradient(x[i:i + 1], ct[i:i + 1], g) for i in range(3)]
+        np.testing.assert_allclose(per_sample, np.stack(want), rtol=1e-12)
+
+        def sample_loss(conv):
+            return lambda w, x, c: jnp.sum(conv(x[None], w, g) * c[None])
+
+        per_sample = jax.vmap(jax.grad(sample_loss(few_channels_conv)),
+                              in_axes=(None, 0, 0))(w4, x4, ct2)
+        want = [jax.grad(sample_loss(im2col_conv))(w4, x4[i], ct2[i]) for i in range(3)]
         np.testing.assert_allclose(per_sample, np.stack(want), rtol=1e-12)
 
 

@@ -16,37 +16,13 @@
 // chunk order, and the chunks depend on the batch alone (not on the thread count), so a
 // result is the same bits however many threads ran it.
 
-#include <algorithm>
-#include <atomic>
-#include <condition_variable>
-#include <cstdint>
-#include <cstring>
-#include <memory>
-#include <mutex>
 #include <vector>
 
-#include "xla/ffi/api/ffi.h"
-
-namespace ffi = xla::ffi;
+#include "common.h"
 
 namespace {
 
-template <int L>
-struct Lanes {
-  typedef float type __attribute__((vector_size(L * 4), aligned(4)));
-};
-
-template <int L>
-inline typename Lanes<L>::type load(const float* p) {
-  typename Lanes<L>::type v;
-  std::memcpy(&v, p, sizeof(v));
-  return v;
-}
-
-template <int L>
-inline void store(float* p, typename Lanes<L>::type v) {
-  std::memcpy(p, &v, sizeof(v));
-}
+using namespace circle_jax;
 
 struct Shape {
   int64_t n, h, w, c;     // input
@@ -154,53 +130,6 @@ void weight_gradient_samples(const Shape& s, const float* x, const float* ct, fl
   }
 }
 
-// Runs f(chunk) for chunks [0, count) on the calling thread and up to threads - 1 pool
-// tasks, which take chunk numbers from a shared counter. The caller waits only for chunks
-// already taken, so a pool task that starts late (or never) cannot block it.
-template <class F>
-void in_chunks(ffi::ThreadPool& pool, int64_t count, F f) {
-  int64_t threads = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), count);
-  if (threads <= 1) {
-    for (int64_t i = 0; i < count; ++i) f(i);
-    return;
-  }
-  struct Progress {
-    std::atomic<int64_t> next{0}, done{0};
-    std::mutex mutex;
-    std::condition_variable finished;
-  };
-  auto progress = std::make_shared<Progress>();
-  auto body = std::make_shared<F>(std::move(f));
-  auto work = [progress, body, count]() {
-    for (int64_t i; (i = progress->next.fetch_add(1)) < count;) {
-      (*body)(i);
-      if (progress->done.fetch_add(1) + 1 == count) {
-        std::lock_guard<std::mutex> lock(progress->mutex);
-        progress->finished.notify_all();
-      }
-    }
-  };
-  for (int64_t t = 1; t < threads; ++t) {
-    auto task = work;
-    pool.Schedule(std::move(task));
-  }
-  work();
-  std::unique_lock<std::mutex> lock(progress->mutex);
-  progress->finished.wait(lock, [&] { return progress->done.load() == count; });
-}
-
-// Calls run(std::integral_constant<int, L>()) with the widest lane count dividing C.
-template <class Run>
-void by_lanes(int64_t c, Run run) {
-  if (c % 16 == 0) run(std::integral_constant<int, 16>());
-  else if (c % 8 == 0) run(std::integral_constant<int, 8>());
-  else if (c % 4 == 0) run(std::integral_constant<int, 4>());
-  else run(std::integral_constant<int, 1>());
-}
-
-//: samples per chunk of the batch (the chunks, not the threads, fix the summation order)
-constexpr int64_t kChunks = 8;
-
 ffi::Error checked(const Shape& s) {
   if (s.stride != 1 && s.stride != 2)
     return ffi::Error::InvalidArgument("depthwise kernel: stride 1 or 2 expected");
@@ -259,10 +188,7 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
       else weight_gradient_samples<L, 2>(s, xp, cp, sums, n0, n1, zeros.data());
     });
   });
-  float* result = dw->typed_data();
-  std::memcpy(result, partial.data(), 9 * s.c * sizeof(float));
-  for (int64_t i = 1; i < chunks; ++i)
-    for (int64_t j = 0; j < 9 * s.c; ++j) result[j] += partial[i * 9 * s.c + j];
+  add_chunks(partial.data(), chunks, 9 * s.c, dw->typed_data());
   return ffi::Error::Success();
 }
 

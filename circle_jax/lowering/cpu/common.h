@@ -1,0 +1,94 @@
+// Helpers of circle-jax's CPU kernels (circle_jax/lowering/cpu/*.cc): float vectors of L
+// lanes (GCC vector extensions), and the samples of a batch cut into chunks that XLA's
+// intra-op thread pool and the calling thread share.
+
+#pragma once
+
+#include <algorithm>
+#include <atomic>
+#include <condition_variable>
+#include <cstdint>
+#include <cstring>
+#include <memory>
+#include <mutex>
+#include <type_traits>
+
+#include "xla/ffi/api/ffi.h"
+
+namespace circle_jax {
+
+namespace ffi = xla::ffi;
+
+template <int L>
+struct Lanes {
+  typedef float type __attribute__((vector_size(L * 4), aligned(4)));
+};
+
+template <int L>
+inline typename Lanes<L>::type load(const float* p) {
+  typename Lanes<L>::type v;
+  std::memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <int L>
+inline void store(float* p, typename Lanes<L>::type v) {
+  std::memcpy(p, &v, sizeof(v));
+}
+
+// Runs f(chunk) for chunks [0, count) on the calling thread and up to threads - 1 pool
+// tasks, which take chunk numbers from a shared counter. The caller waits only for chunks
+// already taken, so a pool task that starts late (or never) cannot block it.
+template <class F>
+void in_chunks(ffi::ThreadPool& pool, int64_t count, F f) {
+  int64_t threads = std::min<int64_t>(std::max<int64_t>(pool.num_threads(), 1), count);
+  if (threads <= 1) {
+    for (int64_t i = 0; i < count; ++i) f(i);
+    return;
+  }
+  struct Progress {
+    std::atomic<int64_t> next{0}, done{0};
+    std::mutex mutex;
+    std::condition_variable finished;
+  };
+  auto progress = std::make_shared<Progress>();
+  auto body = std::make_shared<F>(std::move(f));
+  auto work = [progress, body, count]() {
+    for (int64_t i; (i = progress->next.fetch_add(1)) < count;) {
+      (*body)(i);
+      if (progress->done.fetch_add(1) + 1 == count) {
+        std::lock_guard<std::mutex> lock(progress->mutex);
+        progress->finished.notify_all();
+      }
+    }
+  };
+  for (int64_t t = 1; t < threads; ++t) {
+    auto task = work;
+    pool.Schedule(std::move(task));
+  }
+  work();
+  std::unique_lock<std::mutex> lock(progress->mutex);
+  progress->finished.wait(lock, [&] { return progress->done.load() == count; });
+}
+
+// Calls run(std::integral_constant<int, L>()) with the widest lane count dividing C.
+template <class Run>
+void by_lanes(int64_t c, Run run) {
+  if (c % 16 == 0) run(std::integral_constant<int, 16>());
+  else if (c % 8 == 0) run(std::integral_constant<int, 8>());
+  else if (c % 4 == 0) run(std::integral_constant<int, 4>());
+  else run(std::integral_constant<int, 1>());
+}
+
+//: the most chunks a batch is cut into: the chunks, not the threads, fix the order in which
+//: a reduction over the samples adds up, so its bits do not depend on the thread count
+constexpr int64_t kChunks = 8;
+
+// Sums [count, size] partial results in chunk order into out[size].
+inline void add_chunks(const float* partial, int64_t count, int64_t size, float* out) {
+  std::memcpy(out, partial, size * sizeof(float));
+  for (int64_t i = 1; i < count; ++i)
+    for (int64_t j = 0; j < size; ++j) out[j] += partial[i * size + j];
+}
+
+}  // namespace circle_jax

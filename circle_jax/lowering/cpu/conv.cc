@@ -1,0 +1,187 @@
+// circle-jax's CPU kernels for a 3x3 convolution of few input channels (an image's first
+// layer), as XLA FFI custom calls (circle_jax/lowering/cpu_kernels.py builds them; the
+// readable reference is circle_jax/lowering/few_channels.py's im2col form).
+//
+// Layout NHWC, filter [3, 3, I, O] (ky, kx, input channel, output channel), stride 1 or 2
+// in both directions, dilation 1, padding pad_top / pad_left (bottom and right follow from
+// the output's size):
+//
+//   circle_jax_conv3x3_forward:         out[n, oy, ox, o] = sum_{ky, kx, i} x(n, oy*s+ky-pt, ox*s+kx-pl, i) * w[ky, kx, i, o]
+//   circle_jax_conv3x3_weight_gradient: dw[ky, kx, i, o] = sum_{n, oy, ox} x(n, oy*s+ky-pt, ox*s+kx-pl, i) * ct[n, oy, ox, o]
+//
+// with x() zero outside the input. float32; vectorized over the output channels. im2col
+// would materialize nine shifted copies of the input and concatenate them (two passes over
+// nine times the input) before its matrix products.
+
+#include <vector>
+
+#include "common.h"
+
+namespace {
+
+using namespace circle_jax;
+
+struct Shape {
+  int64_t n, h, w, c;  // input
+  int64_t oh, ow, o;   // output
+  int64_t stride, pad_top, pad_left;
+};
+
+// Calls visit(k, pixel) for each of the 9 taps of output (oy, ox) that reads inside the
+// input: k = 3 * ky + kx, pixel the input's channels there.
+template <class Visit>
+inline void taps_of(const Shape& s, const float* sample, int64_t oy, int64_t ox, Visit visit) {
+  for (int ky = 0; ky < 3; ++ky) {
+    int64_t iy = oy * s.stride + ky - s.pad_top;
+    if (iy < 0 || iy >= s.h) continue;
+    for (int kx = 0; kx < 3; ++kx) {
+      int64_t ix = ox * s.stride + kx - s.pad_left;
+      if (ix < 0 || ix >= s.w) continue;
+      visit(3 * ky + kx, sample + (iy * s.w + ix) * s.c);
+    }
+  }
+}
+
+template <int L>
+void forward_samples(const Shape& s, const float* x, const float* w, float* out, int64_t n0,
+                     int64_t n1) {
+  using V = typename Lanes<L>::type;
+  for (int64_t n = n0; n < n1; ++n) {
+    const float* sample = x + n * s.h * s.w * s.c;
+    for (int64_t oy = 0; oy < s.oh; ++oy)
+      for (int64_t ox = 0; ox < s.ow; ++ox) {
+        float* result = out + ((n * s.oh + oy) * s.ow + ox) * s.o;
+        for (int64_t o0 = 0; o0 < s.o; o0 += L) {
+          V acc{};
+          taps_of(s, sample, oy, ox, [&](int k, const float* pixel) {
+            const float* wk = w + k * s.c * s.o + o0;
+            for (int64_t i = 0; i < s.c; ++i) acc += pixel[i] * load<L>(wk + i * s.o);
+          });
+          store<L>(result + o0, acc);
+        }
+      }
+  }
+}
+
+// Adds the weight gradient of samples [n0, n1) to sums [9 * C, O]: per sample and block of
+// output channels, one accumulator per (tap, input channel), then added to sums.
+template <int L, int C>
+void weight_gradient_samples(const Shape& s, const float* x, const float* ct, float* sums,
+                             int64_t n0, int64_t n1) {
+  using V = typename Lanes<L>::type;
+  for (int64_t o0 = 0; o0 < s.o; o0 += L) {
+    for (int64_t n = n0; n < n1; ++n) {
+      V acc[9][C] = {};
+      const float* sample = x + n * s.h * s.w * s.c;
+      for (int64_t oy = 0; oy < s.oh; ++oy)
+        for (int64_t ox = 0; ox < s.ow; ++ox) {
+          V g = load<L>(ct + ((n * s.oh + oy) * s.ow + ox) * s.o + o0);
+          taps_of(s, sample, oy, ox, [&](int k, const float* pixel) {
+            for (int i = 0; i < C; ++i) acc[k][i] += pixel[i] * g;
+          });
+        }
+      for (int k = 0; k < 9; ++k)
+        for (int i = 0; i < C; ++i) {
+          float* at = sums + (k * C + i) * s.o + o0;
+          store<L>(at, load<L>(at) + acc[k][i]);
+        }
+    }
+  }
+}
+
+//: the most input channels the kernels take (the accumulators of the weight gradient)
+constexpr int64_t kMaxChannels = 4;
+
+ffi::Error checked(const Shape& s) {
+  if (s.stride != 1 && s.stride != 2)
+    return ffi::Error::InvalidArgument("3x3 convolution kernel: stride 1 or 2 expected");
+  if (s.c < 1 || s.c > kMaxChannels)
+    return ffi::Error::InvalidArgument("3x3 convolution kernel: 1 to 4 input channels");
+  if (s.n < 0 || s.h <= 0 || s.w <= 0 || s.oh <= 0 || s.ow <= 0 || s.o <= 0)
+    return ffi::Error::InvalidArgument("3x3 convolution kernel: empty shape");
+  return ffi::Error::Success();
+}
+
+ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
+                   ffi::ResultBuffer<ffi::F32> out, int64_t stride, int64_t pad_top,
+                   int64_t pad_left) {
+  auto xd = x.dimensions();
+  auto od = out->dimensions();
+  if (xd.size() != 4 || od.size() != 4 ||
+      w.element_count() != static_cast<size_t>(9 * xd[3] * od[3]))
+    return ffi::Error::InvalidArgument(
+        "3x3 convolution kernel: x [N, H, W, I], w [3, 3, I, O] expected");
+  Shape s{xd[0], xd[1], xd[2], xd[3], od[1], od[2], od[3], stride, pad_top, pad_left};
+  if (auto e = checked(s); e.failure()) return e;
+  const float* xp = x.typed_data();
+  const float* wp = w.typed_data();
+  float* op = out->typed_data();
+  int64_t chunks = std::min(s.n, kChunks);
+  by_lanes(s.o, [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    in_chunks(pool, chunks, [&, xp, wp, op](int64_t i) {
+      forward_samples<L>(s, xp, wp, op, s.n * i / chunks, s.n * (i + 1) / chunks);
+    });
+  });
+  return ffi::Error::Success();
+}
+
+template <int L>
+void weight_gradient_chunk(const Shape& s, const float* x, const float* ct, float* sums,
+                           int64_t n0, int64_t n1) {
+  switch (s.c) {
+    case 1: weight_gradient_samples<L, 1>(s, x, ct, sums, n0, n1); break;
+    case 2: weight_gradient_samples<L, 2>(s, x, ct, sums, n0, n1); break;
+    case 3: weight_gradient_samples<L, 3>(s, x, ct, sums, n0, n1); break;
+    default: weight_gradient_samples<L, 4>(s, x, ct, sums, n0, n1); break;
+  }
+}
+
+ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                          ffi::Buffer<ffi::F32> ct, ffi::ResultBuffer<ffi::F32> dw,
+                          int64_t stride, int64_t pad_top, int64_t pad_left) {
+  auto xd = x.dimensions();
+  auto cd = ct.dimensions();
+  if (xd.size() != 4 || cd.size() != 4 || cd[0] != xd[0] ||
+      dw->element_count() != static_cast<size_t>(9 * xd[3] * cd[3]))
+    return ffi::Error::InvalidArgument(
+        "3x3 convolution kernel: x [N, H, W, I], ct [N, OH, OW, O], dw [3, 3, I, O] expected");
+  Shape s{xd[0], xd[1], xd[2], xd[3], cd[1], cd[2], cd[3], stride, pad_top, pad_left};
+  if (auto e = checked(s); e.failure()) return e;
+  int64_t size = 9 * s.c * s.o;
+  int64_t chunks = std::max<int64_t>(std::min(s.n, kChunks), 1);
+  std::vector<float> partial(chunks * size, 0.0f);
+  const float* xp = x.typed_data();
+  const float* cp = ct.typed_data();
+  by_lanes(s.o, [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    in_chunks(pool, chunks, [&, xp, cp](int64_t i) {
+      weight_gradient_chunk<L>(s, xp, cp, partial.data() + i * size, s.n * i / chunks,
+                               s.n * (i + 1) / chunks);
+    });
+  });
+  add_chunks(partial.data(), chunks, size, dw->typed_data());
+  return ffi::Error::Success();
+}
+
+}  // namespace
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_conv3x3_forward, Forward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("stride")
+                                  .Attr<int64_t>("pad_top")
+                                  .Attr<int64_t>("pad_left"));
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_conv3x3_weight_gradient, WeightGradient,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("stride")
+                                  .Attr<int64_t>("pad_top")
+                                  .Attr<int64_t>("pad_left"));
