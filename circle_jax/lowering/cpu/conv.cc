@@ -42,24 +42,25 @@ inline void taps_of(const Shape& s, const float* sample, int64_t oy, int64_t ox,
   }
 }
 
-template <int L>
+template <int L, int C>
 void forward_samples(const Shape& s, const float* x, const float* w, float* out, int64_t n0,
                      int64_t n1) {
   using V = typename Lanes<L>::type;
-  for (int64_t n = n0; n < n1; ++n) {
-    const float* sample = x + n * s.h * s.w * s.c;
-    for (int64_t oy = 0; oy < s.oh; ++oy)
-      for (int64_t ox = 0; ox < s.ow; ++ox) {
-        float* result = out + ((n * s.oh + oy) * s.ow + ox) * s.o;
-        for (int64_t o0 = 0; o0 < s.o; o0 += L) {
+  for (int64_t o0 = 0; o0 < s.o; o0 += L) {
+    V wk[9][C];  // this block of output channels' filter, kept in registers
+    for (int k = 0; k < 9; ++k)
+      for (int i = 0; i < C; ++i) wk[k][i] = load<L>(w + (k * C + i) * s.o + o0);
+    for (int64_t n = n0; n < n1; ++n) {
+      const float* sample = x + n * s.h * s.w * s.c;
+      for (int64_t oy = 0; oy < s.oh; ++oy)
+        for (int64_t ox = 0; ox < s.ow; ++ox) {
           V acc{};
           taps_of(s, sample, oy, ox, [&](int k, const float* pixel) {
-            const float* wk = w + k * s.c * s.o + o0;
-            for (int64_t i = 0; i < s.c; ++i) acc += pixel[i] * load<L>(wk + i * s.o);
+            for (int i = 0; i < C; ++i) acc += pixel[i] * wk[k][i];
           });
-          store<L>(result + o0, acc);
+          store<L>(out + ((n * s.oh + oy) * s.ow + ox) * s.o + o0, acc);
         }
-      }
+    }
   }
 }
 
@@ -102,6 +103,17 @@ ffi::Error checked(const Shape& s) {
   return ffi::Error::Success();
 }
 
+// Calls run(std::integral_constant<int, C>()) with the input's channel count C (1 to 4).
+template <class Run>
+void by_channels(int64_t c, Run run) {
+  switch (c) {
+    case 1: run(std::integral_constant<int, 1>()); break;
+    case 2: run(std::integral_constant<int, 2>()); break;
+    case 3: run(std::integral_constant<int, 3>()); break;
+    default: run(std::integral_constant<int, 4>()); break;
+  }
+}
+
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                    ffi::ResultBuffer<ffi::F32> out, int64_t stride, int64_t pad_top,
                    int64_t pad_left) {
@@ -118,24 +130,16 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   float* op = out->typed_data();
   int64_t chunks = std::min(s.n, kChunks);
   by_lanes(s.o, [&](auto lanes) {
-    constexpr int L = decltype(lanes)::value;
-    in_chunks(pool, chunks, [&, xp, wp, op](int64_t i) {
-      forward_samples<L>(s, xp, wp, op, s.n * i / chunks, s.n * (i + 1) / chunks);
+    by_channels(s.c, [&](auto channels) {
+      constexpr int L = decltype(lanes)::value, C = decltype(channels)::value;
+      in_chunks(pool, chunks, [&, xp, wp, op](int64_t i) {
+        forward_samples<L, C>(s, xp, wp, op, s.n * i / chunks, s.n * (i + 1) / chunks);
+      });
     });
   });
   return ffi::Error::Success();
 }
 
-template <int L>
-void weight_gradient_chunk(const Shape& s, const float* x, const float* ct, float* sums,
-                           int64_t n0, int64_t n1) {
-  switch (s.c) {
-    case 1: weight_gradient_samples<L, 1>(s, x, ct, sums, n0, n1); break;
-    case 2: weight_gradient_samples<L, 2>(s, x, ct, sums, n0, n1); break;
-    case 3: weight_gradient_samples<L, 3>(s, x, ct, sums, n0, n1); break;
-    default: weight_gradient_samples<L, 4>(s, x, ct, sums, n0, n1); break;
-  }
-}
 
 ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                           ffi::Buffer<ffi::F32> ct, ffi::ResultBuffer<ffi::F32> dw,
@@ -154,10 +158,12 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   const float* xp = x.typed_data();
   const float* cp = ct.typed_data();
   by_lanes(s.o, [&](auto lanes) {
-    constexpr int L = decltype(lanes)::value;
-    in_chunks(pool, chunks, [&, xp, cp](int64_t i) {
-      weight_gradient_chunk<L>(s, xp, cp, partial.data() + i * size, s.n * i / chunks,
-                               s.n * (i + 1) / chunks);
+    by_channels(s.c, [&](auto channels) {
+      constexpr int L = decltype(lanes)::value, C = decltype(channels)::value;
+      in_chunks(pool, chunks, [&, xp, cp](int64_t i) {
+        weight_gradient_samples<L, C>(s, xp, cp, partial.data() + i * size,
+                                      s.n * i / chunks, s.n * (i + 1) / chunks);
+      });
     });
   });
   add_chunks(partial.data(), chunks, size, dw->typed_data());
