@@ -1,14 +1,16 @@
-"""Kernel taps as strided slices of a padded channels-last input (shared by the lowerings)."""
+"""Kernel taps as strided slices of a padded channels-last input, and the vmap rules of the
+convolution primitives (shared by the lowerings)."""
 
 from __future__ import annotations
 
 import functools
 import itertools
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 
 import jax
 import jax.numpy as jnp
 from jax import lax
+from jax.extend.core import Primitive
 
 from ..ops.conv import Geometry, out_sizes
 
@@ -60,3 +62,29 @@ def tangent_sum(terms: list[jax.Array], y: jax.Array) -> jax.Array:
     if all(t.shape == terms[0].shape and t.dtype == terms[0].dtype for t in terms):
         return functools.reduce(lax.add, terms)
     return sum(terms[1:], terms[0])
+
+
+def batch_convolution(primitive: Primitive, reference: Callable[..., jax.Array]
+                      ) -> Callable[..., tuple[jax.Array, int]]:
+    """The vmap rule of convolution ``primitive`` (``bind(x, w, geometry=g)``): a mapped
+    ``x`` with a shared filter folds its mapped axis into the samples; a mapped filter runs
+    ``reference(x, w, g)`` under vmap."""
+    def rule(args: tuple, dims: tuple, *, geometry: Geometry) -> tuple[jax.Array, int]:
+        (x, w), (dx, dw) = args, dims
+        if dw is not None:
+            return jax.vmap(functools.partial(reference, g=geometry), in_axes=(dx, dw))(
+                x, w), 0
+        x = jnp.moveaxis(x, dx, 0)
+        y = primitive.bind(x.reshape(-1, *x.shape[2:]), w, geometry=geometry)
+        return y.reshape(x.shape[0], -1, *y.shape[1:]), 0
+
+    return rule
+
+
+def batch_by_vmap(fn: Callable[..., jax.Array]) -> Callable[..., tuple[jax.Array, int]]:
+    """The vmap rule of a primitive computing ``fn(*args, geometry=g)``: ``fn`` under vmap
+    (per-sample weight gradients)."""
+    def rule(args: tuple, dims: tuple, *, geometry: Geometry) -> tuple[jax.Array, int]:
+        return jax.vmap(functools.partial(fn, geometry=geometry), in_axes=dims)(*args), 0
+
+    return rule

@@ -15,7 +15,6 @@ dozens (measured in benchmarks/README.md, "2026-11-28 evening").
 
 from __future__ import annotations
 
-import functools
 import math
 from collections.abc import Sequence
 
@@ -27,7 +26,7 @@ from jax.interpreters import ad, batching, mlir
 
 from ..ops.conv import Geometry, out_sizes
 from . import cpu_kernels
-from ._taps import offsets, tap_bounds, taps
+from ._taps import batch_by_vmap, batch_convolution, offsets, tap_bounds, taps
 
 
 def shift_sum(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:
@@ -151,12 +150,6 @@ def _weight_gradient_shape(x: jax.core.ShapedArray, ct: jax.core.ShapedArray, *,
                                 jnp.promote_types(ct.dtype, jnp.float32))
 
 
-def _weight_gradient_batch(args: tuple, dims: tuple, *, geometry: Geometry
-                           ) -> tuple[jax.Array, int]:
-    """vmap (per-sample gradients): :func:`weight_gradient` under vmap."""
-    return jax.vmap(functools.partial(weight_gradient, g=geometry), in_axes=dims)(*args), 0
-
-
 def _weight_gradient_transpose_x(dw: jax.Array, x: ad.UndefinedPrimal, ct: jax.Array, *,
                                  geometry: Geometry) -> jax.Array:
     return input_gradient(ct, dw, geometry, x.aval.shape[1:-1]).astype(x.aval.dtype)
@@ -172,22 +165,11 @@ mlir.register_lowering(weight_gradient_p, fallback)
 mlir.register_lowering(weight_gradient_p, cpu_kernels.lowering_with_kernel(
     "circle_jax_depthwise_weight_gradient", fallback, cpu_kernels.attributes_3x3), platform="cpu")
 ad.defbilinear(weight_gradient_p, _weight_gradient_transpose_x, _weight_gradient_transpose_ct)
-batching.primitive_batchers[weight_gradient_p] = _weight_gradient_batch
-
-
-def _batch(args: tuple, dims: tuple, *, geometry: Geometry) -> tuple[jax.Array, int]:
-    """vmap: a mapped ``x`` with shared weights folds its mapped axis into the samples';
-    mapped weights run :func:`shift_sum` under vmap."""
-    (x, wk), (dx, dwk) = args, dims
-    if dwk is not None:
-        return jax.vmap(functools.partial(shift_sum, g=geometry), in_axes=(dx, dwk))(x, wk), 0
-    x = jnp.moveaxis(x, dx, 0)
-    y = channelwise_p.bind(x.reshape(-1, *x.shape[2:]), wk, geometry=geometry)
-    return y.reshape(x.shape[0], -1, *y.shape[1:]), 0
+batching.primitive_batchers[weight_gradient_p] = batch_by_vmap(_weight_gradient)
 
 
 ad.defbilinear(channelwise_p, _transpose_x, _transpose_wk)
-batching.primitive_batchers[channelwise_p] = _batch
+batching.primitive_batchers[channelwise_p] = batch_convolution(channelwise_p, shift_sum)
 
 
 def channelwise(x: jax.Array, wk: jax.Array, g: Geometry) -> jax.Array:

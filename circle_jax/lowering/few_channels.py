@@ -13,7 +13,6 @@ transpose everywhere (a first layer's input is data: it is not computed there).
 
 from __future__ import annotations
 
-import functools
 import math
 
 import jax
@@ -23,7 +22,7 @@ from jax.interpreters import ad, batching, mlir
 
 from ..ops.conv import Geometry, out_sizes
 from . import cpu_kernels
-from ._taps import taps
+from ._taps import batch_by_vmap, batch_convolution, taps
 from .matmul import matmul_nt
 
 #: the most input channels :func:`few_channels_conv` takes (the kernels' limit)
@@ -119,23 +118,6 @@ def _gradient_transpose_ct(dw: jax.Array, x: jax.Array, ct: ad.UndefinedPrimal, 
     return few_channels_p.bind(x, dw.astype(x.dtype), geometry=geometry)
 
 
-def _batch_product(args: tuple, dims: tuple, *, geometry: Geometry) -> tuple[jax.Array, int]:
-    """vmap: a mapped ``x`` with a shared filter folds its mapped axis into the samples';
-    a mapped filter runs :func:`im2col_conv` under vmap."""
-    (x, w), (dx, dw) = args, dims
-    if dw is not None:
-        return jax.vmap(functools.partial(im2col_conv, g=geometry), in_axes=(dx, dw))(x, w), 0
-    x = jnp.moveaxis(x, dx, 0)
-    y = few_channels_p.bind(x.reshape(-1, *x.shape[2:]), w, geometry=geometry)
-    return y.reshape(x.shape[0], -1, *y.shape[1:]), 0
-
-
-def _batch_gradient(args: tuple, dims: tuple, *, geometry: Geometry) -> tuple[jax.Array, int]:
-    """vmap (per-sample gradients): :func:`_weight_gradient` under vmap."""
-    return jax.vmap(functools.partial(_weight_gradient, geometry=geometry), in_axes=dims)(
-        *args), 0
-
-
 for _p, _impl, _target in ((few_channels_p, _product, "circle_jax_conv3x3_forward"),
                            (weight_gradient_p, _weight_gradient,
                             "circle_jax_conv3x3_weight_gradient")):
@@ -146,5 +128,5 @@ for _p, _impl, _target in ((few_channels_p, _product, "circle_jax_conv3x3_forwar
         _target, _fallback, cpu_kernels.attributes_3x3), platform="cpu")
 ad.defbilinear(few_channels_p, _transpose_x, _transpose_w)
 ad.defbilinear(weight_gradient_p, _gradient_transpose_x, _gradient_transpose_ct)
-batching.primitive_batchers[few_channels_p] = _batch_product
-batching.primitive_batchers[weight_gradient_p] = _batch_gradient
+batching.primitive_batchers[few_channels_p] = batch_convolution(few_channels_p, im2col_conv)
+batching.primitive_batchers[weight_gradient_p] = batch_by_vmap(_weight_gradient)

@@ -44,19 +44,23 @@ def _geometry(stride: int, pads: tuple) -> Geometry:
     return Geometry((3, 3), (stride, stride), (1, 1), pads)
 
 
-def _numpy(x: np.ndarray, w: np.ndarray, ct: np.ndarray, g: Geometry
-           ) -> tuple[np.ndarray, np.ndarray]:
-    """(forward, weight gradient) in float64, tap by tap."""
+def _numpy_taps(x: np.ndarray, g: Geometry, out: tuple[int, int]
+                ) -> list[tuple[int, int, np.ndarray]]:
+    """(ky, kx, the tap's [N, OH, OW, C] slice of the padded input) in float64."""
     (top, bottom), (left, right) = g.pads
     s = g.strides[0]
     xp = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (left, right), (0, 0)))
-    oh, ow = ct.shape[1:3]
+    return [(ky, kx, xp[:, ky:ky + s * (out[0] - 1) + 1:s, kx:kx + s * (out[1] - 1) + 1:s])
+            for ky in range(3) for kx in range(3)]
+
+
+def _numpy(x: np.ndarray, w: np.ndarray, ct: np.ndarray, g: Geometry
+           ) -> tuple[np.ndarray, np.ndarray]:
+    """A depthwise convolution's (forward, weight gradient) in float64; w [9, C]."""
     out, dw = np.zeros(ct.shape), np.zeros(w.shape)
-    for k in range(9):
-        ky, kx = divmod(k, 3)
-        tap = xp[:, ky:ky + s * (oh - 1) + 1:s, kx:kx + s * (ow - 1) + 1:s]
-        out += tap * w[k]
-        dw[k] = np.sum(tap * ct, axis=(0, 1, 2))
+    for ky, kx, tap in _numpy_taps(x, g, ct.shape[1:3]):
+        out += tap * w[3 * ky + kx]
+        dw[3 * ky + kx] = np.sum(tap * ct, axis=(0, 1, 2))
     return out, dw
 
 
@@ -97,16 +101,10 @@ def test_the_kernels_compute_the_xla_forms(shape, stride, pads) -> None:
 def _numpy_conv(x: np.ndarray, w: np.ndarray, ct: np.ndarray, g: Geometry
                 ) -> tuple[np.ndarray, np.ndarray]:
     """A full convolution's (forward, weight gradient) in float64; w [3, 3, I, O]."""
-    (top, bottom), (left, right) = g.pads
-    s = g.strides[0]
-    xp = np.pad(x.astype(np.float64), ((0, 0), (top, bottom), (left, right), (0, 0)))
-    oh, ow = ct.shape[1:3]
     out, dw = np.zeros(ct.shape), np.zeros(w.shape)
-    for ky in range(3):
-        for kx in range(3):
-            tap = xp[:, ky:ky + s * (oh - 1) + 1:s, kx:kx + s * (ow - 1) + 1:s]
-            out += np.einsum("nhwi,io->nhwo", tap, w[ky, kx])
-            dw[ky, kx] = np.einsum("nhwi,nhwo->io", tap, ct)
+    for ky, kx, tap in _numpy_taps(x, g, ct.shape[1:3]):
+        out += np.einsum("nhwi,io->nhwo", tap, w[ky, kx])
+        dw[ky, kx] = np.einsum("nhwi,nhwo->io", tap, ct)
     return out, dw
 
 

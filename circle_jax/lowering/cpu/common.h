@@ -12,6 +12,7 @@
 #include <memory>
 #include <mutex>
 #include <type_traits>
+#include <vector>
 
 #include "xla/ffi/api/ffi.h"
 
@@ -84,11 +85,38 @@ void by_lanes(int64_t c, Run run) {
 //: a reduction over the samples adds up, so its bits do not depend on the thread count
 constexpr int64_t kChunks = 8;
 
-// Sums [count, size] partial results in chunk order into out[size].
-inline void add_chunks(const float* partial, int64_t count, int64_t size, float* out) {
-  std::memcpy(out, partial, size * sizeof(float));
-  for (int64_t i = 1; i < count; ++i)
+// Runs part(n0, n1) for samples [n0, n1) of each chunk of a batch of n.
+template <class Part>
+void for_samples(ffi::ThreadPool& pool, int64_t n, Part part) {
+  int64_t chunks = std::min(n, kChunks);
+  in_chunks(pool, chunks, [&](int64_t i) { part(n * i / chunks, n * (i + 1) / chunks); });
+}
+
+// A sum over a batch of n: part(sums, n0, n1) adds samples [n0, n1)'s terms to sums[size]
+// (one zeroed array per chunk), and the chunks' sums are added up in chunk order into out.
+template <class Part>
+void sum_samples(ffi::ThreadPool& pool, int64_t n, int64_t size, float* out, Part part) {
+  int64_t chunks = std::max<int64_t>(std::min(n, kChunks), 1);
+  std::vector<float> partial(chunks * size, 0.0f);
+  in_chunks(pool, chunks, [&](int64_t i) {
+    part(partial.data() + i * size, n * i / chunks, n * (i + 1) / chunks);
+  });
+  std::memcpy(out, partial.data(), size * sizeof(float));
+  for (int64_t i = 1; i < chunks; ++i)
     for (int64_t j = 0; j < size; ++j) out[j] += partial[i * size + j];
+}
+
+// Every kernel's binding: XLA's intra-op thread pool, two float32 operands, one float32
+// result, and the convolution's stride and top/left padding as attributes.
+inline auto convolution_binding() {
+  return ffi::Ffi::Bind()
+      .Ctx<ffi::ThreadPool>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Arg<ffi::Buffer<ffi::F32>>()
+      .Ret<ffi::Buffer<ffi::F32>>()
+      .Attr<int64_t>("stride")
+      .Attr<int64_t>("pad_top")
+      .Attr<int64_t>("pad_left");
 }
 
 }  // namespace circle_jax

@@ -13,8 +13,6 @@
 // would materialize nine shifted copies of the input and concatenate them (two passes over
 // nine times the input) before its matrix products.
 
-#include <vector>
-
 #include "common.h"
 
 namespace {
@@ -128,12 +126,11 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
   float* op = out->typed_data();
-  int64_t chunks = std::min(s.n, kChunks);
   by_lanes(s.o, [&](auto lanes) {
     by_channels(s.c, [&](auto channels) {
       constexpr int L = decltype(lanes)::value, C = decltype(channels)::value;
-      in_chunks(pool, chunks, [&, xp, wp, op](int64_t i) {
-        forward_samples<L, C>(s, xp, wp, op, s.n * i / chunks, s.n * (i + 1) / chunks);
+      for_samples(pool, s.n, [&](int64_t n0, int64_t n1) {
+        forward_samples<L, C>(s, xp, wp, op, n0, n1);
       });
     });
   });
@@ -152,42 +149,23 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
         "3x3 convolution kernel: x [N, H, W, I], ct [N, OH, OW, O], dw [3, 3, I, O] expected");
   Shape s{xd[0], xd[1], xd[2], xd[3], cd[1], cd[2], cd[3], stride, pad_top, pad_left};
   if (auto e = checked(s); e.failure()) return e;
-  int64_t size = 9 * s.c * s.o;
-  int64_t chunks = std::max<int64_t>(std::min(s.n, kChunks), 1);
-  std::vector<float> partial(chunks * size, 0.0f);
   const float* xp = x.typed_data();
   const float* cp = ct.typed_data();
   by_lanes(s.o, [&](auto lanes) {
     by_channels(s.c, [&](auto channels) {
       constexpr int L = decltype(lanes)::value, C = decltype(channels)::value;
-      in_chunks(pool, chunks, [&, xp, cp](int64_t i) {
-        weight_gradient_samples<L, C>(s, xp, cp, partial.data() + i * size,
-                                      s.n * i / chunks, s.n * (i + 1) / chunks);
-      });
+      sum_samples(pool, s.n, 9 * s.c * s.o, dw->typed_data(),
+                  [&](float* sums, int64_t n0, int64_t n1) {
+                    weight_gradient_samples<L, C>(s, xp, cp, sums, n0, n1);
+                  });
     });
   });
-  add_chunks(partial.data(), chunks, size, dw->typed_data());
   return ffi::Error::Success();
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_conv3x3_forward, Forward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("stride")
-                                  .Attr<int64_t>("pad_top")
-                                  .Attr<int64_t>("pad_left"));
-
+                              circle_jax::convolution_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_conv3x3_weight_gradient, WeightGradient,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("stride")
-                                  .Attr<int64_t>("pad_top")
-                                  .Attr<int64_t>("pad_left"));
+                              circle_jax::convolution_binding());

@@ -143,7 +143,8 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
                    int64_t pad_left) {
   auto xd = x.dimensions();
   auto od = out->dimensions();
-  if (xd.size() != 4 || od.size() != 4 || w.element_count() != 9 * xd[3])
+  if (xd.size() != 4 || od.size() != 4 ||
+      w.element_count() != static_cast<size_t>(9 * xd[3]))
     return ffi::Error::InvalidArgument("depthwise kernel: x [N, H, W, C], w [9, C] expected");
   Shape s{xd[0], xd[1], xd[2], xd[3], od[1], od[2], stride, pad_top, pad_left};
   if (auto e = checked(s); e.failure()) return e;
@@ -151,11 +152,9 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
   float* op = out->typed_data();
-  int64_t chunks = std::min(s.n, kChunks);
   by_lanes(s.c, [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
-    in_chunks(pool, chunks, [&, xp, wp, op](int64_t i) {
-      int64_t n0 = s.n * i / chunks, n1 = s.n * (i + 1) / chunks;
+    for_samples(pool, s.n, [&](int64_t n0, int64_t n1) {
       if (s.stride == 1) forward_samples<L, 1>(s, xp, wp, op, n0, n1, zeros.data());
       else forward_samples<L, 2>(s, xp, wp, op, n0, n1, zeros.data());
     });
@@ -169,47 +168,27 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   auto xd = x.dimensions();
   auto cd = ct.dimensions();
   if (xd.size() != 4 || cd.size() != 4 || cd[0] != xd[0] || cd[3] != xd[3] ||
-      dw->element_count() != 9 * xd[3])
+      dw->element_count() != static_cast<size_t>(9 * xd[3]))
     return ffi::Error::InvalidArgument(
         "depthwise kernel: x [N, H, W, C], ct [N, OH, OW, C], dw [9, C] expected");
   Shape s{xd[0], xd[1], xd[2], xd[3], cd[1], cd[2], stride, pad_top, pad_left};
   if (auto e = checked(s); e.failure()) return e;
   std::vector<float> zeros(s.w * s.c + 16, 0.0f);
-  int64_t chunks = std::max<int64_t>(std::min(s.n, kChunks), 1);
-  std::vector<float> partial(chunks * 9 * s.c, 0.0f);
   const float* xp = x.typed_data();
   const float* cp = ct.typed_data();
   by_lanes(s.c, [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
-    in_chunks(pool, chunks, [&, xp, cp](int64_t i) {
-      int64_t n0 = s.n * i / chunks, n1 = s.n * (i + 1) / chunks;
-      float* sums = partial.data() + i * 9 * s.c;
+    sum_samples(pool, s.n, 9 * s.c, dw->typed_data(), [&](float* sums, int64_t n0, int64_t n1) {
       if (s.stride == 1) weight_gradient_samples<L, 1>(s, xp, cp, sums, n0, n1, zeros.data());
       else weight_gradient_samples<L, 2>(s, xp, cp, sums, n0, n1, zeros.data());
     });
   });
-  add_chunks(partial.data(), chunks, 9 * s.c, dw->typed_data());
   return ffi::Error::Success();
 }
 
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_forward, Forward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("stride")
-                                  .Attr<int64_t>("pad_top")
-                                  .Attr<int64_t>("pad_left"));
-
+                              circle_jax::convolution_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_weight_gradient, WeightGradient,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("stride")
-                                  .Attr<int64_t>("pad_top")
-                                  .Attr<int64_t>("pad_left"));
+                              circle_jax::convolution_binding());
