@@ -200,6 +200,34 @@ def test_a_fresh_kernel_directory_builds_them_once(tmp_path) -> None:
     assert runs[1].stdout.split() == ["on:", str(tmp_path / built[0]), "True", "False"]
 
 
+def test_the_bits_do_not_depend_on_the_threads(tmp_path) -> None:
+    """The weight gradients' sums over the batch add up in chunks the batch alone fixes:
+    one CPU (``taskset -c 0``: XLA's intra-op pool of one thread) and all of them give the
+    same bits."""
+    code = f"""
+import numpy as np, jax, jax.numpy as jnp
+from circle_jax.lowering.depthwise import channelwise
+from circle_jax.lowering.few_channels import few_channels_conv
+from circle_jax.ops.conv import Geometry
+g = Geometry((3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)))
+rng = np.random.default_rng(0)
+x, ct = rng.standard_normal((32, 16, 16, 8), np.float32), rng.standard_normal((32, 8, 8, 8))
+w = rng.standard_normal((9, 8), np.float32)
+dw = jax.jit(jax.grad(lambda w: jnp.sum(channelwise(x, w, g) * ct)))(w)
+x3, w3 = x[..., :3], rng.standard_normal((3, 3, 3, 8), np.float32)
+dw3 = jax.jit(jax.grad(lambda w: jnp.sum(few_channels_conv(x3, w, g) * ct)))(w3)
+np.save({str(tmp_path)!r} + "/" + str(len(__import__("os").sched_getaffinity(0))) + ".npy",
+        np.concatenate([np.ravel(dw), np.ravel(dw3)]))
+"""
+    for prefix in (["taskset", "-c", "0"], []):
+        p = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True,
+                           text=True, cwd=REPO_ROOT, timeout=300)
+        assert p.returncode == 0, p.stderr[-2000:]
+    files = sorted(os.listdir(tmp_path))
+    assert files[0] == "1.npy" and len(files) == 2, files  # one CPU, then several
+    assert np.load(tmp_path / files[0]).tobytes() == np.load(tmp_path / files[1]).tobytes()
+
+
 def test_switched_off_by_the_environment() -> None:
     code = ("from circle_jax.lowering import cpu_kernels; "
             "print(cpu_kernels.available(), cpu_kernels.status(), cpu_kernels.cache_key())")
