@@ -281,7 +281,8 @@ def test_second_derivatives_and_per_sample_gradients() -> None:
 
 def test_a_kept_program_with_kernels_runs_in_a_fresh_process(tmp_path) -> None:
     """Two runs of the command line with one compile cache: the second loads the kept
-    epoch (whose custom calls this module registers at import) and trains the same bits."""
+    epoch and trains the same bits, its kernels' library gone (a fresh
+    ``$CIRCLE_JAX_KERNEL_DIR``): loading a kept program builds and registers them first."""
     b = cj.Builder("depthwise")
     rng = np.random.default_rng(0)
     x = b.input("x", (1, 8, 8, 4))
@@ -302,8 +303,13 @@ def test_a_kept_program_with_kernels_runs_in_a_fresh_process(tmp_path) -> None:
                 "--load_input", str(tmp_path / "x.npy"), "--load_expected",
                 str(tmp_path / "y.npy"), "--epoch", "2", "--batch_size", "4",
                 "--compile_cache", str(tmp_path / "cache"), "--export_circle", str(out)]
-        p = subprocess.run(argv, capture_output=True, text=True, cwd=tmp_path, timeout=300)
+        env = {**os.environ, "CIRCLE_JAX_KERNEL_DIR": str(tmp_path / "kernels")} if run \
+            else None
+        p = subprocess.run([*argv, "-v", "1"], capture_output=True, text=True, cwd=tmp_path,
+                           timeout=600, env=env)
         assert p.returncode == 0, p.stderr[-2000:]
         outputs.append(out.read_bytes())
+    assert "loading the compiled training epoch from the cache" in p.stdout + p.stderr
+    assert any(f.endswith(".so") for f in os.listdir(tmp_path / "kernels"))
     assert outputs[0] == outputs[1]
     assert any(f.endswith(".jaxexec") for f in os.listdir(tmp_path / "cache" / "programs"))
