@@ -228,14 +228,31 @@ np.save({str(tmp_path)!r} + "/" + str(len(__import__("os").sched_getaffinity(0))
     assert np.load(tmp_path / files[0]).tobytes() == np.load(tmp_path / files[1]).tobytes()
 
 
-def test_switched_off_by_the_environment() -> None:
-    code = ("from circle_jax.lowering import cpu_kernels; "
-            "print(cpu_kernels.available(), cpu_kernels.status(), cpu_kernels.cache_key())")
-    env = {**os.environ, cpu_kernels.SWITCH: "0"}
+@pytest.mark.parametrize("setting, why", [
+    ({cpu_kernels.SWITCH: "0"}, "CIRCLE_JAX_CPU_KERNELS=0"),
+    ({"PATH": "/nonexistent", "CXX": ""}, "no C++ compiler ($CXX, c++ or g++) on PATH"),
+], ids=["switch", "no-compiler"])
+def test_off_where_switched_off_or_no_compiler_builds_them(setting, why, tmp_path) -> None:
+    """Off: the XLA forms, the same values (to float32 summation order), and why."""
+    code = """
+import numpy as np, jax, jax.numpy as jnp
+from circle_jax.lowering import cpu_kernels
+from circle_jax.lowering.depthwise import channelwise, weight_gradient
+from circle_jax.ops.conv import Geometry
+g = Geometry((3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)))
+x, ct = np.ones((2, 5, 5, 4), np.float32), np.ones((2, 5, 5, 4), np.float32)
+grad = jax.jit(jax.grad(lambda w: jnp.sum(channelwise(x, w, g) * ct)))
+w = np.ones((9, 4), np.float32)
+assert cpu_kernels.TARGETS[1] not in grad.lower(w).as_text()
+np.testing.assert_array_equal(grad(w), weight_gradient(x, ct, g))
+print(cpu_kernels.available(), cpu_kernels.status(), "|", cpu_kernels.cache_key())
+"""
+    env = {**os.environ, "CIRCLE_JAX_KERNEL_DIR": str(tmp_path), **setting}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO_ROOT, timeout=120, env=env)
-    assert p.stdout.strip() == ("False off: CIRCLE_JAX_CPU_KERNELS=0 "
-                                "off: CIRCLE_JAX_CPU_KERNELS=0"), p.stderr[-2000:]
+    assert p.stdout.strip().split(" | ")[0] == f"False off: {why}", p.stderr[-2000:]
+    assert p.stdout.strip().split(" | ")[1].startswith("off:")
+    assert os.listdir(tmp_path) == []  # nothing built
 
 
 def test_second_derivatives_and_per_sample_gradients() -> None:
