@@ -76,7 +76,8 @@ def test_trainable_as_weight_names() -> None:
 
 
 def _contractions(fn, *args) -> int:
-    """Matmul-like equations (dot_general, conv) in the jaxpr of ``fn``, nested ones too."""
+    """Matmul-like equations (dot_general, conv, the few-channel convolution's primitives)
+    in the jaxpr of ``fn``, nested ones too."""
     counts: collections.Counter = collections.Counter()
 
     def walk(jaxpr) -> None:
@@ -89,7 +90,8 @@ def _contractions(fn, *args) -> int:
                         walk(inner)
 
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return counts["dot_general"] + counts["conv_general_dilated"]
+    return counts["dot_general"] + counts["conv_general_dilated"] + \
+        counts["few_channels_conv"] + counts["few_channels_weight_gradient"]
 
 
 def test_frozen_weights_are_not_differentiated() -> None:
