@@ -52,7 +52,7 @@ def test_fit_dequantizes_stored_integers(options: dict) -> None:
     np.testing.assert_array_equal(as_inputs(model, wide)[0], q.astype(np.float32))
 
 
-@pytest.mark.parametrize("flags", [["--qat", "off"], ["--dequantize"], []], ids=str)
+@pytest.mark.parametrize("flags", [["--qat", "off"], []], ids=str)  # --dequantize: off's
 def test_cli_training_on_stored_integers_is_training_on_their_real_values(
         tmp_path, flags: list[str]) -> None:
     q = _ints(16)

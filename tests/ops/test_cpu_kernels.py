@@ -185,6 +185,7 @@ print([cpu_kernels.TARGETS[1] in t for t in (one, split, wide)])
     assert p.stdout.strip() == "[True, False, False]", p.stderr[-2000:]
 
 
+@pytest.mark.slow  # a build or float64 AD traces: the slow tier (CI runs it)
 def test_a_fresh_kernel_directory_builds_them_once(tmp_path) -> None:
     """The build itself (a fresh ``$CIRCLE_JAX_KERNEL_DIR``): one library, named by what it
     was built from, loaded by the next process without building."""
@@ -255,6 +256,7 @@ print(cpu_kernels.available(), cpu_kernels.status(), "|", cpu_kernels.cache_key(
     assert os.listdir(tmp_path) == []  # nothing built
 
 
+@pytest.mark.slow  # a build or float64 AD traces: the slow tier (CI runs it)
 def test_second_derivatives_and_per_sample_gradients() -> None:
     """The weight-gradient primitive's own transposes (w.r.t. the input and the output's
     cotangent) and its vmap rule, against autodiff of the reference `weight_gradient` in
@@ -296,6 +298,7 @@ def test_second_derivatives_and_per_sample_gradients() -> None:
         np.testing.assert_allclose(per_sample, np.stack(want), rtol=1e-12)
 
 
+@pytest.mark.slow  # a build or float64 AD traces: the slow tier (CI runs it)
 def test_a_kept_program_with_kernels_runs_in_a_fresh_process(tmp_path) -> None:
     """Two runs of the command line with one compile cache: the second loads the kept
     epoch and trains the same bits, its kernels' library gone (a fresh
