@@ -11,12 +11,12 @@ those of a 3x3 convolution of at most 4 input channels, an image's first layer
 The rules:
 
 - **Built on first use** with the machine's C++ compiler (``$CXX``, else ``c++`` or
-  ``g++``; ``-O3 -march=native``, against the FFI headers of the installed jaxlib), about
-  5 s once, into ``$CIRCLE_JAX_KERNEL_DIR`` (default ``~/.cache/circle-jax/kernels``,
+  ``g++``; ``-O3 -march=native``, against the FFI headers of the installed jaxlib), 5-13 s
+  once, into ``$CIRCLE_JAX_KERNEL_DIR`` (default ``~/.cache/circle-jax/kernels``,
   under ``$XDG_CACHE_HOME`` where set) under a name that changes with the source, the
   jaxlib version, the compiler and the CPU. Processes building at once take turns (a file
-  lock). A library already built is loaded when this module is imported, so a compiled
-  program kept on disk finds its custom calls registered.
+  lock). A compiled program kept on disk registers them before it loads
+  (`circle_jax.train.programs`).
 - **Used** for float32 4-d inputs, a 3x3 kernel, equal strides 1 or 2, dilation 1, in a
   program lowered for the CPU on one device (and, for `few_channels`, 1 to 4 input
   channels); anything else (other dtypes or kernels, GPU,
@@ -65,9 +65,17 @@ def kernel_dir() -> Path:
 
 def _compiler() -> str | None:
     for name in (os.environ.get("CXX"), "c++", "g++"):
-        if name and shutil.which(name):
-            return shutil.which(name)
+        found = shutil.which(name) if name else None
+        if found:
+            return found
     return None
+
+
+def _why_off() -> str | None:
+    """Why the kernels are off whatever is built (the switch, no compiler); None: on."""
+    if os.environ.get(SWITCH, "1") == "0":
+        return f"{SWITCH}=0"
+    return "no C++ compiler ($CXX, c++ or g++) on PATH" if _compiler() is None else None
 
 
 @functools.cache
@@ -134,11 +142,10 @@ _state: tuple[bool, str] | None = None
 def _load(build: bool) -> tuple[bool, str]:
     """(whether the kernels are registered, the library or why not); ``build``: compile
     them first where they are not built."""
-    if os.environ.get(SWITCH, "1") == "0":
-        return False, f"{SWITCH}=0"
+    why = _why_off()
+    if why is not None:
+        return False, why
     compiler = _compiler()
-    if compiler is None:
-        return False, "no C++ compiler ($CXX, c++ or g++) on PATH"
     path = _library_path(compiler)
     if not path.exists():
         if not build:
@@ -179,10 +186,8 @@ def status() -> str:
 def cache_key() -> str:
     """What a compiled program kept on disk depends on (`circle_jax.train.programs`):
     the library the kernels are, or would be once built, or why they are off."""
-    if os.environ.get(SWITCH, "1") == "0":
-        return f"off: {SWITCH}=0"
-    compiler = _compiler()
-    return "off: no compiler" if compiler is None else f"on: {_library_path(compiler).name}"
+    why = _why_off()
+    return f"off: {why}" if why is not None else f"on: {_library_path(_compiler()).name}"
 
 
 def on_one_cpu(ctx: mlir.LoweringRuleContext) -> bool:
@@ -192,33 +197,35 @@ def on_one_cpu(ctx: mlir.LoweringRuleContext) -> bool:
     return type(axis).__name__ == "ShardingContext" and getattr(axis, "num_devices", 0) == 1
 
 
+def kernel_geometry(x: Any, g: Any) -> bool:
+    """Whether the kernels take a convolution of ``x`` (an array or its aval) with geometry
+    ``g``: [N, H, W, C], a 3x3 filter, dilation 1, equal strides 1 or 2."""
+    return x.ndim == 4 and tuple(g.kernel) == (3, 3) and tuple(g.dilations) == (1, 1) \
+        and tuple(g.strides) in ((1, 1), (2, 2))
+
+
 def attributes_3x3(x: jax.core.ShapedArray, other: jax.core.ShapedArray, *,
                    geometry: Any) -> dict[str, int] | None:
-    """The kernels' attributes for a 3x3 float32 [N, H, W, C] convolution (``other``: the
-    filter or the output's cotangent) of equal strides 1 or 2 and dilation 1; None where
-    they do not apply."""
+    """The kernels' attributes for a float32 convolution `kernel_geometry` takes
+    (``other``: the filter or the output's cotangent); None where they do not apply."""
     g = geometry
-    if x.ndim != 4 or x.dtype != np.float32 or other.dtype != np.float32 \
-            or tuple(g.kernel) != (3, 3) or tuple(g.dilations) != (1, 1) \
-            or tuple(g.strides) not in ((1, 1), (2, 2)):
+    if not kernel_geometry(x, g) or x.dtype != np.float32 or other.dtype != np.float32:
         return None
     return {"stride": g.strides[0], "pad_top": g.pads[0][0], "pad_left": g.pads[1][0]}
 
 
-def lowering_with_kernel(target: str, fallback: Callable[..., Any],
-                         attributes: Callable[..., dict[str, Any] | None]
-                         ) -> Callable[..., Sequence[Any]]:
-    """A CPU lowering rule: the custom call ``target`` with ``attributes(*avals_in,
-    **params)`` (None where the kernel does not apply) on one device once `available`,
-    else the rule ``fallback``."""
+def register_lowerings(primitive: Any, reference: Callable[..., Any], target: str) -> None:
+    """``primitive``'s lowerings: ``reference`` (its parameters as keywords) everywhere; on
+    the CPU the custom call ``target`` where `attributes_3x3` applies, the program runs on
+    one device and the kernels are `available`, else ``reference``."""
+    fallback = mlir.lower_fun(reference, multiple_results=False)
+
     def rule(ctx: mlir.LoweringRuleContext, *args: Any, **params: Any) -> Sequence[Any]:
-        attrs = attributes(*ctx.avals_in, **params)
+        attrs = attributes_3x3(*ctx.avals_in, **params)
         if attrs is None or not on_one_cpu(ctx) or not available():
             return fallback(ctx, *args, **params)
         attrs = {k: np.int64(v) for k, v in attrs.items()}
         return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)
 
-    return rule
-
-
-_loaded(False)  # a library built before: register its targets for kept programs
+    mlir.register_lowering(primitive, fallback)
+    mlir.register_lowering(primitive, rule, platform="cpu")

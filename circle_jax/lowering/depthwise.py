@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from jax import lax
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from ..ops.conv import Geometry, out_sizes
 from . import cpu_kernels
@@ -86,12 +86,7 @@ def _abstract_eval(x: jax.core.ShapedArray, wk: jax.core.ShapedArray, *, geometr
     return jax.core.ShapedArray(shape, jnp.result_type(x.dtype, wk.dtype))
 
 
-mlir.register_lowering(channelwise_p, mlir.lower_fun(_product, multiple_results=False))
-
-
-mlir.register_lowering(channelwise_p, cpu_kernels.lowering_with_kernel(
-    "circle_jax_depthwise_forward", mlir.lower_fun(_product, multiple_results=False),
-    cpu_kernels.attributes_3x3), platform="cpu")
+cpu_kernels.register_lowerings(channelwise_p, _product, "circle_jax_depthwise_forward")
 
 
 def input_gradient(ct: jax.Array, wk: jax.Array, g: Geometry, sizes: Sequence[int]
@@ -160,10 +155,8 @@ def _weight_gradient_transpose_ct(dw: jax.Array, x: jax.Array, ct: ad.UndefinedP
     return channelwise_p.bind(x, dw.astype(x.dtype), geometry=geometry).astype(ct.aval.dtype)
 
 
-fallback = mlir.lower_fun(_weight_gradient, multiple_results=False)
-mlir.register_lowering(weight_gradient_p, fallback)
-mlir.register_lowering(weight_gradient_p, cpu_kernels.lowering_with_kernel(
-    "circle_jax_depthwise_weight_gradient", fallback, cpu_kernels.attributes_3x3), platform="cpu")
+cpu_kernels.register_lowerings(weight_gradient_p, _weight_gradient,
+                               "circle_jax_depthwise_weight_gradient")
 ad.defbilinear(weight_gradient_p, _weight_gradient_transpose_x, _weight_gradient_transpose_ct)
 batching.primitive_batchers[weight_gradient_p] = batch_by_vmap(_weight_gradient)
 

@@ -18,7 +18,7 @@ import math
 import jax
 import jax.numpy as jnp
 from jax.extend.core import Primitive
-from jax.interpreters import ad, batching, mlir
+from jax.interpreters import ad, batching
 
 from ..ops.conv import Geometry, out_sizes
 from . import cpu_kernels
@@ -44,9 +44,8 @@ def im2col_conv(x: jax.Array, w: jax.Array, g: Geometry) -> jax.Array:
 def applies(x: jax.Array, w: jax.Array, g: Geometry) -> bool:
     """Whether :func:`few_channels_conv` takes this convolution: 2-d, 3x3, dilation 1,
     equal strides 1 or 2, 1 to ``MAX_CHANNELS`` input channels, one group."""
-    return (x.ndim == 4 and tuple(g.kernel) == (3, 3) and tuple(g.dilations) == (1, 1)
-            and tuple(g.strides) in ((1, 1), (2, 2)) and 1 <= x.shape[-1] <= MAX_CHANNELS
-            and w.shape[-2] == x.shape[-1])
+    return cpu_kernels.kernel_geometry(x, g) and 1 <= x.shape[-1] <= MAX_CHANNELS \
+        and w.shape[-2] == x.shape[-1]
 
 
 def few_channels_conv(x: jax.Array, w: jax.Array, g: Geometry) -> jax.Array:
@@ -58,13 +57,6 @@ def few_channels_conv(x: jax.Array, w: jax.Array, g: Geometry) -> jax.Array:
 def _filter(x: jax.core.ShapedArray | jax.Array, outputs: int, dtype: jnp.dtype
             ) -> jax.ShapeDtypeStruct:
     return jax.ShapeDtypeStruct((3, 3, x.shape[-1], outputs), dtype)
-
-
-def _input_gradient(ct: jax.Array, w: jax.Array, g: Geometry, x: jax.ShapeDtypeStruct
-                    ) -> jax.Array:
-    """im2col's transpose: the cotangent of the input ``x`` (its shape and dtype)."""
-    (dx,) = jax.linear_transpose(lambda x: im2col_conv(x, w, g), x)(ct)
-    return dx
 
 
 def _weight_gradient(x: jax.Array, ct: jax.Array, *, geometry: Geometry) -> jax.Array:
@@ -100,7 +92,10 @@ def _weight_gradient_shape(x: jax.core.ShapedArray, ct: jax.core.ShapedArray, *,
 
 def _transpose_x(ct: jax.Array, x: ad.UndefinedPrimal, w: jax.Array, *, geometry: Geometry
                  ) -> jax.Array:
-    return _input_gradient(ct, w, geometry, jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype))
+    """im2col's transpose: the input's cotangent."""
+    (dx,) = jax.linear_transpose(lambda x: im2col_conv(x, w, geometry),
+                                 jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype))(ct)
+    return dx
 
 
 def _transpose_w(ct: jax.Array, x: jax.Array, w: ad.UndefinedPrimal, *, geometry: Geometry
@@ -118,14 +113,11 @@ def _gradient_transpose_ct(dw: jax.Array, x: jax.Array, ct: ad.UndefinedPrimal, 
     return few_channels_p.bind(x, dw.astype(x.dtype), geometry=geometry)
 
 
-for _p, _impl, _target in ((few_channels_p, _product, "circle_jax_conv3x3_forward"),
-                           (weight_gradient_p, _weight_gradient,
-                            "circle_jax_conv3x3_weight_gradient")):
-    _p.def_impl(_impl)
-    _fallback = mlir.lower_fun(_impl, multiple_results=False)
-    mlir.register_lowering(_p, _fallback)
-    mlir.register_lowering(_p, cpu_kernels.lowering_with_kernel(
-        _target, _fallback, cpu_kernels.attributes_3x3), platform="cpu")
+few_channels_p.def_impl(_product)
+weight_gradient_p.def_impl(_weight_gradient)
+cpu_kernels.register_lowerings(few_channels_p, _product, "circle_jax_conv3x3_forward")
+cpu_kernels.register_lowerings(weight_gradient_p, _weight_gradient,
+                               "circle_jax_conv3x3_weight_gradient")
 ad.defbilinear(few_channels_p, _transpose_x, _transpose_w)
 ad.defbilinear(weight_gradient_p, _gradient_transpose_x, _gradient_transpose_ct)
 batching.primitive_batchers[few_channels_p] = batch_convolution(few_channels_p, im2col_conv)

@@ -11,6 +11,7 @@
 #include <cstring>
 #include <memory>
 #include <mutex>
+#include <string>
 #include <type_traits>
 #include <vector>
 
@@ -104,6 +105,31 @@ void sum_samples(ffi::ThreadPool& pool, int64_t n, int64_t size, float* out, Par
   std::memcpy(out, partial.data(), size * sizeof(float));
   for (int64_t i = 1; i < chunks; ++i)
     for (int64_t j = 0; j < size; ++j) out[j] += partial[i * size + j];
+}
+
+// A convolution's sizes: the input [n, h, w, c], the output [n, oh, ow, o], the stride and
+// the top/left padding (bottom and right follow from the output's size).
+struct Shape {
+  int64_t n, h, w, c;
+  int64_t oh, ow, o;
+  int64_t stride, pad_top, pad_left;
+};
+
+// The Shape of input dims x and output (or output cotangent) dims y, into *s; an error
+// naming the kernel unless both are 4-d of one batch, not empty, with stride 1 or 2.
+template <class Dims>
+ffi::Error read_shape(const std::string& kernel, const Dims& x, const Dims& y, int64_t stride,
+                      int64_t pad_top, int64_t pad_left, Shape* s) {
+  if (x.size() != 4 || y.size() != 4 || x[0] != y[0])
+    return ffi::Error::InvalidArgument(
+        kernel + ": x [N, H, W, C] and an output [N, OH, OW, O] expected");
+  *s = Shape{x[0], x[1], x[2], x[3], y[1], y[2], y[3], stride, pad_top, pad_left};
+  if (stride != 1 && stride != 2)
+    return ffi::Error::InvalidArgument(kernel + ": stride 1 or 2 expected");
+  if (s->n < 0 || s->h <= 0 || s->w <= 0 || s->c <= 0 || s->oh <= 0 || s->ow <= 0 ||
+      s->o <= 0)
+    return ffi::Error::InvalidArgument(kernel + ": empty shape");
+  return ffi::Error::Success();
 }
 
 // Every kernel's binding: XLA's intra-op thread pool, two float32 operands, one float32

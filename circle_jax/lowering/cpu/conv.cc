@@ -19,11 +19,7 @@ namespace {
 
 using namespace circle_jax;
 
-struct Shape {
-  int64_t n, h, w, c;  // input
-  int64_t oh, ow, o;   // output
-  int64_t stride, pad_top, pad_left;
-};
+constexpr char kKernel[] = "3x3 convolution kernel";
 
 // Calls visit(k, pixel) for each of the 9 taps of output (oy, ox) that reads inside the
 // input: k = 3 * ky + kx, pixel the input's channels there.
@@ -91,13 +87,16 @@ void weight_gradient_samples(const Shape& s, const float* x, const float* ct, fl
 //: the most input channels the kernels take (the accumulators of the weight gradient)
 constexpr int64_t kMaxChannels = 4;
 
-ffi::Error checked(const Shape& s) {
-  if (s.stride != 1 && s.stride != 2)
-    return ffi::Error::InvalidArgument("3x3 convolution kernel: stride 1 or 2 expected");
-  if (s.c < 1 || s.c > kMaxChannels)
+// The sizes read from x and y (`read_shape`) of a convolution of 1 to kMaxChannels input
+// channels and a filter of 9 * C * O elements.
+template <class Dims>
+ffi::Error read_conv_shape(const Dims& x, const Dims& y, size_t filter, int64_t stride,
+                           int64_t pad_top, int64_t pad_left, Shape* s) {
+  if (auto e = read_shape(kKernel, x, y, stride, pad_top, pad_left, s); e.failure()) return e;
+  if (s->c > kMaxChannels)
     return ffi::Error::InvalidArgument("3x3 convolution kernel: 1 to 4 input channels");
-  if (s.n < 0 || s.h <= 0 || s.w <= 0 || s.oh <= 0 || s.ow <= 0 || s.o <= 0)
-    return ffi::Error::InvalidArgument("3x3 convolution kernel: empty shape");
+  if (filter != static_cast<size_t>(9 * s->c * s->o))
+    return ffi::Error::InvalidArgument("3x3 convolution kernel: a filter [3, 3, I, O]");
   return ffi::Error::Success();
 }
 
@@ -115,14 +114,10 @@ void by_channels(int64_t c, Run run) {
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                    ffi::ResultBuffer<ffi::F32> out, int64_t stride, int64_t pad_top,
                    int64_t pad_left) {
-  auto xd = x.dimensions();
-  auto od = out->dimensions();
-  if (xd.size() != 4 || od.size() != 4 ||
-      w.element_count() != static_cast<size_t>(9 * xd[3] * od[3]))
-    return ffi::Error::InvalidArgument(
-        "3x3 convolution kernel: x [N, H, W, I], w [3, 3, I, O] expected");
-  Shape s{xd[0], xd[1], xd[2], xd[3], od[1], od[2], od[3], stride, pad_top, pad_left};
-  if (auto e = checked(s); e.failure()) return e;
+  Shape s;
+  if (auto e = read_conv_shape(x.dimensions(), out->dimensions(), w.element_count(), stride,
+                               pad_top, pad_left, &s); e.failure())
+    return e;
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
   float* op = out->typed_data();
@@ -137,18 +132,13 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   return ffi::Error::Success();
 }
 
-
 ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                           ffi::Buffer<ffi::F32> ct, ffi::ResultBuffer<ffi::F32> dw,
                           int64_t stride, int64_t pad_top, int64_t pad_left) {
-  auto xd = x.dimensions();
-  auto cd = ct.dimensions();
-  if (xd.size() != 4 || cd.size() != 4 || cd[0] != xd[0] ||
-      dw->element_count() != static_cast<size_t>(9 * xd[3] * cd[3]))
-    return ffi::Error::InvalidArgument(
-        "3x3 convolution kernel: x [N, H, W, I], ct [N, OH, OW, O], dw [3, 3, I, O] expected");
-  Shape s{xd[0], xd[1], xd[2], xd[3], cd[1], cd[2], cd[3], stride, pad_top, pad_left};
-  if (auto e = checked(s); e.failure()) return e;
+  Shape s;
+  if (auto e = read_conv_shape(x.dimensions(), ct.dimensions(), dw->element_count(), stride,
+                               pad_top, pad_left, &s); e.failure())
+    return e;
   const float* xp = x.typed_data();
   const float* cp = ct.typed_data();
   by_lanes(s.o, [&](auto lanes) {

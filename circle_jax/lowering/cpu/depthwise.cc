@@ -24,11 +24,7 @@ namespace {
 
 using namespace circle_jax;
 
-struct Shape {
-  int64_t n, h, w, c;     // input
-  int64_t oh, ow;         // output
-  int64_t stride, pad_top, pad_left;
-};
+constexpr char kKernel[] = "depthwise kernel";
 
 // The three input rows tap row ky = 0, 1, 2 reads for output row oy (zeros outside).
 inline void rows_for(const Shape& s, const float* sample, int64_t oy, const float* zeros,
@@ -130,24 +126,15 @@ void weight_gradient_samples(const Shape& s, const float* x, const float* ct, fl
   }
 }
 
-ffi::Error checked(const Shape& s) {
-  if (s.stride != 1 && s.stride != 2)
-    return ffi::Error::InvalidArgument("depthwise kernel: stride 1 or 2 expected");
-  if (s.n < 0 || s.h <= 0 || s.w <= 0 || s.c <= 0 || s.oh <= 0 || s.ow <= 0)
-    return ffi::Error::InvalidArgument("depthwise kernel: empty shape");
-  return ffi::Error::Success();
-}
-
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                    ffi::ResultBuffer<ffi::F32> out, int64_t stride, int64_t pad_top,
                    int64_t pad_left) {
-  auto xd = x.dimensions();
-  auto od = out->dimensions();
-  if (xd.size() != 4 || od.size() != 4 ||
-      w.element_count() != static_cast<size_t>(9 * xd[3]))
-    return ffi::Error::InvalidArgument("depthwise kernel: x [N, H, W, C], w [9, C] expected");
-  Shape s{xd[0], xd[1], xd[2], xd[3], od[1], od[2], stride, pad_top, pad_left};
-  if (auto e = checked(s); e.failure()) return e;
+  Shape s;
+  if (auto e = read_shape(kKernel, x.dimensions(), out->dimensions(), stride, pad_top,
+                          pad_left, &s); e.failure())
+    return e;
+  if (s.o != s.c || w.element_count() != static_cast<size_t>(9 * s.c))
+    return ffi::Error::InvalidArgument("depthwise kernel: w [9, C] and C output channels");
   std::vector<float> zeros(s.w * s.c + 16, 0.0f);
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
@@ -165,14 +152,12 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
 ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                           ffi::Buffer<ffi::F32> ct, ffi::ResultBuffer<ffi::F32> dw,
                           int64_t stride, int64_t pad_top, int64_t pad_left) {
-  auto xd = x.dimensions();
-  auto cd = ct.dimensions();
-  if (xd.size() != 4 || cd.size() != 4 || cd[0] != xd[0] || cd[3] != xd[3] ||
-      dw->element_count() != static_cast<size_t>(9 * xd[3]))
-    return ffi::Error::InvalidArgument(
-        "depthwise kernel: x [N, H, W, C], ct [N, OH, OW, C], dw [9, C] expected");
-  Shape s{xd[0], xd[1], xd[2], xd[3], cd[1], cd[2], stride, pad_top, pad_left};
-  if (auto e = checked(s); e.failure()) return e;
+  Shape s;
+  if (auto e = read_shape(kKernel, x.dimensions(), ct.dimensions(), stride, pad_top, pad_left,
+                          &s); e.failure())
+    return e;
+  if (s.o != s.c || dw->element_count() != static_cast<size_t>(9 * s.c))
+    return ffi::Error::InvalidArgument("depthwise kernel: dw [9, C] and C output channels");
   std::vector<float> zeros(s.w * s.c + 16, 0.0f);
   const float* xp = x.typed_data();
   const float* cp = ct.typed_data();
