@@ -6,6 +6,7 @@ from __future__ import annotations
 import functools
 import itertools
 from collections.abc import Callable, Iterator, Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -81,10 +82,12 @@ def batch_convolution(primitive: Primitive, reference: Callable[..., jax.Array]
     return rule
 
 
-def batch_by_vmap(fn: Callable[..., jax.Array]) -> Callable[..., tuple[jax.Array, int]]:
-    """The vmap rule of a primitive computing ``fn(*args, geometry=g)``: ``fn`` under vmap
-    (per-sample weight gradients)."""
-    def rule(args: tuple, dims: tuple, *, geometry: Geometry) -> tuple[jax.Array, int]:
-        return jax.vmap(functools.partial(fn, geometry=geometry), in_axes=dims)(*args), 0
+def batch_by_vmap(fn: Callable[..., Any], multiple_results: bool = False
+                  ) -> Callable[..., tuple[Any, Any]]:
+    """The vmap rule of a primitive computing ``fn(*args, **params)``: ``fn`` under vmap
+    (per-sample weight gradients); ``multiple_results``: ``fn`` returns a sequence."""
+    def rule(args: tuple, dims: tuple, **params: Any) -> tuple[Any, Any]:
+        out = jax.vmap(functools.partial(fn, **params), in_axes=dims)(*args)
+        return (out, (0,) * len(out)) if multiple_results else (out, 0)
 
     return rule

@@ -28,7 +28,7 @@ from jax import lax
 
 from ..ops.conv import Geometry, bias_act, conv, out_sizes, spatial_geometry
 from ..ops.registry import OpContext
-from . import CONV_METHODS, LoweringOptions, fast
+from . import CONV_METHODS, LoweringOptions, depthwise_clamped, fast
 from ._taps import offsets, pad_spatial, tap, taps
 from .depthwise import channelwise
 from .few_channels import applies, few_channels_conv, im2col_conv
@@ -154,7 +154,14 @@ def _kn2row(x: jax.Array, w: jax.Array, g: Geometry) -> jax.Array:
 
 @fast("CONV_2D", "DEPTHWISE_CONV_2D", "CONV_3D")
 def spatial_conv(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
-    """The spatial convolutions with the method :func:`conv_method` picks."""
+    """The spatial convolutions with the method :func:`conv_method` picks; a depthwise one
+    with a bias and a clamping activation that the CPU kernels take is one layer
+    (:mod:`circle_jax.lowering.depthwise_clamped`)."""
     w, g = spatial_geometry(ctx, x, w)
-    y = conv_nd(x, w, g, conv_method(x, w, g, ctx.lowering))
-    return bias_act(y, b, ctx.options.fused_activation_function)
+    method = conv_method(x, w, g, ctx.lowering)
+    act = ctx.options.fused_activation_function
+    if method == "shift":
+        wk = w.reshape(-1, w.shape[-1])
+        if depthwise_clamped.applies(x, wk, b, g, act):
+            return depthwise_clamped.layer(x, wk, b, g, act)
+    return bias_act(conv_nd(x, w, g, method), b, act)

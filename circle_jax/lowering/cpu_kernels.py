@@ -4,7 +4,9 @@ they apply, the XLA form everywhere else.
 ``cpu/depthwise.cc`` holds the 3x3 depthwise convolution's forward product and weight
 gradient as XLA FFI custom calls (`circle_jax.lowering.depthwise` lowers to them; its
 own `shift_sum` and `weight_gradient` are the readable reference they are tested against;
-XLA CPU has no fast form of that weight gradient, benchmarks/README.md); ``cpu/conv.cc``
+XLA CPU has no fast form of that weight gradient, benchmarks/README.md), and the layer with
+its bias and clamping activation, forward and backward, one pass each
+(`circle_jax.lowering.depthwise_clamped`); ``cpu/conv.cc``
 those of a 3x3 convolution of at most 4 input channels, an image's first layer
 (`circle_jax.lowering.few_channels`, whose im2col form is their reference).
 
@@ -49,6 +51,7 @@ SOURCE_DIR = Path(__file__).with_name("cpu")
 SOURCES = ("depthwise.cc", "conv.cc")
 #: the custom-call targets ``SOURCES`` define
 TARGETS = ("circle_jax_depthwise_forward", "circle_jax_depthwise_weight_gradient",
+           "circle_jax_depthwise_clamped_forward", "circle_jax_depthwise_masked_gradient",
            "circle_jax_conv3x3_forward", "circle_jax_conv3x3_weight_gradient")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-std=c++17", "-w")
 #: set to "0" to lower everything through XLA
@@ -204,27 +207,32 @@ def kernel_geometry(x: Any, g: Any) -> bool:
         and tuple(g.strides) in ((1, 1), (2, 2))
 
 
-def attributes_3x3(x: jax.core.ShapedArray, other: jax.core.ShapedArray, *,
+def attributes_3x3(x: jax.core.ShapedArray, *others: jax.core.ShapedArray,
                    geometry: Any) -> dict[str, int] | None:
     """The kernels' attributes for a float32 convolution `kernel_geometry` takes
-    (``other``: the filter or the output's cotangent); None where they do not apply."""
+    (``others``: the filter, the output's cotangent, ...; all float32 too); None where
+    they do not apply."""
     g = geometry
-    if not kernel_geometry(x, g) or x.dtype != np.float32 or other.dtype != np.float32:
+    if not kernel_geometry(x, g) or any(a.dtype != np.float32 for a in (x, *others)):
         return None
     return {"stride": g.strides[0], "pad_top": g.pads[0][0], "pad_left": g.pads[1][0]}
 
 
-def register_lowerings(primitive: Any, reference: Callable[..., Any], target: str) -> None:
+def register_lowerings(primitive: Any, reference: Callable[..., Any], target: str, *,
+                       attributes: Callable[..., dict[str, Any]] = lambda **params: {}
+                       ) -> None:
     """``primitive``'s lowerings: ``reference`` (its parameters as keywords) everywhere; on
     the CPU the custom call ``target`` where `attributes_3x3` applies, the program runs on
-    one device and the kernels are `available`, else ``reference``."""
-    fallback = mlir.lower_fun(reference, multiple_results=False)
+    one device and the kernels are `available`, else ``reference``. ``attributes``: the
+    call's further attributes, from the primitive's parameters other than ``geometry``."""
+    fallback = mlir.lower_fun(reference, multiple_results=primitive.multiple_results)
 
-    def rule(ctx: mlir.LoweringRuleContext, *args: Any, **params: Any) -> Sequence[Any]:
-        attrs = attributes_3x3(*ctx.avals_in, **params)
+    def rule(ctx: mlir.LoweringRuleContext, *args: Any, geometry: Any, **params: Any
+             ) -> Sequence[Any]:
+        attrs = attributes_3x3(*ctx.avals_in, geometry=geometry)
         if attrs is None or not on_one_cpu(ctx) or not available():
-            return fallback(ctx, *args, **params)
-        attrs = {k: np.int64(v) for k, v in attrs.items()}
+            return fallback(ctx, *args, geometry=geometry, **params)
+        attrs = {k: np.int64(v) for k, v in attrs.items()} | attributes(**params)
         return jax.ffi.ffi_lowering(target)(ctx, *args, **attrs)
 
     mlir.register_lowering(primitive, fallback)

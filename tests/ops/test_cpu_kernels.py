@@ -28,7 +28,9 @@ from circle_jax.lowering.few_channels import few_channels_conv, im2col_conv
 from circle_jax.ops.conv import Geometry
 from tests.paths import REPO_ROOT
 
-FORWARD, WEIGHT_GRADIENT, CONV_FORWARD, CONV_WEIGHT_GRADIENT = cpu_kernels.TARGETS
+FORWARD, WEIGHT_GRADIENT = "circle_jax_depthwise_forward", "circle_jax_depthwise_weight_gradient"
+CONV_FORWARD, CONV_WEIGHT_GRADIENT = ("circle_jax_conv3x3_forward",
+                                      "circle_jax_conv3x3_weight_gradient")
 TOLERANCE = 2e-6
 
 
@@ -202,12 +204,14 @@ def test_a_fresh_kernel_directory_builds_them_once(tmp_path) -> None:
 
 
 def test_the_bits_do_not_depend_on_the_threads(tmp_path) -> None:
-    """The weight gradients' sums over the batch add up in chunks the batch alone fixes:
+    """The weight gradients' sums over the batch (and the depthwise layer's bias gradient)
+    add up in chunks the batch alone fixes:
     one CPU (``taskset -c 0``: XLA's intra-op pool of one thread) and all of them give the
     same bits."""
     code = f"""
 import numpy as np, jax, jax.numpy as jnp
 from circle_jax.lowering.depthwise import channelwise
+from circle_jax.lowering.depthwise_clamped import layer
 from circle_jax.lowering.few_channels import few_channels_conv
 from circle_jax.ops.conv import Geometry
 g = Geometry((3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)))
@@ -217,8 +221,10 @@ w = rng.standard_normal((9, 8), np.float32)
 dw = jax.jit(jax.grad(lambda w: jnp.sum(channelwise(x, w, g) * ct)))(w)
 x3, w3 = x[..., :3], rng.standard_normal((3, 3, 3, 8), np.float32)
 dw3 = jax.jit(jax.grad(lambda w: jnp.sum(few_channels_conv(x3, w, g) * ct)))(w3)
+b = rng.standard_normal(8, np.float32)
+dwb = jax.jit(jax.grad(lambda w, b: jnp.sum(layer(x, w, b, g, 3) * ct), argnums=(0, 1)))(w, b)
 np.save({str(tmp_path)!r} + "/" + str(len(__import__("os").sched_getaffinity(0))) + ".npy",
-        np.concatenate([np.ravel(dw), np.ravel(dw3)]))
+        np.concatenate([np.ravel(dw), np.ravel(dw3), *map(np.ravel, dwb)]))
 """
     for prefix in (["taskset", "-c", "0"], []):
         p = subprocess.run([*prefix, sys.executable, "-c", code], capture_output=True,

@@ -8,7 +8,13 @@
 //   circle_jax_depthwise_forward:         out[n, oy, ox, c] = sum_k x(n, oy*s+ky-pt, ox*s+kx-pl, c) * w[k, c]
 //   circle_jax_depthwise_weight_gradient: dw[k, c] = sum_{n, oy, ox} x(n, oy*s+ky-pt, ox*s+kx-pl, c) * ct[n, oy, ox, c]
 //
-// with k = 3 * ky + kx and x() zero outside the input. float32 only; vectorized over the
+// with k = 3 * ky + kx and x() zero outside the input; and the layer with its bias and a
+// clamping activation (RELU, RELU6, RELU_N1_TO_1: the range [lo, hi], hi = +inf for RELU):
+//
+//   circle_jax_depthwise_clamped_forward:  y = clamp(forward(x, w) + b, lo, hi)
+//   circle_jax_depthwise_masked_gradient:  g = ct where lo < y < hi (else 0; y < +inf is not
+//                                          asked of RELU), and dwb = [weight_gradient(x, g);
+//                                          sum_{n, oy, ox} g] ([10, C]), in one pass. float32 only; vectorized over the
 // channels (the contiguous axis) with GCC vector extensions, built with -march=native.
 //
 // Threads: the samples are cut into chunks that XLA's intra-op thread pool and the calling
@@ -70,12 +76,20 @@ inline void walk_row(const Shape& s, const float* const r[3], Visit visit) {
   }
 }
 
-template <int L, int S>
-void forward_samples(const Shape& s, const float* x, const float* w, float* out, int64_t n0,
-                     int64_t n1, const float* zeros) {
+// The clamping activation's range [lo, hi] (hi = +inf: no upper bound).
+struct Range {
+  float lo, hi;
+};
+
+// The forward product of samples [n0, n1); with Clamp, plus the bias b, clamped to r.
+template <int L, int S, bool Clamp>
+void forward_samples(const Shape& s, const float* x, const float* w, const float* b, Range r,
+                     float* out, int64_t n0, int64_t n1, const float* zeros) {
   using V = typename Lanes<L>::type;
+  const V lo = V{} + r.lo, hi = V{} + r.hi;
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t c0 = 0; c0 < s.c; c0 += L) {
+      const V bias = Clamp ? load<L>(b + c0) : V{};
       V wk[3][3];
       for (int ky = 0; ky < 3; ++ky)
         for (int kx = 0; kx < 3; ++kx) wk[kx][ky] = load<L>(w + (3 * ky + kx) * s.c + c0);
@@ -89,7 +103,13 @@ void forward_samples(const Shape& s, const float* x, const float* w, float* out,
           V top = win[0][0] * wk[0][0] + win[1][0] * wk[1][0] + win[2][0] * wk[2][0];
           V mid = win[0][1] * wk[0][1] + win[1][1] * wk[1][1] + win[2][1] * wk[2][1];
           V low = win[0][2] * wk[0][2] + win[1][2] * wk[1][2] + win[2][2] * wk[2][2];
-          store<L>(row + ox * s.c, top + mid + low);
+          V v = top + mid + low;
+          if (Clamp) {
+            v += bias;
+            v = v < lo ? lo : v;  // NaN stays NaN, as XLA's clamp
+            v = v > hi ? hi : v;
+          }
+          store<L>(row + ox * s.c, v);
         });
       }
     }
@@ -126,6 +146,45 @@ void weight_gradient_samples(const Shape& s, const float* x, const float* ct, fl
   }
 }
 
+// Adds the masked weight and bias gradient of samples [n0, n1) to sums [10, C] (taps, then
+// the bias) and writes their masked cotangent g (see the header) in the same pass.
+template <int L, int S>
+void masked_gradient_samples(const Shape& s, const float* x, const float* y, const float* ct,
+                             Range r, float* g, float* sums, int64_t n0, int64_t n1,
+                             const float* zeros) {
+  using V = typename Lanes<L>::type;
+  const V lo = V{} + r.lo, hi = V{} + r.hi, zero = V{};
+  const bool bounded = r.hi < __builtin_inff();
+  for (int64_t c0 = 0; c0 < s.c; c0 += L) {
+    for (int64_t n = n0; n < n1; ++n) {
+      V acc[3][3] = {}, bias = {};
+      const float* sample = x + n * s.h * s.w * s.c + c0;
+      const int64_t at = n * s.oh * s.ow * s.c + c0;
+      for (int64_t oy = 0; oy < s.oh; ++oy) {
+        const float* r3[3];
+        rows_for(s, sample, oy, zeros, r3);
+        const int64_t row = at + oy * s.ow * s.c;
+        walk_row<L, S>(s, r3, [&](int64_t ox, const V (&win)[3][3]) {
+          const int64_t i = row + ox * s.c;
+          V out = load<L>(y + i);
+          auto inside = bounded ? (out > lo) & (out < hi) : (out > lo);
+          V d = inside ? load<L>(ct + i) : zero;
+          store<L>(g + i, d);
+          bias += d;
+          for (int kx = 0; kx < 3; ++kx)
+            for (int ky = 0; ky < 3; ++ky) acc[kx][ky] += win[kx][ky] * d;
+        });
+      }
+      for (int ky = 0; ky < 3; ++ky)
+        for (int kx = 0; kx < 3; ++kx) {
+          float* to = sums + (3 * ky + kx) * s.c + c0;
+          store<L>(to, load<L>(to) + acc[kx][ky]);
+        }
+      store<L>(sums + 9 * s.c + c0, load<L>(sums + 9 * s.c + c0) + bias);
+    }
+  }
+}
+
 ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ffi::F32> w,
                    ffi::ResultBuffer<ffi::F32> out, int64_t stride, int64_t pad_top,
                    int64_t pad_left) {
@@ -142,8 +201,8 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   by_lanes(s.c, [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     for_samples(pool, s.n, [&](int64_t n0, int64_t n1) {
-      if (s.stride == 1) forward_samples<L, 1>(s, xp, wp, op, n0, n1, zeros.data());
-      else forward_samples<L, 2>(s, xp, wp, op, n0, n1, zeros.data());
+      if (s.stride == 1) forward_samples<L, 1, false>(s, xp, wp, nullptr, {}, op, n0, n1, zeros.data());
+      else forward_samples<L, 2, false>(s, xp, wp, nullptr, {}, op, n0, n1, zeros.data());
     });
   });
   return ffi::Error::Success();
@@ -171,9 +230,91 @@ ffi::Error WeightGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
   return ffi::Error::Success();
 }
 
+ffi::Error ClampedForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                          ffi::Buffer<ffi::F32> w, ffi::Buffer<ffi::F32> b,
+                          ffi::ResultBuffer<ffi::F32> out, int64_t stride, int64_t pad_top,
+                          int64_t pad_left, float lo, float hi) {
+  Shape s;
+  if (auto e = read_shape(kKernel, x.dimensions(), out->dimensions(), stride, pad_top,
+                          pad_left, &s); e.failure())
+    return e;
+  if (s.o != s.c || w.element_count() != static_cast<size_t>(9 * s.c) ||
+      b.element_count() != static_cast<size_t>(s.c))
+    return ffi::Error::InvalidArgument(
+        "depthwise kernel: w [9, C], b [C] and C output channels");
+  std::vector<float> zeros(s.w * s.c + 16, 0.0f);
+  const float *xp = x.typed_data(), *wp = w.typed_data(), *bp = b.typed_data();
+  float* op = out->typed_data();
+  const Range r{lo, hi};
+  by_lanes(s.c, [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    for_samples(pool, s.n, [&](int64_t n0, int64_t n1) {
+      if (s.stride == 1) forward_samples<L, 1, true>(s, xp, wp, bp, r, op, n0, n1, zeros.data());
+      else forward_samples<L, 2, true>(s, xp, wp, bp, r, op, n0, n1, zeros.data());
+    });
+  });
+  return ffi::Error::Success();
+}
+
+ffi::Error MaskedGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
+                          ffi::Buffer<ffi::F32> y, ffi::Buffer<ffi::F32> ct,
+                          ffi::ResultBuffer<ffi::F32> g, ffi::ResultBuffer<ffi::F32> dwb,
+                          int64_t stride, int64_t pad_top, int64_t pad_left, float lo,
+                          float hi) {
+  Shape s;
+  if (auto e = read_shape(kKernel, x.dimensions(), ct.dimensions(), stride, pad_top, pad_left,
+                          &s); e.failure())
+    return e;
+  if (s.o != s.c || y.element_count() != ct.element_count() ||
+      g->element_count() != ct.element_count() ||
+      dwb->element_count() != static_cast<size_t>(10 * s.c))
+    return ffi::Error::InvalidArgument(
+        "depthwise kernel: y and g shaped as ct, dwb [10, C], C output channels");
+  std::vector<float> zeros(s.w * s.c + 16, 0.0f);
+  const float *xp = x.typed_data(), *yp = y.typed_data(), *cp = ct.typed_data();
+  float* gp = g->typed_data();
+  const Range r{lo, hi};
+  by_lanes(s.c, [&](auto lanes) {
+    constexpr int L = decltype(lanes)::value;
+    sum_samples(pool, s.n, 10 * s.c, dwb->typed_data(),
+                [&](float* sums, int64_t n0, int64_t n1) {
+      if (s.stride == 1)
+        masked_gradient_samples<L, 1>(s, xp, yp, cp, r, gp, sums, n0, n1, zeros.data());
+      else
+        masked_gradient_samples<L, 2>(s, xp, yp, cp, r, gp, sums, n0, n1, zeros.data());
+    });
+  });
+  return ffi::Error::Success();
+}
+
 }  // namespace
 
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_forward, Forward,
                               circle_jax::convolution_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_weight_gradient, WeightGradient,
                               circle_jax::convolution_binding());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_clamped_forward, ClampedForward,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("stride")
+                                  .Attr<int64_t>("pad_top")
+                                  .Attr<int64_t>("pad_left")
+                                  .Attr<float>("lo")
+                                  .Attr<float>("hi"));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_masked_gradient, MaskedGradient,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<int64_t>("stride")
+                                  .Attr<int64_t>("pad_top")
+                                  .Attr<int64_t>("pad_left")
+                                  .Attr<float>("lo")
+                                  .Attr<float>("hi"));
