@@ -3,6 +3,7 @@ processes: a training step through ``fit`` and the first compile of its epoch.
 
     python benchmarks/bench_cpu_kernels.py [--models mobilenet_v1_0.25_128_float.tflite]
                                            [--batch 32] [--epochs 8] [--rounds 4]
+                                           [--against DIR]
 
 Each process loads the model (one of ../shared/models), trains random data of 8 batches an
 epoch with ``fit`` (SGD at 1e-3, categorical crossentropy on one-hot targets, an
@@ -12,6 +13,8 @@ cache) and ``CIRCLE_JAX_CPU_KERNELS`` set to 1 or 0; the order of the two altern
 round. Prints per model and setting the median over the processes of their steady ms/step
 (the median of epochs 2 on), its range, the median per-round ratio on / off, and the
 first epoch's compile (``History.compile_ms``) and PREPARE (``History.prepare_ms``).
+``--against DIR``: this source tree against another checkout's (``PYTHONPATH=DIR``), the
+kernels on in both, instead of on against off.
 
 Not a test: numbers depend on the machine and its load (benchmarks/README.md).
 """
@@ -54,9 +57,12 @@ print(json.dumps(dict(steady=float(np.median(h.ms_per_step[1:])), compile=h.comp
 """
 
 
-def run(path: str, batch: int, epochs: int, on: bool) -> dict:
-    env = {**os.environ, "CIRCLE_JAX_CPU_KERNELS": "1" if on else "0",
-           "CIRCLE_JAX_CACHE": "off"}
+def run(path: str, batch: int, epochs: int, on: bool, against: str | None) -> dict:
+    """One process's figures: ``on`` is this tree with the kernels on; not ``on``, the
+    kernels off, or ``against``'s tree with them on."""
+    env = {**os.environ, "CIRCLE_JAX_CPU_KERNELS": "1" if on or against else "0",
+           "CIRCLE_JAX_CACHE": "off",
+           "PYTHONPATH": os.path.join(HERE, "..") if on or not against else against}
     p = subprocess.run([sys.executable, "-c", CHILD, path, str(batch), str(epochs)],
                        capture_output=True, text=True, env=env, cwd=HERE, timeout=1800)
     if p.returncode:
@@ -70,8 +76,10 @@ def main() -> int:
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--epochs", type=int, default=8)
     ap.add_argument("--rounds", type=int, default=4)
+    ap.add_argument("--against", help="another checkout's tree, instead of the kernels off")
     args = ap.parse_args()
-    print("| model | batch | kernels | ms/step median (range) | ratio on/off (range) | "
+    other = "against" if args.against else "off"
+    print(f"| model | batch | kernels | ms/step median (range) | ratio on/{other} (range) | "
           "compile ms median | PREPARE ms median |")
     print("|---|---|---|---|---|---|---|")
     for name in args.models.split(","):
@@ -79,7 +87,7 @@ def main() -> int:
         results: dict[bool, list[dict]] = {True: [], False: []}
         for r in range(args.rounds):
             for on in ((True, False) if r % 2 == 0 else (False, True)):
-                results[on].append(run(path, args.batch, args.epochs, on))
+                results[on].append(run(path, args.batch, args.epochs, on, args.against))
         assert all(d["kernels"].startswith("on") for d in results[True]), results[True]
         ratios = [a["steady"] / b["steady"] for a, b in zip(results[True], results[False])]
         for on in (True, False):
@@ -87,7 +95,7 @@ def main() -> int:
             steady = [d["steady"] for d in rows]
             ratio = (f"{np.median(ratios):.2f} ({min(ratios):.2f}-{max(ratios):.2f})" if on
                      else "")
-            print(f"| {name} | {args.batch} | {'on' if on else 'off'} | "
+            print(f"| {name} | {args.batch} | {'on' if on else other} | "
                   f"{np.median(steady):.1f} ({min(steady):.1f}-{max(steady):.1f}) | {ratio} | "
                   f"{np.median([d['compile'] for d in rows]):.0f} | "
                   f"{np.median([d['prepare'] for d in rows]):.0f} |", flush=True)

@@ -90,6 +90,17 @@ def keras_data() -> Path:
 
 
 @pytest.fixture(scope="session")
+def cpu_kernels() -> None:
+    """The hand-written CPU kernels, built where a C++ compiler is (always in CI, where
+    `.ci/run` runs: there their absence fails instead of skipping)."""
+    from circle_jax.lowering import cpu_kernels
+
+    if not cpu_kernels.available():
+        assert not os.environ.get("CI"), cpu_kernels.status()
+        pytest.skip(f"no CPU kernels here ({cpu_kernels.status()})")
+
+
+@pytest.fixture(scope="session")
 def onert() -> ModuleType:
     from tests import onert_peer
 

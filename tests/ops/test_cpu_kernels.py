@@ -34,12 +34,7 @@ CONV_FORWARD, CONV_WEIGHT_GRADIENT = ("circle_jax_conv3x3_forward",
 TOLERANCE = 2e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernels() -> None:
-    """The kernels build where a C++ compiler is (always in CI: `.ci/run` runs there)."""
-    if not cpu_kernels.available():
-        assert not os.environ.get("CI"), cpu_kernels.status()
-        pytest.skip(f"no CPU kernels here ({cpu_kernels.status()})")
+pytestmark = pytest.mark.usefixtures("cpu_kernels")
 
 
 def _geometry(stride: int, pads: tuple) -> Geometry:

@@ -11,7 +11,6 @@ own sums and must be the same bits. float64: 1e-12 relative (summation order onl
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 import jax
@@ -21,7 +20,7 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.graph import ir
-from circle_jax.lowering import cpu_kernels, depthwise_clamped
+from circle_jax.lowering import depthwise_clamped
 from circle_jax.lowering.depthwise import channelwise
 from circle_jax.ops.conv import Geometry, bias_act
 from tests.paths import SHARED_MODELS
@@ -31,12 +30,7 @@ ACTS = {"RELU6": ir.ACT_RELU6, "RELU": ir.ACT_RELU, "RELU_N1_TO_1": ir.ACT_RELU_
 TOLERANCE = 2e-6
 
 
-@pytest.fixture(scope="module", autouse=True)
-def kernels() -> None:
-    """The kernels build where a C++ compiler is (always in CI: `.ci/run` runs there)."""
-    if not cpu_kernels.available():
-        assert not os.environ.get("CI"), cpu_kernels.status()
-        pytest.skip(f"no CPU kernels here ({cpu_kernels.status()})")
+pytestmark = pytest.mark.usefixtures("cpu_kernels")
 
 
 def _unfused(x, wk, b, g, act):

@@ -22,6 +22,7 @@
 // chunk order, and the chunks depend on the batch alone (not on the thread count), so a
 // result is the same bits however many threads ran it.
 
+#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -116,6 +117,25 @@ void forward_samples(const Shape& s, const float* x, const float* w, const float
   }
 }
 
+// acc[kx][ky] += win[kx][ky] * g: one output position's terms of the nine taps' sums.
+template <int L>
+inline void accumulate(typename Lanes<L>::type (&acc)[3][3],
+                       const typename Lanes<L>::type (&win)[3][3], typename Lanes<L>::type g) {
+  for (int kx = 0; kx < 3; ++kx)
+    for (int ky = 0; ky < 3; ++ky) acc[kx][ky] += win[kx][ky] * g;
+}
+
+// Adds the nine taps' sums acc of channel block c0 to sums [9, C] (tap k = 3 * ky + kx).
+template <int L>
+inline void add_taps(float* sums, int64_t c, int64_t c0,
+                     const typename Lanes<L>::type (&acc)[3][3]) {
+  for (int ky = 0; ky < 3; ++ky)
+    for (int kx = 0; kx < 3; ++kx) {
+      float* at = sums + (3 * ky + kx) * c + c0;
+      store<L>(at, load<L>(at) + acc[kx][ky]);
+    }
+}
+
 // Adds the weight gradient of samples [n0, n1) to sums [9, C]: per sample, per channel
 // block, nine accumulators (one per tap) over its output positions, then added to sums.
 template <int L, int S>
@@ -133,15 +153,10 @@ void weight_gradient_samples(const Shape& s, const float* x, const float* ct, fl
         const float* row = grad + oy * s.ow * s.c;
         walk_row<L, S>(s, r, [&](int64_t ox, const V (&win)[3][3]) {
           V g = load<L>(row + ox * s.c);
-          for (int kx = 0; kx < 3; ++kx)
-            for (int ky = 0; ky < 3; ++ky) acc[kx][ky] += win[kx][ky] * g;
+          accumulate<L>(acc, win, g);
         });
       }
-      for (int ky = 0; ky < 3; ++ky)
-        for (int kx = 0; kx < 3; ++kx) {
-          float* at = sums + (3 * ky + kx) * s.c + c0;
-          store<L>(at, load<L>(at) + acc[kx][ky]);
-        }
+      add_taps<L>(sums, s.c, c0, acc);
     }
   }
 }
@@ -171,15 +186,10 @@ void masked_gradient_samples(const Shape& s, const float* x, const float* y, con
           V d = inside ? load<L>(ct + i) : zero;
           store<L>(g + i, d);
           bias += d;
-          for (int kx = 0; kx < 3; ++kx)
-            for (int ky = 0; ky < 3; ++ky) acc[kx][ky] += win[kx][ky] * d;
+          accumulate<L>(acc, win, d);
         });
       }
-      for (int ky = 0; ky < 3; ++ky)
-        for (int kx = 0; kx < 3; ++kx) {
-          float* to = sums + (3 * ky + kx) * s.c + c0;
-          store<L>(to, load<L>(to) + acc[kx][ky]);
-        }
+      add_taps<L>(sums, s.c, c0, acc);
       store<L>(sums + 9 * s.c + c0, load<L>(sums + 9 * s.c + c0) + bias);
     }
   }
@@ -195,14 +205,15 @@ ffi::Error Forward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x, ffi::Buffer<ff
   if (s.o != s.c || w.element_count() != static_cast<size_t>(9 * s.c))
     return ffi::Error::InvalidArgument("depthwise kernel: w [9, C] and C output channels");
   std::vector<float> zeros(s.w * s.c + 16, 0.0f);
+  const float* z = zeros.data();
   const float* xp = x.typed_data();
   const float* wp = w.typed_data();
   float* op = out->typed_data();
   by_lanes(s.c, [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     for_samples(pool, s.n, [&](int64_t n0, int64_t n1) {
-      if (s.stride == 1) forward_samples<L, 1, false>(s, xp, wp, nullptr, {}, op, n0, n1, zeros.data());
-      else forward_samples<L, 2, false>(s, xp, wp, nullptr, {}, op, n0, n1, zeros.data());
+      if (s.stride == 1) forward_samples<L, 1, false>(s, xp, wp, nullptr, {}, op, n0, n1, z);
+      else forward_samples<L, 2, false>(s, xp, wp, nullptr, {}, op, n0, n1, z);
     });
   });
   return ffi::Error::Success();
@@ -243,14 +254,15 @@ ffi::Error ClampedForward(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
     return ffi::Error::InvalidArgument(
         "depthwise kernel: w [9, C], b [C] and C output channels");
   std::vector<float> zeros(s.w * s.c + 16, 0.0f);
+  const float* z = zeros.data();
   const float *xp = x.typed_data(), *wp = w.typed_data(), *bp = b.typed_data();
   float* op = out->typed_data();
   const Range r{lo, hi};
   by_lanes(s.c, [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
     for_samples(pool, s.n, [&](int64_t n0, int64_t n1) {
-      if (s.stride == 1) forward_samples<L, 1, true>(s, xp, wp, bp, r, op, n0, n1, zeros.data());
-      else forward_samples<L, 2, true>(s, xp, wp, bp, r, op, n0, n1, zeros.data());
+      if (s.stride == 1) forward_samples<L, 1, true>(s, xp, wp, bp, r, op, n0, n1, z);
+      else forward_samples<L, 2, true>(s, xp, wp, bp, r, op, n0, n1, z);
     });
   });
   return ffi::Error::Success();
@@ -293,28 +305,24 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_forward, Forward,
                               circle_jax::convolution_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_weight_gradient, WeightGradient,
                               circle_jax::convolution_binding());
-XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_clamped_forward, ClampedForward,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("stride")
-                                  .Attr<int64_t>("pad_top")
-                                  .Attr<int64_t>("pad_left")
-                                  .Attr<float>("lo")
-                                  .Attr<float>("hi"));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_masked_gradient, MaskedGradient,
-                              ffi::Ffi::Bind()
-                                  .Ctx<ffi::ThreadPool>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Arg<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Ret<ffi::Buffer<ffi::F32>>()
-                                  .Attr<int64_t>("stride")
-                                  .Attr<int64_t>("pad_top")
-                                  .Attr<int64_t>("pad_left")
-                                  .Attr<float>("lo")
-                                  .Attr<float>("hi"));
+// The clamped layer's bindings: a convolution's attributes, then the clamp's range.
+template <class Binding>
+auto with_range(Binding binding) {
+  return std::move(binding)
+      .template Attr<int64_t>("stride")
+      .template Attr<int64_t>("pad_top")
+      .template Attr<int64_t>("pad_left")
+      .template Attr<float>("lo")
+      .template Attr<float>("hi");
+}
+
+using F32 = ffi::Buffer<ffi::F32>;
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    circle_jax_depthwise_clamped_forward, ClampedForward,
+    with_range(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32>().Arg<F32>().Arg<F32>()
+                   .Ret<F32>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(
+    circle_jax_depthwise_masked_gradient, MaskedGradient,
+    with_range(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32>().Arg<F32>().Arg<F32>()
+                   .Ret<F32>().Ret<F32>()));
