@@ -28,7 +28,7 @@ from jax import lax
 
 from ..ops.conv import Geometry, bias_act, conv, out_sizes, spatial_geometry
 from ..ops.registry import OpContext
-from . import CONV_METHODS, LoweringOptions, depthwise_clamped, fast
+from . import CONV_METHODS, LoweringOptions, clamped, fast
 from ._taps import offsets, pad_spatial, tap, taps
 from .depthwise import channelwise
 from .few_channels import applies, few_channels_conv, im2col_conv
@@ -154,14 +154,16 @@ def _kn2row(x: jax.Array, w: jax.Array, g: Geometry) -> jax.Array:
 
 @fast("CONV_2D", "DEPTHWISE_CONV_2D", "CONV_3D")
 def spatial_conv(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
-    """The spatial convolutions with the method :func:`conv_method` picks; a depthwise one
-    with a bias and a clamping activation that the CPU kernels take is one layer
-    (:mod:`circle_jax.lowering.depthwise_clamped`)."""
+    """The spatial convolutions with the method :func:`conv_method` picks; a 3x3 depthwise
+    one, or one of few input channels, with a bias and a clamping activation that the CPU
+    kernels take is one layer (:mod:`circle_jax.lowering.clamped`)."""
     w, g = spatial_geometry(ctx, x, w)
     method = conv_method(x, w, g, ctx.lowering)
     act = ctx.options.fused_activation_function
-    if method == "shift":
+    if clamped.applies(x, w, b, g, act):
         wk = w.reshape(-1, w.shape[-1])
-        if depthwise_clamped.applies(x, wk, b, g, act):
-            return depthwise_clamped.layer(x, wk, b, g, act)
+        if method == "shift" and wk.shape == (9, x.shape[-1]):
+            return clamped.DEPTHWISE(x, wk, b, g, act)
+        if method == "im2col" and applies(x, w, g):
+            return clamped.FEW_CHANNELS(x, w, b, g, act)
     return bias_act(conv_nd(x, w, g, method), b, act)

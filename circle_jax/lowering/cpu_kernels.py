@@ -4,11 +4,11 @@ they apply, the XLA form everywhere else.
 ``cpu/depthwise.cc`` holds the 3x3 depthwise convolution's forward product and weight
 gradient as XLA FFI custom calls (`circle_jax.lowering.depthwise` lowers to them; its
 own `shift_sum` and `weight_gradient` are the readable reference they are tested against;
-XLA CPU has no fast form of that weight gradient, benchmarks/README.md), and the layer with
-its bias and clamping activation, forward and backward, one pass each
-(`circle_jax.lowering.depthwise_clamped`); ``cpu/conv.cc``
+XLA CPU has no fast form of that weight gradient, benchmarks/README.md); ``cpu/conv.cc``
 those of a 3x3 convolution of at most 4 input channels, an image's first layer
-(`circle_jax.lowering.few_channels`, whose im2col form is their reference).
+(`circle_jax.lowering.few_channels`, whose im2col form is their reference). Each file also
+holds its layer with the bias and a clamping activation, forward and backward in one pass
+each (`circle_jax.lowering.clamped`).
 
 The rules:
 
@@ -52,7 +52,8 @@ SOURCES = ("depthwise.cc", "conv.cc")
 #: the custom-call targets ``SOURCES`` define
 TARGETS = ("circle_jax_depthwise_forward", "circle_jax_depthwise_weight_gradient",
            "circle_jax_depthwise_clamped_forward", "circle_jax_depthwise_masked_gradient",
-           "circle_jax_conv3x3_forward", "circle_jax_conv3x3_weight_gradient")
+           "circle_jax_conv3x3_forward", "circle_jax_conv3x3_weight_gradient",
+           "circle_jax_conv3x3_clamped_forward", "circle_jax_conv3x3_masked_gradient")
 FLAGS = ("-O3", "-march=native", "-fPIC", "-std=c++17", "-w")
 #: set to "0" to lower everything through XLA
 SWITCH = "CIRCLE_JAX_CPU_KERNELS"

@@ -14,6 +14,7 @@ transpose everywhere (a first layer's input is data: it is not computed there).
 from __future__ import annotations
 
 import math
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -90,12 +91,16 @@ def _weight_gradient_shape(x: jax.core.ShapedArray, ct: jax.core.ShapedArray, *,
     return jax.core.ShapedArray(_filter(x, ct.shape[-1], ct.dtype).shape, ct.dtype)
 
 
+def input_gradient(ct: jax.Array, w: jax.Array, g: Geometry, x: Any) -> jax.Array:
+    """im2col's transpose: the cotangent of the input ``x`` (an array or its aval)."""
+    (dx,) = jax.linear_transpose(lambda x: im2col_conv(x, w, g),
+                                 jax.ShapeDtypeStruct(x.shape, x.dtype))(ct)
+    return dx
+
+
 def _transpose_x(ct: jax.Array, x: ad.UndefinedPrimal, w: jax.Array, *, geometry: Geometry
                  ) -> jax.Array:
-    """im2col's transpose: the input's cotangent."""
-    (dx,) = jax.linear_transpose(lambda x: im2col_conv(x, w, geometry),
-                                 jax.ShapeDtypeStruct(x.aval.shape, x.aval.dtype))(ct)
-    return dx
+    return input_gradient(ct, w, geometry, x.aval)
 
 
 def _transpose_w(ct: jax.Array, x: jax.Array, w: ad.UndefinedPrimal, *, geometry: Geometry

@@ -206,7 +206,7 @@ def test_the_bits_do_not_depend_on_the_threads(tmp_path) -> None:
     code = f"""
 import numpy as np, jax, jax.numpy as jnp
 from circle_jax.lowering.depthwise import channelwise
-from circle_jax.lowering.depthwise_clamped import layer
+from circle_jax.lowering.clamped import DEPTHWISE
 from circle_jax.lowering.few_channels import few_channels_conv
 from circle_jax.ops.conv import Geometry
 g = Geometry((3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)))
@@ -217,7 +217,7 @@ dw = jax.jit(jax.grad(lambda w: jnp.sum(channelwise(x, w, g) * ct)))(w)
 x3, w3 = x[..., :3], rng.standard_normal((3, 3, 3, 8), np.float32)
 dw3 = jax.jit(jax.grad(lambda w: jnp.sum(few_channels_conv(x3, w, g) * ct)))(w3)
 b = rng.standard_normal(8, np.float32)
-dwb = jax.jit(jax.grad(lambda w, b: jnp.sum(layer(x, w, b, g, 3) * ct), argnums=(0, 1)))(w, b)
+dwb = jax.jit(jax.grad(lambda w, b: jnp.sum(DEPTHWISE(x, w, b, g, 3) * ct), argnums=(0, 1)))(w, b)
 np.save({str(tmp_path)!r} + "/" + str(len(__import__("os").sched_getaffinity(0))) + ".npy",
         np.concatenate([np.ravel(dw), np.ravel(dw3), *map(np.ravel, dwb)]))
 """

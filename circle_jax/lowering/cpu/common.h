@@ -13,6 +13,7 @@
 #include <mutex>
 #include <string>
 #include <type_traits>
+#include <utility>
 #include <vector>
 
 #include "xla/ffi/api/ffi.h"
@@ -143,6 +144,50 @@ inline auto convolution_binding() {
       .Attr<int64_t>("stride")
       .Attr<int64_t>("pad_top")
       .Attr<int64_t>("pad_left");
+}
+
+// A clamping activation's range [lo, hi] (hi = +inf: no upper bound).
+struct Range {
+  float lo, hi;
+};
+
+// v clamped to r (NaN stays NaN, as XLA's clamp).
+template <int L>
+inline typename Lanes<L>::type clamp(typename Lanes<L>::type v, Range r) {
+  using V = typename Lanes<L>::type;
+  const V lo = V{} + r.lo, hi = V{} + r.hi;
+  v = v < lo ? lo : v;
+  return v > hi ? hi : v;
+}
+
+// ct where the clamped output y is strictly inside r (where y > lo for hi = +inf), else 0:
+// the clamp's gradient rule (TF's, and jax.nn.relu's for RELU).
+template <int L>
+inline typename Lanes<L>::type masked(typename Lanes<L>::type y, typename Lanes<L>::type ct,
+                                      Range r) {
+  using V = typename Lanes<L>::type;
+  const V lo = V{} + r.lo, hi = V{} + r.hi;
+  const auto in = r.hi < __builtin_inff() ? (y > lo) & (y < hi) : (y > lo);
+  return in ? ct : V{};
+}
+
+using F32 = ffi::Buffer<ffi::F32>;
+
+// A clamped layer's binding (the rest of `convolution_binding`'s, then the clamp's range):
+// XLA's intra-op thread pool, three float32 operands and Results float32 results.
+template <int Results>
+auto clamped_binding() {
+  auto operands = ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32>().Arg<F32>().Arg<F32>();
+  auto results = [&] {
+    if constexpr (Results == 1) return std::move(operands).Ret<F32>();
+    else return std::move(operands).Ret<F32>().Ret<F32>();
+  }();
+  return std::move(results)
+      .template Attr<int64_t>("stride")
+      .template Attr<int64_t>("pad_top")
+      .template Attr<int64_t>("pad_left")
+      .template Attr<float>("lo")
+      .template Attr<float>("hi");
 }
 
 }  // namespace circle_jax

@@ -14,7 +14,8 @@
 //   circle_jax_depthwise_clamped_forward:  y = clamp(forward(x, w) + b, lo, hi)
 //   circle_jax_depthwise_masked_gradient:  g = ct where lo < y < hi (else 0; y < +inf is not
 //                                          asked of RELU), and dwb = [weight_gradient(x, g);
-//                                          sum_{n, oy, ox} g] ([10, C]), in one pass. float32 only; vectorized over the
+//                                          sum_{n, oy, ox} g] ([10, C]), in one pass; g is
+//                                          not written where it is given empty. float32 only; vectorized over the
 // channels (the contiguous axis) with GCC vector extensions, built with -march=native.
 //
 // Threads: the samples are cut into chunks that XLA's intra-op thread pool and the calling
@@ -22,7 +23,6 @@
 // chunk order, and the chunks depend on the batch alone (not on the thread count), so a
 // result is the same bits however many threads ran it.
 
-#include <utility>
 #include <vector>
 
 #include "common.h"
@@ -77,17 +77,11 @@ inline void walk_row(const Shape& s, const float* const r[3], Visit visit) {
   }
 }
 
-// The clamping activation's range [lo, hi] (hi = +inf: no upper bound).
-struct Range {
-  float lo, hi;
-};
-
 // The forward product of samples [n0, n1); with Clamp, plus the bias b, clamped to r.
 template <int L, int S, bool Clamp>
-void forward_samples(const Shape& s, const float* x, const float* w, const float* b, Range r,
-                     float* out, int64_t n0, int64_t n1, const float* zeros) {
+void forward_samples(const Shape& s, const float* x, const float* w, const float* b,
+                     Range range, float* out, int64_t n0, int64_t n1, const float* zeros) {
   using V = typename Lanes<L>::type;
-  const V lo = V{} + r.lo, hi = V{} + r.hi;
   for (int64_t n = n0; n < n1; ++n) {
     for (int64_t c0 = 0; c0 < s.c; c0 += L) {
       const V bias = Clamp ? load<L>(b + c0) : V{};
@@ -105,12 +99,7 @@ void forward_samples(const Shape& s, const float* x, const float* w, const float
           V mid = win[0][1] * wk[0][1] + win[1][1] * wk[1][1] + win[2][1] * wk[2][1];
           V low = win[0][2] * wk[0][2] + win[1][2] * wk[1][2] + win[2][2] * wk[2][2];
           V v = top + mid + low;
-          if (Clamp) {
-            v += bias;
-            v = v < lo ? lo : v;  // NaN stays NaN, as XLA's clamp
-            v = v > hi ? hi : v;
-          }
-          store<L>(row + ox * s.c, v);
+          store<L>(row + ox * s.c, Clamp ? clamp<L>(v + bias, range) : v);
         });
       }
     }
@@ -165,26 +154,22 @@ void weight_gradient_samples(const Shape& s, const float* x, const float* ct, fl
 // the bias) and writes their masked cotangent g (see the header) in the same pass.
 template <int L, int S>
 void masked_gradient_samples(const Shape& s, const float* x, const float* y, const float* ct,
-                             Range r, float* g, float* sums, int64_t n0, int64_t n1,
+                             Range range, float* g, float* sums, int64_t n0, int64_t n1,
                              const float* zeros) {
   using V = typename Lanes<L>::type;
-  const V lo = V{} + r.lo, hi = V{} + r.hi, zero = V{};
-  const bool bounded = r.hi < __builtin_inff();
   for (int64_t c0 = 0; c0 < s.c; c0 += L) {
     for (int64_t n = n0; n < n1; ++n) {
       V acc[3][3] = {}, bias = {};
       const float* sample = x + n * s.h * s.w * s.c + c0;
       const int64_t at = n * s.oh * s.ow * s.c + c0;
       for (int64_t oy = 0; oy < s.oh; ++oy) {
-        const float* r3[3];
-        rows_for(s, sample, oy, zeros, r3);
+        const float* r[3];
+        rows_for(s, sample, oy, zeros, r);
         const int64_t row = at + oy * s.ow * s.c;
-        walk_row<L, S>(s, r3, [&](int64_t ox, const V (&win)[3][3]) {
+        walk_row<L, S>(s, r, [&](int64_t ox, const V (&win)[3][3]) {
           const int64_t i = row + ox * s.c;
-          V out = load<L>(y + i);
-          auto inside = bounded ? (out > lo) & (out < hi) : (out > lo);
-          V d = inside ? load<L>(ct + i) : zero;
-          store<L>(g + i, d);
+          V d = masked<L>(load<L>(y + i), load<L>(ct + i), range);
+          if (g) store<L>(g + i, d);
           bias += d;
           accumulate<L>(acc, win, d);
         });
@@ -278,13 +263,14 @@ ffi::Error MaskedGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                           &s); e.failure())
     return e;
   if (s.o != s.c || y.element_count() != ct.element_count() ||
-      g->element_count() != ct.element_count() ||
+      (g->element_count() != ct.element_count() && g->element_count() != 0) ||
       dwb->element_count() != static_cast<size_t>(10 * s.c))
     return ffi::Error::InvalidArgument(
-        "depthwise kernel: y and g shaped as ct, dwb [10, C], C output channels");
+        "depthwise kernel: y and g (or an empty g) shaped as ct, dwb [10, C], C output "
+        "channels");
   std::vector<float> zeros(s.w * s.c + 16, 0.0f);
   const float *xp = x.typed_data(), *yp = y.typed_data(), *cp = ct.typed_data();
-  float* gp = g->typed_data();
+  float* gp = g->element_count() ? g->typed_data() : nullptr;
   const Range r{lo, hi};
   by_lanes(s.c, [&](auto lanes) {
     constexpr int L = decltype(lanes)::value;
@@ -305,24 +291,7 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_forward, Forward,
                               circle_jax::convolution_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_weight_gradient, WeightGradient,
                               circle_jax::convolution_binding());
-// The clamped layer's bindings: a convolution's attributes, then the clamp's range.
-template <class Binding>
-auto with_range(Binding binding) {
-  return std::move(binding)
-      .template Attr<int64_t>("stride")
-      .template Attr<int64_t>("pad_top")
-      .template Attr<int64_t>("pad_left")
-      .template Attr<float>("lo")
-      .template Attr<float>("hi");
-}
-
-using F32 = ffi::Buffer<ffi::F32>;
-
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    circle_jax_depthwise_clamped_forward, ClampedForward,
-    with_range(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32>().Arg<F32>().Arg<F32>()
-                   .Ret<F32>()));
-XLA_FFI_DEFINE_HANDLER_SYMBOL(
-    circle_jax_depthwise_masked_gradient, MaskedGradient,
-    with_range(ffi::Ffi::Bind().Ctx<ffi::ThreadPool>().Arg<F32>().Arg<F32>().Arg<F32>()
-                   .Ret<F32>().Ret<F32>()));
+XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_clamped_forward, ClampedForward,
+                              circle_jax::clamped_binding<1>());
+XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_masked_gradient, MaskedGradient,
+                              circle_jax::clamped_binding<2>());
