@@ -198,7 +198,9 @@ def test_which_weights_are_packed() -> None:
 
 
 def test_packed_vector_weights_update_in_one_kernel() -> None:
-    """What packing is for: one update kernel for all biases instead of one each."""
+    """What packing is for: one update kernel for all biases instead of one each (less the
+    few that XLA fuses with their gradient's producer either way, such as the first
+    layer's, a row of its clamped layer's gradient kernel: `circle_jax.lowering.clamped`)."""
     model = _resnet8()
     x, y = _data(model, 4)
 
@@ -213,4 +215,4 @@ def test_packed_vector_weights_update_in_one_kernel() -> None:
 
     biases = sum(np.ndim(v) == 1 for k, v in model.params.items()
                  if k in Trainer(model).trainable)
-    assert kernels(packed=False) - kernels(packed=True) >= biases - 2
+    assert kernels(packed=False) - kernels(packed=True) >= biases - 3

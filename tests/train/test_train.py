@@ -76,8 +76,8 @@ def test_trainable_as_weight_names() -> None:
 
 
 def _contractions(fn, *args) -> int:
-    """Matmul-like equations (dot_general, conv, the few-channel convolution's primitives)
-    in the jaxpr of ``fn``, nested ones too."""
+    """Matmul-like equations (dot_general, conv, the few-channel convolution's primitives,
+    alone or as a clamped layer) in the jaxpr of ``fn``, nested ones too."""
     counts: collections.Counter = collections.Counter()
 
     def walk(jaxpr) -> None:
@@ -90,8 +90,9 @@ def _contractions(fn, *args) -> int:
                         walk(inner)
 
     walk(jax.make_jaxpr(fn)(*args).jaxpr)
-    return counts["dot_general"] + counts["conv_general_dilated"] + \
-        counts["few_channels_conv"] + counts["few_channels_weight_gradient"]
+    return sum(counts[name] for name in (
+        "dot_general", "conv_general_dilated", "few_channels_conv",
+        "few_channels_weight_gradient", "few_channels_clamped", "few_channels_masked_gradient"))
 
 
 def test_frozen_weights_are_not_differentiated() -> None:
