@@ -173,6 +173,25 @@ inline typename Lanes<L>::type masked(typename Lanes<L>::type y, typename Lanes<
 
 using F32 = ffi::Buffer<ffi::F32>;
 
+// The Shape of a masked gradient (`read_shape` of x and its output's cotangent ct) into *s;
+// an error naming the kernel unless y is shaped as ct, g as ct or empty, and dwb holds
+// rows(*s) rows (the weight gradient's, then the bias') of O values.
+template <class Rows>
+ffi::Error read_masked_shape(const std::string& kernel, const F32& x, const F32& y,
+                             const F32& ct, ffi::Result<F32>& g,
+                             ffi::Result<F32>& dwb, Rows rows, int64_t stride,
+                             int64_t pad_top, int64_t pad_left, Shape* s) {
+  if (auto e = read_shape(kernel, x.dimensions(), ct.dimensions(), stride, pad_top, pad_left,
+                          s); e.failure())
+    return e;
+  if (y.element_count() != ct.element_count() ||
+      (g->element_count() != ct.element_count() && g->element_count() != 0) ||
+      dwb->element_count() != static_cast<size_t>(rows(*s) * s->o))
+    return ffi::Error::InvalidArgument(kernel + ": y and g (or an empty g) shaped as ct, " +
+                                       std::to_string(rows(*s)) + " rows of gradients");
+  return ffi::Error::Success();
+}
+
 // A clamped layer's binding (the rest of `convolution_binding`'s, then the clamp's range):
 // XLA's intra-op thread pool, three float32 operands and Results float32 results.
 template <int Results>

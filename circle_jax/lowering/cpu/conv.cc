@@ -203,15 +203,12 @@ ffi::Error MaskedGradient(ffi::ThreadPool pool, F32 x, F32 y, F32 ct,
                           int64_t stride, int64_t pad_top, int64_t pad_left, float lo,
                           float hi) {
   Shape s;
-  if (auto e = read_shape(kKernel, x.dimensions(), ct.dimensions(), stride, pad_top, pad_left,
-                          &s); e.failure())
+  auto rows = [](const Shape& s) { return 9 * s.c + 1; };
+  if (auto e = read_masked_shape(kKernel, x, y, ct, g, dwb, rows, stride, pad_top, pad_left,
+                                 &s); e.failure())
     return e;
-  if (s.c > kMaxChannels || y.element_count() != ct.element_count() ||
-      (g->element_count() != ct.element_count() && g->element_count() != 0) ||
-      dwb->element_count() != static_cast<size_t>((9 * s.c + 1) * s.o))
-    return ffi::Error::InvalidArgument(
-        "3x3 convolution kernel: 1 to 4 input channels, y and g (or an empty g) shaped as "
-        "ct, dwb [9 * I + 1, O]");
+  if (s.c > kMaxChannels)
+    return ffi::Error::InvalidArgument("3x3 convolution kernel: 1 to 4 input channels");
   const float *xp = x.typed_data(), *yp = y.typed_data(), *cp = ct.typed_data();
   float* gp = g->element_count() ? g->typed_data() : nullptr;
   by_lanes(s.o, [&](auto lanes) {

@@ -259,15 +259,11 @@ ffi::Error MaskedGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
                           int64_t stride, int64_t pad_top, int64_t pad_left, float lo,
                           float hi) {
   Shape s;
-  if (auto e = read_shape(kKernel, x.dimensions(), ct.dimensions(), stride, pad_top, pad_left,
-                          &s); e.failure())
+  auto rows = [](const Shape&) { return int64_t{10}; };
+  if (auto e = read_masked_shape(kKernel, x, y, ct, g, dwb, rows, stride, pad_top, pad_left,
+                                 &s); e.failure())
     return e;
-  if (s.o != s.c || y.element_count() != ct.element_count() ||
-      (g->element_count() != ct.element_count() && g->element_count() != 0) ||
-      dwb->element_count() != static_cast<size_t>(10 * s.c))
-    return ffi::Error::InvalidArgument(
-        "depthwise kernel: y and g (or an empty g) shaped as ct, dwb [10, C], C output "
-        "channels");
+  if (s.o != s.c) return ffi::Error::InvalidArgument("depthwise kernel: C output channels");
   std::vector<float> zeros(s.w * s.c + 16, 0.0f);
   const float *xp = x.typed_data(), *yp = y.typed_data(), *cp = ct.typed_data();
   float* gp = g->element_count() ? g->typed_data() : nullptr;
