@@ -156,16 +156,20 @@ def test_what_the_kernels_do_not_cover_lowers_through_xla(geometry, dtype) -> No
 
 
 def test_float64_and_a_program_split_over_devices_lower_through_xla() -> None:
+    """The depthwise weight gradient and the clamped layer's kernels, in a program on one
+    CPU device only."""
     code = """
 import os
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
 from circle_jax.lowering import cpu_kernels
+from circle_jax.lowering.clamped import DEPTHWISE
 from circle_jax.lowering.depthwise import channelwise
 from circle_jax.ops.conv import Geometry
 g = Geometry((3, 3), (1, 1), (1, 1), ((1, 1), (1, 1)))
-loss = lambda w, x: jnp.sum(channelwise(x, w, g))
+b = np.zeros(4, np.float32)
+loss = lambda w, x: jnp.sum(channelwise(x, w, g)) + jnp.sum(DEPTHWISE(x, w, b, g, 3) ** 2)
 step = jax.jit(jax.grad(loss))
 w, x = np.ones((9, 4), np.float32), np.ones((4, 6, 6, 4), np.float32)
 assert cpu_kernels.available()
@@ -175,11 +179,11 @@ xs = jax.device_put(x, NamedSharding(mesh, P("data")))
 split = step.lower(w, xs).as_text()
 with jax.enable_x64(True):
     wide = step.lower(w.astype(np.float64), x.astype(np.float64)).as_text()
-print([cpu_kernels.TARGETS[1] in t for t in (one, split, wide)])
+print([[t in text for t in cpu_kernels.TARGETS[1:4]] for text in (one, split, wide)])
 """
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO_ROOT, timeout=300)
-    assert p.stdout.strip() == "[True, False, False]", p.stderr[-2000:]
+    assert p.stdout.strip() == str([[True] * 3, [False] * 3, [False] * 3]), p.stderr[-2000:]
 
 
 @pytest.mark.slow  # a build or float64 AD traces: the slow tier (CI runs it)
