@@ -89,8 +89,9 @@ class ClampedLayer:
 
     def __init__(self, name: str, conv: Primitive, weight_gradient: Primitive,
                  input_gradient: Callable[..., jax.Array], kernels: tuple[str, str]) -> None:
-        self.conv, self.weight_gradient, self.input_gradient = conv, weight_gradient, \
-            input_gradient
+        self.conv = conv
+        self.weight_gradient = weight_gradient
+        self.input_gradient = input_gradient
         self.clamped_p = Primitive(f"{name}_clamped")
         self.masked_p = Primitive(f"{name}_clamped_tangent")
         self.masked_gradient_p = Primitive(f"{name}_masked_gradient")
