@@ -203,25 +203,15 @@ class ClampedLayer:
                 jax.core.ShapedArray((rows, dw.shape[-1]), dw.dtype)]
 
 
-def _depthwise_input_gradient(g: jax.Array, wk: jax.Array, geometry: Geometry, x: Any
-                              ) -> jax.Array:
-    return depthwise.input_gradient(g, wk, geometry, x.shape[1:-1]).astype(x.dtype)
-
-
-def _few_channels_input_gradient(g: jax.Array, w: jax.Array, geometry: Geometry, x: Any
-                                 ) -> jax.Array:
-    return few_channels.input_gradient(g, w, geometry, x)
-
-
 #: The depthwise layer: ``DEPTHWISE(x, wk, b, g, act)`` with ``wk`` [9, C].
 DEPTHWISE = ClampedLayer("depthwise", depthwise.channelwise_p, depthwise.weight_gradient_p,
-                         _depthwise_input_gradient,
+                         depthwise.input_cotangent,
                          ("circle_jax_depthwise_clamped_forward",
                           "circle_jax_depthwise_masked_gradient"))
 
 #: The first layer of few input channels: ``FEW_CHANNELS(x, w, b, g, act)``, w [3, 3, I, O].
 FEW_CHANNELS = ClampedLayer("few_channels", few_channels.few_channels_p,
-                            few_channels.weight_gradient_p, _few_channels_input_gradient,
+                            few_channels.weight_gradient_p, few_channels.input_gradient,
                             ("circle_jax_conv3x3_clamped_forward",
                              "circle_jax_conv3x3_masked_gradient"))
 
@@ -229,8 +219,7 @@ FEW_CHANNELS = ClampedLayer("few_channels", few_channels.few_channels_p,
 def applies(x: Any, w: Any, b: Any, g: Geometry, act: int | None) -> bool:
     """Whether ``bias_act(conv(x, w, g), b, act)`` of a family's convolution (which the
     caller has chosen) is its :class:`ClampedLayer`: a clamping activation, a bias of one
-    value per output channel, float32 ``x``, ``w`` and ``b``, ``x`` [N, H, W, C] in a
-    geometry the CPU kernels take."""
-    return (act in CLAMPS and b is not None and cpu_kernels.kernel_geometry(x, g)
-            and tuple(np.shape(b)) == (w.shape[-1],)
-            and all(jnp.result_type(v) == np.float32 for v in (x, w, b)))
+    value per output channel, and ``x``, ``w`` and ``b`` the CPU kernels take
+    (`cpu_kernels.attributes_3x3`)."""
+    return (act in CLAMPS and b is not None and tuple(np.shape(b)) == (w.shape[-1],)
+            and cpu_kernels.attributes_3x3(x, w, b, geometry=g) is not None)

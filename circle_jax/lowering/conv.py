@@ -161,9 +161,8 @@ def spatial_conv(ctx: OpContext, x: Any, w: Any, b: Any = None) -> jax.Array:
     method = conv_method(x, w, g, ctx.lowering)
     act = ctx.options.fused_activation_function
     if clamped.applies(x, w, b, g, act):
-        wk = w.reshape(-1, w.shape[-1])
-        if method == "shift" and wk.shape == (9, x.shape[-1]):
-            return clamped.DEPTHWISE(x, wk, b, g, act)
+        if method == "shift" and w.size == 9 * x.shape[-1]:  # depth multiplier 1
+            return clamped.DEPTHWISE(x, w.reshape(9, -1), b, g, act)
         if method == "im2col" and applies(x, w, g):
             return clamped.FEW_CHANNELS(x, w, b, g, act)
     return bias_act(conv_nd(x, w, g, method), b, act)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from typing import Any
 
 import jax
 import jax.numpy as jnp
@@ -116,9 +117,14 @@ def input_gradient(ct: jax.Array, wk: jax.Array, g: Geometry, sizes: Sequence[in
     return acc
 
 
+def input_cotangent(ct: jax.Array, wk: jax.Array, g: Geometry, x: Any) -> jax.Array:
+    """:func:`input_gradient` for the input ``x`` (an array or its aval), in its dtype."""
+    return input_gradient(ct, wk, g, x.shape[1:-1]).astype(x.dtype)
+
+
 def _transpose_x(ct: jax.Array, x: ad.UndefinedPrimal, wk: jax.Array, *, geometry: Geometry
                  ) -> jax.Array:
-    return input_gradient(ct, wk, geometry, x.aval.shape[1:-1]).astype(x.aval.dtype)
+    return input_cotangent(ct, wk, geometry, x.aval)
 
 
 def _transpose_wk(ct: jax.Array, x: jax.Array, wk: ad.UndefinedPrimal, *, geometry: Geometry
@@ -147,7 +153,7 @@ def _weight_gradient_shape(x: jax.core.ShapedArray, ct: jax.core.ShapedArray, *,
 
 def _weight_gradient_transpose_x(dw: jax.Array, x: ad.UndefinedPrimal, ct: jax.Array, *,
                                  geometry: Geometry) -> jax.Array:
-    return input_gradient(ct, dw, geometry, x.aval.shape[1:-1]).astype(x.aval.dtype)
+    return input_cotangent(ct, dw, geometry, x.aval)
 
 
 def _weight_gradient_transpose_ct(dw: jax.Array, x: jax.Array, ct: ad.UndefinedPrimal, *,

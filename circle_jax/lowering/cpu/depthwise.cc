@@ -15,8 +15,10 @@
 //   circle_jax_depthwise_masked_gradient:  g = ct where lo < y < hi (else 0; y < +inf is not
 //                                          asked of RELU), and dwb = [weight_gradient(x, g);
 //                                          sum_{n, oy, ox} g] ([10, C]), in one pass; g is
-//                                          not written where it is given empty. float32 only; vectorized over the
-// channels (the contiguous axis) with GCC vector extensions, built with -march=native.
+//                                          not written where it is given empty.
+//
+// float32 only; vectorized over the channels (the contiguous axis) with GCC vector
+// extensions, built with -march=native.
 //
 // Threads: the samples are cut into chunks that XLA's intra-op thread pool and the calling
 // thread take from a shared counter. The weight gradient sums each chunk's partial sums in
