@@ -11,12 +11,15 @@ import numpy as np
 
 from ..errors import CircleFormatError
 from ..graph import ir
-from ..graph.ir import MAX_TENSOR_ELEMENTS, as_numpy_dtype
+from ..graph.ir import MAX_TENSOR_ELEMENTS, PACKED_BITS, as_numpy_dtype
 from .nnpackage import nnpackage_model_path
+from .packed import packed_size, unpack_values
 from .schema import (
     CIRCLE_IDENTIFIER,
     OPERATOR_NAMES,
+    QUANTIZATION_DETAILS,
     TFLITE_IDENTIFIER,
+    builtin_code,
     numpy_dtype,
     schema,
     snake_case,
@@ -204,10 +207,9 @@ def model_from_object(m: Any, buf: bytes, where: str = "<bytes>", *,
     """Convert circle-schema's ``ModelT`` into the validated IR."""
     buffers = [_buffer_bytes(b, buf, i, where) for i, b in enumerate(m.buffers or [])]
     opcodes = [_opcode(c) for c in (m.operatorCodes or [])]
-    subgraphs = tuple(
-        _subgraph(k, sg, buffers, opcodes, where, max_elements)
-        for k, sg in enumerate(m.subgraphs or [])
-    )
+    file = _File(buf, where, max_elements)
+    subgraphs = tuple(_subgraph(k, sg, buffers, opcodes, file)
+                      for k, sg in enumerate(m.subgraphs or []))
     if not subgraphs:
         raise CircleFormatError(f"{where}: the model has no subgraph (expected at least one)")
     metadata = {}
@@ -254,46 +256,73 @@ def _buffer_bytes(b: Any, buf: bytes, i: int, where: str) -> bytes | None:
 
 
 def _opcode(c: Any) -> tuple[int, str | None, int]:
-    # Circle's rule: 127 in the deprecated field means "look at builtin_code".
-    code = c.builtinCode if c.deprecatedBuiltinCode == 127 else c.deprecatedBuiltinCode
-    return int(code), (_text(c.customCode) if c.customCode is not None else None), int(c.version)
+    code = builtin_code(c.deprecatedBuiltinCode, c.builtinCode)
+    return code, (_text(c.customCode) if c.customCode is not None else None), int(c.version)
 
 
-def _tensor(k: int, t: Any, buffers: list, sg: int, where: str,
-            max_elements: int = MAX_TENSOR_ELEMENTS) -> ir.Tensor:
-    dtype = numpy_dtype(t.type)
+class _File:
+    """What every tensor of one file is read with: its bytes (for the tables circle-schema's
+    object API cannot unpack by the file's own schema), identifier, name and element budget."""
+
+    def __init__(self, buf: bytes, where: str, max_elements: int) -> None:
+        self.buf, self.where, self.max_elements = buf, where, max_elements
+        self.identifier = bytes(buf[4:8])
+        self._root: Any = None
+
+    def blockwise(self, sg: int, k: int) -> ir.Blockwise:
+        """Tensor ``k`` of subgraph ``sg``'s BlockwiseQuantization details, read from the
+        file's bytes: the object API unpacks a union by Circle's tags, under which a
+        .tflite's blockwise tag (2) is MXQuantization."""
+        if self._root is None:
+            self._root = schema.Model.Model.GetRootAs(self.buf, 0)
+        table = self._root.Subgraphs(sg).Tensors(k).Quantization().Details()
+        details = schema.BlockwiseQuantization.BlockwiseQuantization()
+        details.Init(table.Bytes, table.Pos)
+        return ir.Blockwise(details.Scales(), details.ZeroPoints(), details.BlockSize())
+
+
+def _tensor(k: int, t: Any, buffers: list, sg: int, file: _File) -> ir.Tensor:
+    where = file.where
+    dtype = numpy_dtype(t.type, file.identifier)
     shape = tuple(int(d) for d in (t.shape if t.shape is not None else ()))
     name = _text(t.name) or f"tensor_{sg}_{k}"
-    _check_shape(shape, name, sg, where, max_elements)
+    _check_shape(shape, name, sg, where, file.max_elements)
     bidx = _index(t.buffer, max(len(buffers), 1), f"tensor {name!r} buffer", where)
     raw = buffers[bidx] if bidx < len(buffers) else None
     data = None
-    # int4 (packed two to a byte) is kept as bytes-less: numpy would read "int4" as int32.
-    if raw is not None and dtype not in ("string", "int4") \
-            and not dtype.startswith(("unknown", "ggml")):
-        try:
-            np_dtype = as_numpy_dtype(dtype)
-        except TypeError:
-            np_dtype = None
-        if np_dtype is not None:
-            count = int(np.prod(shape, dtype=np.int64))
-            if len(raw) != count * np_dtype.itemsize:
-                raise CircleFormatError(
-                    f"{where}: constant tensor {name!r} of shape {list(shape)} {dtype} needs "
-                    f"{count * np_dtype.itemsize} bytes but its buffer {bidx} has {len(raw)}"
-                )
-            data = np.frombuffer(raw, dtype=np_dtype).reshape(shape)
-    if data is None and 0 in shape and not dtype.startswith(("unknown", "ggml", "string")):
+    if raw is not None and dtype not in ("string", "resource", "variant") \
+            and not dtype.startswith(("unknown", "ggml", "mx")):
+        count = int(np.prod(shape, dtype=np.int64))
+        size = packed_size(dtype, count) if dtype in PACKED_BITS \
+            else count * as_numpy_dtype(dtype).itemsize
+        if len(raw) != size:
+            raise CircleFormatError(
+                f"{where}: constant tensor {name!r} of shape {list(shape)} {dtype} needs "
+                f"{size} bytes but its buffer {bidx} has {len(raw)}")
+        data = unpack_values(raw, dtype, shape) if dtype in PACKED_BITS \
+            else np.frombuffer(raw, dtype=as_numpy_dtype(dtype)).reshape(shape)
+    if data is None and 0 in shape and not dtype.startswith(
+            ("unknown", "ggml", "mx", "string", "resource", "variant")):
         data = np.zeros(shape, as_numpy_dtype(dtype))  # an empty constant (e.g. shape [])
-    q = t.quantization
-    quant = None
-    if q is not None and q.scale is not None and len(q.scale):
-        zp = q.zeroPoint if q.zeroPoint is not None else [0] * len(q.scale)
-        quant = ir.Quantization(
-            tuple(float(s) for s in q.scale), tuple(int(z) for z in zp), int(q.quantizedDimension)
-        )
     sig = tuple(int(d) for d in t.shapeSignature) if t.shapeSignature is not None else None
-    return ir.Tensor(k, name, shape, dtype, bidx, data, quant, sig, bool(t.isVariable), origin=k)
+    return ir.Tensor(k, name, shape, dtype, bidx, data, _quantization(t.quantization, sg, k, file),
+                     sig, bool(t.isVariable), origin=k)
+
+
+def _quantization(q: Any, sg: int, k: int, file: _File) -> ir.Quantization | None:
+    """A tensor's quantization: affine scales and zero points, and its details by the file's
+    own schema (:data:`QUANTIZATION_DETAILS`); None when it has neither."""
+    if q is None:
+        return None
+    scale = tuple(float(s) for s in (q.scale if q.scale is not None else ()))
+    zero = tuple(int(z) for z in q.zeroPoint) if q.zeroPoint is not None and len(scale) \
+        else (0,) * len(scale)
+    details = QUANTIZATION_DETAILS[file.identifier].get(int(q.detailsType or 0), "")
+    if not scale and not details:
+        return None
+    blockwise = file.blockwise(sg, k) if details == "blockwise" else None
+    return ir.Quantization(scale, zero, int(q.quantizedDimension), blockwise,
+                           "" if blockwise is not None else details)
 
 
 def options_of(o: Any) -> ir.Options:
@@ -312,10 +341,9 @@ def options_of(o: Any) -> ir.Options:
     return ir.Options(items)
 
 
-def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, where: str,
-              max_elements: int = MAX_TENSOR_ELEMENTS) -> ir.Subgraph:
-    tensors = tuple(_tensor(i, t, buffers, k, where, max_elements)
-                    for i, t in enumerate(sg.tensors or []))
+def _subgraph(k: int, sg: Any, buffers: list, opcodes: list, file: _File) -> ir.Subgraph:
+    where = file.where
+    tensors = tuple(_tensor(i, t, buffers, k, file) for i, t in enumerate(sg.tensors or []))
     n = len(tensors)
 
     def indices(values: Any, what: str, optional: bool = False) -> tuple[int, ...]:

@@ -25,17 +25,70 @@ OPTIONS_NAMES: dict[int, str] = {
     v: k for k, v in vars(schema.BuiltinOptions.BuiltinOptions).items() if not k.startswith("_")
 }
 
-TENSOR_TYPE_NAMES: dict[int, str] = {
+_CIRCLE_TYPE_NAMES: dict[int, str] = {
     v: k for k, v in vars(schema.TensorType.TensorType).items() if not k.startswith("_")
 }
+#: TensorType codes whose meaning differs between the schemas: TFLite's (TFL3 files) from 19
+#: on; Circle's negative ones are Circle's own (CIR0 files). 0..18 mean the same in both.
+_TFLITE_ONLY_TYPES = {19: "INT2", 20: "UINT4", 21: "FLOAT8_E4M3FN", 22: "FLOAT8_E5M2"}
+TENSOR_TYPE_NAMES: dict[bytes, dict[int, str]] = {
+    CIRCLE_IDENTIFIER: _CIRCLE_TYPE_NAMES,
+    TFLITE_IDENTIFIER: {**{k: v for k, v in _CIRCLE_TYPE_NAMES.items() if 0 <= k <= 18},
+                        **_TFLITE_ONLY_TYPES},
+}
+"""TensorType code -> name, per file identifier (each file read with its own schema)."""
 
 _NUMPY_DTYPES = {
     "FLOAT32": "float32", "FLOAT16": "float16", "INT32": "int32", "UINT8": "uint8",
     "INT64": "int64", "BOOL": "bool", "INT16": "int16", "COMPLEX64": "complex64",
     "INT8": "int8", "FLOAT64": "float64", "COMPLEX128": "complex128", "UINT64": "uint64",
-    "UINT32": "uint32", "UINT16": "uint16", "BFLOAT16": "bfloat16",
+    "UINT32": "uint32", "UINT16": "uint16", "BFLOAT16": "bfloat16", "INT4": "int4",
+    "UINT4": "uint4", "INT2": "int2", "FLOAT8_E4M3FN": "float8_e4m3fn",
+    "FLOAT8_E5M2": "float8_e5m2", "RESOURCE": "resource", "VARIANT": "variant",
 }
-_TENSOR_TYPES = {v: schema.TensorType.TensorType.__dict__[k] for k, v in _NUMPY_DTYPES.items()}
+_TENSOR_TYPES = {ident: {_NUMPY_DTYPES.get(name, name.lower()): code
+                         for code, name in names.items()}
+                 for ident, names in TENSOR_TYPE_NAMES.items()}
+
+#: QuantizationDetails union tags, per file identifier: TFLite's 2 is BlockwiseQuantization
+#: (3 MultiAxisQuantization); Circle 0.10's 2 is MXQuantization and 3 BlockwiseQuantization.
+#: The BlockwiseQuantization tables of both schemas have the same layout.
+QUANTIZATION_DETAILS: dict[bytes, dict[int, str]] = {
+    CIRCLE_IDENTIFIER: {1: "custom", 2: "mx", 3: "blockwise"},
+    TFLITE_IDENTIFIER: {1: "custom", 2: "blockwise", 3: "multi_axis"},
+}
+
+#: The value ``deprecated_builtin_code`` holds when the code is in ``builtin_code`` alone.
+PLACEHOLDER_FOR_GREATER_OP_CODES = 127
+
+
+def builtin_code(deprecated: int, builtin: int) -> int:
+    """An operator code's builtin operator, by the rule of both schemas: ``builtin`` when the
+    deprecated byte is 127 (Circle's negative codes, TFLite's codes from 127 on), else the
+    larger of the two (a file may leave either at 0: ai-edge-quantizer writes DEQUANTIZE as
+    deprecated 0, builtin 6)."""
+    if deprecated == PLACEHOLDER_FOR_GREATER_OP_CODES:
+        return int(builtin)
+    return max(int(deprecated), int(builtin))
+
+
+def numpy_dtype(tensor_type: int, identifier: bytes = CIRCLE_IDENTIFIER) -> str:
+    """The dtype name of a TensorType code in the schema of a file with ``identifier`` (numpy's
+    or ml_dtypes' name; the schema's name, lower case, where neither has one)."""
+    name = TENSOR_TYPE_NAMES[identifier].get(tensor_type, f"UNKNOWN_{tensor_type}")
+    return _NUMPY_DTYPES.get(name, name.lower())
+
+
+def tensor_type(dtype: str | np.dtype, identifier: bytes = CIRCLE_IDENTIFIER) -> int:
+    """The TensorType code of a dtype in the schema of a file with ``identifier``; a
+    ValueError when that schema has none (e.g. int2 in a Circle file)."""
+    name = str(dtype) if isinstance(dtype, str) else np.dtype(dtype).name
+    try:
+        return _TENSOR_TYPES[identifier][name]
+    except KeyError:
+        schema_name = "Circle" if identifier == CIRCLE_IDENTIFIER else "TFLite"
+        raise ValueError(f"no {schema_name} tensor type for dtype {name}") from None
+
 
 # Operators whose options table is not simply "<CamelName>Options".
 _OPTIONS_OF = {
@@ -48,21 +101,6 @@ _OPTIONS_OF = {
     "LSTM": "LSTMOptions", "UNIDIRECTIONAL_SEQUENCE_RNN": "SequenceRNNOptions",
 }
 _OPTIONS_BY_LOWER = {name.lower(): tag for tag, name in OPTIONS_NAMES.items()}
-
-
-def numpy_dtype(tensor_type: int) -> str:
-    """The numpy dtype name of a TensorType code, or the schema's name if numpy has none."""
-    name = TENSOR_TYPE_NAMES.get(tensor_type, f"UNKNOWN_{tensor_type}")
-    return _NUMPY_DTYPES.get(name, name.lower())
-
-
-def tensor_type(dtype: str | np.dtype) -> int:
-    """The TensorType code of a numpy dtype."""
-    name = np.dtype(dtype).name if str(dtype) != "bfloat16" else "bfloat16"
-    try:
-        return _TENSOR_TYPES[name]
-    except KeyError:
-        raise ValueError(f"no Circle tensor type for dtype {name}") from None
 
 
 def options_tag(op_type: str) -> int:

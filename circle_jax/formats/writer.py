@@ -34,10 +34,13 @@ import flatbuffers
 import numpy as np
 
 from ..graph import ir
+from .packed import pack_values
 from .reader import model_from_object, unpack
 from .schema import (
     CIRCLE_IDENTIFIER,
+    QUANTIZATION_DETAILS,
     TFLITE_IDENTIFIER,
+    builtin_code,
     options_class,
     options_tag,
     schema,
@@ -70,7 +73,8 @@ def write_model(model: ir.Model, file_format: str | None = None,
     """The bytes of ``model`` as ``"circle"`` or ``"tflite"`` (default: its own format); see
     the module docstring for what is kept. ``metadata`` adds or replaces named metadata
     buffers (``None`` removes one)."""
-    return pack(model_object(model, metadata), file_format or model.format)
+    file_format = file_format or model.format
+    return pack(model_object(model, metadata, file_format), file_format)
 
 
 def export_model(
@@ -109,9 +113,12 @@ def with_weights(model: ir.Model, weights: Mapping[TensorKey, np.ndarray]) -> ir
     return replace(model, subgraphs=subgraphs)
 
 
-def model_object(model: ir.Model,
-                 metadata: Mapping[str, bytes | None] | None = None) -> Any:
-    """circle-schema's ``ModelT`` of ``model`` (see the module docstring)."""
+def model_object(model: ir.Model, metadata: Mapping[str, bytes | None] | None = None,
+                 file_format: str | None = None) -> Any:
+    """circle-schema's ``ModelT`` of ``model`` (see the module docstring), its tensor types
+    and quantization details coded by the schema of ``file_format`` (default: the model's)."""
+    identifier = CIRCLE_IDENTIFIER if (file_format or model.format) == "circle" \
+        else TFLITE_IDENTIFIER
     if model.source:
         m = unpack(model.source)
         _inline_external_buffers(m, model.source)
@@ -128,7 +135,7 @@ def model_object(model: ir.Model,
     users.update(e.buffer for e in m.metadata or [])
     codes = _Codes(m)
     sources = m.subgraphs or []
-    m.subgraphs = [_subgraph(sg, before, sources, m.buffers, users, codes)
+    m.subgraphs = [_subgraph(sg, before, sources, m.buffers, users, codes, identifier)
                    for sg in model.subgraphs]
     signatures = _signatures(model, before, m.signatureDefs or [])
     m.signatureDefs = signatures if signatures or m.signatureDefs is not None else None
@@ -143,7 +150,7 @@ def model_object(model: ir.Model,
 
 
 def _subgraph(sg: ir.Subgraph, before: ir.Model | None, sources: list[Any], buffers: list[Any],
-              users: Counter, codes: _Codes) -> Any:
+              users: Counter, codes: _Codes, identifier: bytes) -> Any:
     old = None if before is None or sg.origin is None else before.subgraphs[sg.origin]
     if old is None:
         obj, tensors, ops = schema.SubGraph.SubGraphT(), [], []
@@ -151,9 +158,10 @@ def _subgraph(sg: ir.Subgraph, before: ir.Model | None, sources: list[Any], buff
         obj = copy.copy(sources[sg.origin])
         tensors, ops = obj.tensors or [], obj.operators or []
     obj.tensors = [
-        _tensor(t, None, schema.Tensor.TensorT(), buffers, users)
+        _tensor(t, None, schema.Tensor.TensorT(), buffers, users, identifier)
         if old is None or t.origin is None else
-        _tensor(t, old.tensors[t.origin], copy.copy(tensors[t.origin]), buffers, users)
+        _tensor(t, old.tensors[t.origin], copy.copy(tensors[t.origin]), buffers, users,
+                identifier)
         for t in sg.tensors]
     obj.operators = [
         _operator(op, None, schema.Operator.OperatorT(), codes)
@@ -169,7 +177,7 @@ def _subgraph(sg: ir.Subgraph, before: ir.Model | None, sources: list[Any], buff
 
 
 def _tensor(t: ir.Tensor, old: ir.Tensor | None, obj: Any, buffers: list[Any],
-            users: Counter) -> Any:
+            users: Counter, identifier: bytes) -> Any:
     def changed(field: str) -> bool:
         return old is None or getattr(t, field) != getattr(old, field)
 
@@ -177,24 +185,34 @@ def _tensor(t: ir.Tensor, old: ir.Tensor | None, obj: Any, buffers: list[Any],
         obj.name = t.name
     if changed("shape"):
         obj.shape = list(t.shape)
-    if changed("dtype"):
-        obj.type = tensor_type(t.dtype)
+    if not t.dtype.startswith("unknown"):  # coded anew: the target's schema may differ
+        obj.type = tensor_type(t.dtype, identifier)
     if changed("shape_signature"):
         obj.shapeSignature = None if t.shape_signature is None else list(t.shape_signature)
     if changed("is_variable"):
         obj.isVariable = t.is_variable
-    if changed("quantization"):
-        obj.quantization = _quantization(t.quantization)
+    if changed("quantization") or (t.quantization is not None and t.quantization.blockwise):
+        obj.quantization = _quantization(t.quantization, identifier)
     obj.buffer = _buffer(t, buffers, users)
     return obj
 
 
-def _quantization(q: ir.Quantization | None) -> Any:
+def _quantization(q: ir.Quantization | None, identifier: bytes) -> Any:
     if q is None:
         return None
+    if q.other_details:
+        raise ValueError(f"cannot write {q.other_details} quantization details")
     obj = schema.QuantizationParameters.QuantizationParametersT()
     obj.scale, obj.zeroPoint = list(q.scale), list(q.zero_point)
     obj.quantizedDimension = q.quantized_dimension
+    if q.blockwise is not None:
+        details = schema.BlockwiseQuantization.BlockwiseQuantizationT()
+        b = q.blockwise
+        details.scales, details.zeroPoints, details.blockSize = \
+            b.scales, b.zero_points, b.block_size
+        tags = QUANTIZATION_DETAILS[identifier]
+        obj.detailsType = next(tag for tag, kind in tags.items() if kind == "blockwise")
+        obj.details = details
     return obj
 
 
@@ -203,7 +221,8 @@ def _buffer(t: ir.Tensor, buffers: list[Any], users: Counter) -> int:
     b = t.buffer
     if t.data is None:
         return max(b, 0)
-    data = np.ascontiguousarray(t.data, ir.as_numpy_dtype(t.dtype)).reshape(-1).view(np.uint8)
+    data = pack_values(t.data, t.dtype) if t.dtype in ir.PACKED_BITS else \
+        np.ascontiguousarray(t.data, ir.as_numpy_dtype(t.dtype)).reshape(-1).view(np.uint8)
     if 0 <= b < len(buffers) and np.array_equal(_buffer_data(buffers[b]), data):
         return b
     if 0 < b < len(buffers) and users[b] == 1:
@@ -277,7 +296,7 @@ class _Codes:
         self.table = m.operatorCodes
         self.found: dict[tuple[int, str | None, int], int] = {}
         for i, c in enumerate(self.table):
-            code = c.builtinCode if c.deprecatedBuiltinCode == 127 else c.deprecatedBuiltinCode
+            code = builtin_code(c.deprecatedBuiltinCode, c.builtinCode)
             custom = None if c.customCode is None else _name(c.customCode)
             self.found.setdefault((int(code), custom, int(c.version)), i)
 

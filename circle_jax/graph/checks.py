@@ -54,9 +54,7 @@ def check_graph(model: ir.Model) -> list[str]:
     calls: dict[int, set[int]] = {}
     for sg in model.subgraphs:
         known = set(sg.inputs)
-        # int4 constants keep no unpacked data (refused later by check_quantization)
-        known.update(t.index for t in sg.tensors
-                     if t.data is not None or t.is_variable or t.dtype == "int4")
+        known.update(t.index for t in sg.tensors if t.data is not None or t.is_variable)
         calls[sg.index] = set()
         for op in sg.operators:
             where = (f"subgraph {sg.index} " if len(model.subgraphs) > 1 else "") \
@@ -115,7 +113,10 @@ def _recursion(calls: dict[int, set[int]]) -> list[int] | None:
 
 #: Integer types that may carry affine quantization, and their value ranges.
 _QUANT_RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767),
-                 "int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 31), (1 << 31) - 1)}
+                 "int32": (-(1 << 31), (1 << 31) - 1), "int64": (-(1 << 31), (1 << 31) - 1),
+                 "int4": (-8, 7), "uint4": (0, 15), "int2": (-2, 1)}
+#: Types quantized only as weights (constants), never as activations.
+WEIGHT_ONLY_TYPES = frozenset(ir.PACKED_BITS)
 #: (operator, input position) pairs where a quantized int32/int64 tensor is a bias.
 BIAS_INPUTS = {("CONV_2D", 2), ("DEPTHWISE_CONV_2D", 2), ("FULLY_CONNECTED", 2),
                ("TRANSPOSE_CONV", 3)}
@@ -133,16 +134,27 @@ DATA_MOVEMENT = frozenset({
 def tensor_quantization_refusals(sg: ir.Subgraph, t: ir.Tensor) -> tuple[list[str], list[str]]:
     """(malformed, unsupported) one-line refusals of one tensor's quantization parameters:
     scales positive and finite, one zero point per scale inside the type's range, a per-axis
-    count equal to the quantized dimension's size; int4 and float layouts unsupported."""
+    count equal to the quantized dimension's size, blockwise details that fit the tensor
+    (:func:`blockwise_refusals`); sub-byte types (:data:`WEIGHT_ONLY_TYPES`) only on
+    constants, details other than blockwise unsupported."""
     q = t.quantization
     if q is None:
         return [], []
     where = f"subgraph {sg.index} tensor {t.index} {t.name[:60]!r} ({t.dtype})"
+    if q.other_details:
+        return [], [f"{where}: {q.other_details} quantization details are not supported "
+                    "(affine per-tensor, per-channel or blockwise quantization)"]
     if t.dtype not in _QUANT_RANGES:
         if t.is_float:
             return [], []  # a converter's leftover range on a float tensor: unused
         return [], [f"{where}: quantized {t.dtype} tensors are not supported "
-                    "(int8, uint8, int16 activations; int32/int64 biases)"]
+                    "(int8, uint8, int16 activations; int32/int64 biases; int4/uint4/int2 "
+                    "weights)"]
+    if t.dtype in WEIGHT_ONLY_TYPES and not t.is_constant:
+        return [], [f"{where}: quantized {t.dtype} activations are not supported ({t.dtype} "
+                    "only as a constant weight, as LiteRT's kernels take it)"]
+    if q.blockwise is not None:
+        return blockwise_refusals(sg, t, where), []
     bad = []
     scale = np.asarray(q.scale, np.float64)
     if len(q.zero_point) != len(q.scale):
@@ -164,6 +176,33 @@ def tensor_quantization_refusals(sg: ir.Subgraph, t: ir.Tensor) -> tuple[list[st
             bad.append(f"{where}: {len(q.scale)} per-channel scales for dimension {dim} of "
                        f"size {t.shape[dim]} (expected one per index)")
     return bad, []
+
+
+def blockwise_refusals(sg: ir.Subgraph, t: ir.Tensor, where: str) -> list[str]:
+    """Malformed blockwise details of constant ``t``: a block size > 0 dividing the last
+    dimension, and a float16 or float32 constant scales tensor of the tensor's shape with the
+    last dimension divided by it, finite and > 0; zero points absent (-1)."""
+    b = t.quantization.blockwise
+    n = len(sg.tensors)
+    if not t.shape or b.block_size <= 0 or t.shape[-1] % b.block_size:
+        return [f"{where}: blockwise block size {b.block_size} does not divide the last "
+                f"dimension of shape {list(t.shape)} (expected a divisor > 0)"]
+    if not 0 <= b.scales < n:
+        return [f"{where}: blockwise scales tensor {b.scales} is out of range (expected "
+                f"0..{n - 1})"]
+    s = sg.tensors[b.scales]
+    want = (*t.shape[:-1], t.shape[-1] // b.block_size)
+    if s.data is None or s.dtype not in ("float16", "float32") or s.shape != want:
+        return [f"{where}: blockwise scales tensor {b.scales} {s.name[:40]!r} is a "
+                f"{'constant' if s.data is not None else 'computed'} {s.dtype}{list(s.shape)}"
+                f" (expected a float16 constant of shape {list(want)})"]
+    if not np.all(np.isfinite(s.data) & (s.data > 0)):
+        return [f"{where}: blockwise scales tensor {b.scales} holds a scale that is not "
+                "finite and > 0"]
+    if b.zero_points != -1:
+        return [f"{where}: blockwise zero points (tensor {b.zero_points}) are not supported "
+                "(symmetric blocks, as ai-edge-quantizer writes and LiteRT runs)"]
+    return []
 
 
 def check_tensor_quantization(model: ir.Model) -> tuple[list[str], list[str]]:

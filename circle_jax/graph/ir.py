@@ -32,12 +32,21 @@ NEW_BUFFER = -1
 """``Tensor.buffer`` of a constant that has no buffer in the source (a pass made it)."""
 
 
+#: IR dtypes numpy lacks, which ml_dtypes (JAX's own dependency) provides.
+ML_DTYPES = frozenset({"bfloat16", "int4", "uint4", "int2", "float8_e4m3fn", "float8_e5m2"})
+
+#: Bits per value of the sub-byte integer types, which files store packed (the first value in
+#: the low bits of the first byte).
+PACKED_BITS = {"int4": 4, "uint4": 4, "int2": 2}
+
+
 def as_numpy_dtype(name: str) -> np.dtype:
-    """numpy dtype for an IR dtype name (bfloat16 through ml_dtypes)."""
-    if name == "bfloat16":
+    """numpy dtype for an IR dtype name (:data:`ML_DTYPES` through ml_dtypes: numpy itself
+    would read "int4" as int32)."""
+    if name in ML_DTYPES:
         import ml_dtypes
 
-        return np.dtype(ml_dtypes.bfloat16)
+        return np.dtype(getattr(ml_dtypes, name))
     return np.dtype(name)
 
 
@@ -77,12 +86,28 @@ class Options(Mapping[str, Any]):
 
 
 @dataclass(frozen=True)
+class Blockwise:
+    """Blockwise quantization (BlockwiseQuantization details): the tensor's last dimension is
+    cut into blocks of ``block_size`` values, each with its own scale; ``scales`` is the index
+    of the tensor holding them (float16, the tensor's shape with the last dimension divided by
+    ``block_size``), ``zero_points`` the index of theirs (-1: none, all 0)."""
+
+    scales: int
+    zero_points: int
+    block_size: int
+
+
+@dataclass(frozen=True)
 class Quantization:
-    """Affine quantization parameters of a tensor (per-tensor or per-axis)."""
+    """Affine quantization parameters of a tensor (per-tensor or per-axis), or blockwise
+    ones (``blockwise``; ``scale`` and ``zero_point`` then empty). ``other_details`` names
+    details the IR does not model ("custom", "mx", "multi_axis"; "" for none)."""
 
     scale: tuple[float, ...]
     zero_point: tuple[int, ...]
     quantized_dimension: int = 0
+    blockwise: Blockwise | None = None
+    other_details: str = ""
 
 
 @dataclass(frozen=True, eq=False)

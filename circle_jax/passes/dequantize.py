@@ -39,20 +39,24 @@ from .edit import add_operator, add_tensor, record, replace_subgraph
 
 #: Integer types whose tensors carry affine quantization (as `circle_jax.graph.checks`
 #: accepts them).
-QUANTIZED_TYPES = frozenset({"int8", "uint8", "int16", "int32", "int64"})
+QUANTIZED_TYPES = frozenset({"int8", "uint8", "int16", "int32", "int64", "int4", "uint4",
+                             "int2"})
 _CONVERSIONS = frozenset({"QUANTIZE", "DEQUANTIZE"})
 
 
 def is_quantized(t: ir.Tensor) -> bool:
     """Whether ``t`` is an affine-quantized integer tensor."""
-    return t.dtype in QUANTIZED_TYPES and t.quantization is not None \
-        and len(t.quantization.scale) > 0
+    q = t.quantization
+    return t.dtype in QUANTIZED_TYPES and q is not None \
+        and (len(q.scale) > 0 or q.blockwise is not None)
 
 
 def describe_quantization(t: ir.Tensor) -> str:
     """``int8 per-tensor s=0.0039 zp=-128`` or ``int8 per-channel 16@0`` (16 scales along
     dimension 0); just the dtype for a tensor without parameters."""
     q = t.quantization
+    if q is not None and q.blockwise is not None:
+        return f"{t.dtype} blockwise {q.blockwise.block_size}"
     if q is None or not q.scale:
         return t.dtype
     if len(q.scale) == 1:
@@ -60,10 +64,17 @@ def describe_quantization(t: ir.Tensor) -> str:
     return f"{t.dtype} per-channel {len(q.scale)}@{q.quantized_dimension}"
 
 
-def dequantized_values(t: ir.Tensor) -> np.ndarray:
-    """A quantized constant's real values, ``scale * (q - zero_point)``, as float32."""
+def dequantized_values(t: ir.Tensor, sg: ir.Subgraph | None = None) -> np.ndarray:
+    """A quantized constant's real values, ``scale * (q - zero_point)``, as float32; a
+    blockwise one's (:class:`~circle_jax.graph.ir.Blockwise`) ``scale * q`` with each
+    block's scale from its scales tensor in subgraph ``sg``."""
     q = t.quantization
     assert q is not None and t.data is not None
+    if q.blockwise is not None:
+        assert sg is not None, "a blockwise tensor's scales are in its subgraph"
+        scales = sg.tensors[q.blockwise.scales].data.astype(np.float64)
+        per_value = np.repeat(scales, q.blockwise.block_size, axis=-1)
+        return (t.data.astype(np.float64) * per_value).astype(np.float32)
     return dequantize(t.data, q.scale, q.zero_point, q.quantized_dimension).astype(np.float32)
 
 
@@ -103,7 +114,7 @@ def dequantize_model(model: ir.Model) -> ir.Model:
         for t in sg.tensors:
             if is_quantized(t) or t.index in half:
                 data = None if t.data is None else (
-                    t.data.astype(np.float32) if t.index in half else dequantized_values(t))
+                    t.data.astype(np.float32) if t.index in half else dequantized_values(t, sg))
                 if data is not None:
                     data.flags.writeable = False
                 changes[_where(model, sg, t.name)] = describe_quantization(t)

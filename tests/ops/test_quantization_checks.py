@@ -1,7 +1,7 @@
 """Bad quantization is refused at load, in one line naming the tensor and what was expected:
 missing parameters on an integer tensor an integer kernel needs, scales that are not
 finite and positive, zero points outside the type's range, per-channel counts that do not
-match the quantized dimension, unsupported layouts (int4, quantized int64 activations), and
+match the quantized dimension, unsupported layouts (int4 or quantized int64 activations), and
 hybrid (int8 weights, float activations) or kernel-less quantized operators. Every problem
 of a model is listed in the one error."""
 
@@ -11,10 +11,11 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
+from circle_jax.formats.packed import pack_values
 from circle_jax.formats.reader import unpack
 from circle_jax.formats.schema import schema
 from circle_jax.formats.writer import pack
-from tests.conformance import refused_at_load
+from tests.conformance import refused_at_load, run_litert
 
 
 def _conv(w_q=((0.01, 0.02), (0, 0), 0), x_q=(0.05, 3), y_q=(0.1, -2), bias_dtype="int32",
@@ -88,11 +89,36 @@ def test_every_problem_in_one_line() -> None:
     assert "scale -1.0" in msg and "zero point 300" in msg and "per-channel scales" in msg
 
 
-def test_int4_tensors_are_unsupported() -> None:
+def _int4_weights(t, buffers) -> None:
+    """Tensor ``t`` (int8 weights) as random int4 weights (the whole range), packed."""
+    values = np.random.default_rng(1).integers(-8, 8, size=6)
+    t.type = schema.TensorType.TensorType.INT4
+    buffers[t.buffer].data = pack_values(values, "int4")
+
+
+def test_int4_weights_of_an_integer_convolution_run_as_litert() -> None:
+    m = unpack(_conv())
+    _int4_weights(next(t for t in m.subgraphs[0].tensors if t.name in (b"w", "w")), m.buffers)
+    data = pack(m, "tflite")
+    x = np.random.default_rng(0).integers(-128, 128, (1, 4, 4, 3)).astype(np.int8)
+    loaded = cj.load(data)
+    assert any(t.dtype == "int4" for t in loaded.ir.main.tensors)
+    np.testing.assert_array_equal(np.asarray(loaded.apply(loaded.params, x)[0]),
+                                  run_litert(data, [x])[0])
+
+
+def test_an_int4_buffer_of_the_wrong_size_is_malformed() -> None:
+    def to_int4(t):  # 6 values need 3 packed bytes; the int8 buffer holds 6
+        t.type = schema.TensorType.TensorType.INT4
+    msg = refused_at_load(_edit_tensor(_conv(), "w", to_int4))
+    assert "int4 needs 3 bytes but its buffer" in msg
+
+
+def test_int4_activations_are_unsupported() -> None:
     def to_int4(t):
         t.type = schema.TensorType.TensorType.INT4
-    msg = refused_at_load(_edit_tensor(_conv(), "w", to_int4), cj.UnsupportedOperatorError)
-    assert "quantized int4 tensors are not supported" in msg
+    msg = refused_at_load(_edit_tensor(_conv(), "x", to_int4), cj.UnsupportedOperatorError)
+    assert "quantized int4 activations are not supported" in msg
 
 
 def test_quantized_int64_activations_are_unsupported() -> None:

@@ -100,16 +100,17 @@ def _weight_params(ctx: OpContext) -> tuple[QParams, QParams, QParams]:
     """(input, weights, output) parameters, checked as LiteRT's Prepare does."""
     xi, wi, _ = _ROLES[ctx.op.key]
     x = qparams(ctx, "input", xi)
-    w = qparams(ctx, "input", wi, dtypes=("int8", "uint8"), per_channel=True)
+    w = qparams(ctx, "input", wi, dtypes=("int8", "uint8", "int4"), per_channel=True)
     y = qparams(ctx, "output", 0, dtypes=(x.dtype,))
     if x.dtype == "int16" and (x.zp != 0 or y.zp != 0):
         raise ValueError("16x8 kernels need input and output zero points 0")
-    if w.dtype == "int8" and np.any(w.zero_point != 0):
-        raise ValueError(f"int8 weights {w.name[:60]!r} need zero points 0 (symmetric)")
-    if w.dtype != ("uint8" if x.dtype == "uint8" else "int8"):
+    if w.dtype in ("int8", "int4") and np.any(w.zero_point != 0):
+        raise ValueError(f"{w.dtype} weights {w.name[:60]!r} need zero points 0 (symmetric)")
+    takes = {"uint8": ("uint8",), "int8": ("int8", "int4"), "int16": ("int8",)}[x.dtype]
+    if w.dtype not in takes:
         raise NotImplementedError(f"{x.dtype} activations with {w.dtype} weights are not "
-                                  "supported (int8 or int16 with int8 weights, uint8 with "
-                                  "uint8)")
+                                  "supported (int8 with int8 or int4 weights, int16 with "
+                                  "int8, uint8 with uint8)")
     if w.per_channel and w.axis != _CHANNEL_AXIS[ctx.op.key]:
         raise ValueError(f"weights {w.name[:60]!r} are quantized along dimension {w.axis}; "
                          f"{ctx.op.key} needs dimension {_CHANNEL_AXIS[ctx.op.key]}")
