@@ -359,7 +359,7 @@ def convert(module, signatures: dict, path: Path) -> None:
 def describe(path: Path) -> dict:
     """What the converted file holds: operator codes, Flex ops (with NodeDef attrs), variables."""
     from flatbuffers import flexbuffers
-    from google.protobuf import json_format
+    from google.protobuf import text_format
     from tensorflow.core.framework import node_def_pb2
     from tensorflow.lite.python import schema_py_generated as tfl
 
@@ -390,25 +390,30 @@ def describe(path: Path) -> dict:
             if code == "ASSIGN_VARIABLE" and index in init_indices:
                 initialised.add(handles.get(op.inputs[0], "?"))
             if code.startswith("Flex"):
-                # flexbuffers.Loads fails here: the NodeDef is a FlexBuffer STRING (not a
-                # BLOB) of non-UTF-8 bytes, so read the vector's elements as raw bytes.
+                # flexbuffers.Loads fails on some: the NodeDef is a FlexBuffer STRING (not a
+                # BLOB), often not UTF-8, so read the vector's elements as raw bytes.
                 root = flexbuffers.GetRoot(bytes(op.customOptions))
                 vec = root.AsVector
-                tf_name = vec[0].AsString
-                node_bytes = vec[1].AsStringBytes
-                node = node_def_pb2.NodeDef.FromString(node_bytes)
-                flex.setdefault(code, {
+                node = node_def_pb2.NodeDef.FromString(vec[1].AsStringBytes)
+                entry = flex.setdefault(code, {
                     "custom_options": {
                         "root": "untyped vector" if root.IsVector and not root.IsTypedVector
                                 else "other",
                         "length": len(vec),
                         "elements_are_strings": [vec[i].IsString for i in range(len(vec))],
-                        "op_name": tf_name,
-                        "nodedef_bytes": len(node_bytes),
+                        "element_0": vec[0].AsString,
+                        "custom_options_format": op.customOptionsFormat,
                     },
                     "nodedef_op": node.op,
-                    "attr": {k: json_format.MessageToDict(v) for k, v in sorted(node.attr.items())},
+                    "nodedef_inputs": list(node.input),
+                    "count": 0,
+                    "attr_variants": [],
                 })
+                entry["count"] += 1
+                attrs = {k: text_format.MessageToString(v, as_one_line=True)
+                         for k, v in sorted(node.attr.items())}
+                if attrs not in entry["attr_variants"]:
+                    entry["attr_variants"].append(attrs)
         subgraphs.append({"name": (sg.name or b"").decode(), "operators": ops})
     sigs = {}
     for s in model.signatureDefs:
@@ -461,8 +466,9 @@ def interpreter_check(path: Path, feeds: dict, expected: dict, which: str) -> di
             entry: dict = {"shape": list(v.shape), "dtype": str(v.dtype)}
             ref = expected.get(sig, {}).get(k)
             if ref is not None and v.dtype.kind == "f":
-                diff = float(np.max(np.abs(v - ref))) if v.size else 0.0
-                entry["max_abs_diff_vs_tf"] = diff if np.isfinite(diff) else "nan (not finite)"
+                entry["finite"] = bool(np.all(np.isfinite(v)))
+                if entry["finite"]:
+                    entry["max_abs_diff_vs_tf"] = float(np.max(np.abs(v - ref), initial=0.0))
             elif ref is not None:
                 entry["equal_to_tf"] = bool(np.array_equal(v, ref))
             result[sig][k] = entry
@@ -528,6 +534,11 @@ def main() -> None:
             arrays[f"final/{k}"] = v.numpy()
         module.save(tf.constant(str(out / f"{name}.trained.ckpt")))
         np.savez(out / f"{name}.npz", **arrays)
+        for stage in ("init", "trained"):  # TF's own reader agrees with the recorded values
+            reader = tf.compat.v1.train.NewCheckpointReader(str(out / f"{name}.{stage}.ckpt"))
+            key = "init" if stage == "init" else "final"
+            for k in module.checkpointed:
+                np.testing.assert_array_equal(reader.get_tensor(k), arrays[f"{key}/{k}"])
         summary[name] = describe(out / f"{name}.tflite")
         summary[name]["checkpoint_tensor_names"] = list(module.checkpointed)
         summary[name]["losses_first_last"] = [float(arrays["losses"][0]),
