@@ -23,6 +23,7 @@ into a `.tflite` file with resource variables enabled and Flex ops allowed
 - `tutorial_cnn.tflite`: TF's "On-device training" tutorial pattern: a Keras model (Conv2D relu,
   MaxPool2D, Flatten, Dense) in a tf.Module, Keras's SGD, Keras's cross-entropy from logits;
   its gradients hold Flex ops. `save` / `restore` cover the model's and the optimizer's variables.
+- `tutorial_cnn_adam.tflite`: the same (same initial weights and data) with Keras's Adam(0.01).
 - `flex_ops.tflite`: one signature per TF gradient/shape op, each calling exactly one raw op.
 
 Batch 4 everywhere (fixed). All seeds are fixed. For every model TF eager (not the converted file)
@@ -55,7 +56,7 @@ BATCH = 4
 STEPS = 20
 N_IN, N_HIDDEN, N_OUT = 8, 16, 4
 SEED = 0
-MODELS = ("mlp_sgd", "mlp_adam", "frozen_head", "tutorial_cnn")
+MODELS = ("mlp_sgd", "mlp_adam", "frozen_head", "tutorial_cnn", "tutorial_cnn_adam")
 
 
 def build_modules():
@@ -186,7 +187,7 @@ def build_modules():
     class TutorialCNN(Trainable):
         """TF's on-device training tutorial pattern: Keras layers and Keras SGD in a tf.Module."""
 
-        def __init__(self, seed: int):
+        def __init__(self, seed: int, adam: bool):
             super().__init__()
             keras.utils.set_random_seed(seed)
             L = keras.layers
@@ -198,7 +199,8 @@ def build_modules():
                 L.Dense(3, name="dense"),
             ], name="cnn")
             self.model.compile(
-                optimizer=keras.optimizers.SGD(learning_rate=0.1),
+                optimizer=keras.optimizers.Adam(learning_rate=0.01) if adam
+                else keras.optimizers.SGD(learning_rate=0.1),
                 loss=keras.losses.CategoricalCrossentropy(from_logits=True),
             )
             self.model.optimizer.build(self.model.trainable_variables)
@@ -227,14 +229,16 @@ def build_modules():
         "mlp_sgd": MLP(SEED, adam=False),
         "mlp_adam": MLP(SEED, adam=True),
         "frozen_head": FrozenHead(SEED + 1),
-        "tutorial_cnn": TutorialCNN(SEED + 2),
+        "tutorial_cnn": TutorialCNN(SEED + 2, adam=False),
+        "tutorial_cnn_adam": TutorialCNN(SEED + 2, adam=True),
     }
 
 
 def model_data(name: str) -> tuple[np.ndarray, np.ndarray]:
     """Fixed inputs and one-hot / regression targets for a model."""
-    rng = np.random.default_rng(100 + MODELS.index(name))
-    if name == "tutorial_cnn":
+    same_data = "tutorial_cnn" if name.startswith("tutorial_cnn") else name
+    rng = np.random.default_rng(100 + MODELS.index(same_data))
+    if name.startswith("tutorial_cnn"):
         x = rng.standard_normal((BATCH, 8, 8, 1)).astype(np.float32)
         y = np.eye(3, dtype=np.float32)[rng.integers(0, 3, BATCH)]
         return x, y
