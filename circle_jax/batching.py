@@ -61,11 +61,15 @@ class _Op:
         return self.sg.tensors[self.op.inputs[pos]].shape
 
     def const(self, pos: int) -> list[int] | None:
-        """Input ``pos`` as a flat list of ints when it is a constant of the file."""
+        """Input ``pos`` as a flat list of ints when it is an integer constant of the file
+        (None otherwise: a float constant where integers belong, infinity included, is the
+        operator's own checks' to refuse)."""
         if pos >= len(self.op.inputs) or self.op.inputs[pos] < 0:
             return None
         data = self.sg.tensors[self.op.inputs[pos]].data
-        return None if data is None else [int(v) for v in np.asarray(data).reshape(-1)]
+        if data is None or not np.issubdtype(np.asarray(data).dtype, np.integer):
+            return None
+        return [int(v) for v in np.asarray(data).reshape(-1)]
 
     def only(self, *positions: int) -> str | None:
         """None when only inputs at ``positions`` are batched."""

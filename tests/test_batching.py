@@ -171,3 +171,15 @@ def test_inputs_the_graph_cannot_take_are_named_before_any_operator() -> None:
     with pytest.raises(DataError, match="float32 data, the model expects int32"):
         text(np.zeros((1, 256), np.float32))
     assert text(np.zeros((3, 256), np.int32))[0].shape == (3, 2)
+
+
+def test_a_float_shape_constant_holding_infinity_is_refused_in_one_line() -> None:
+    # the fuzz reproducer: a mutated RESHAPE shape constant holding infinity escaped the
+    # batching analysis as an OverflowError
+    b = cj.Builder()
+    x = b.input("x", (1, 4))
+    s = b.constant("shape", np.array([np.inf, 4], np.float32))
+    b.output(b.op("RESHAPE", [x, s], shapes=[(1, 4)]))
+    with pytest.raises(cj.CircleFormatError, match="reshape shape must hold integers"):
+        m = cj.load(b.to_bytes("circle"))
+        m.apply(m.params, np.zeros((3, 4), np.float32))

@@ -33,8 +33,14 @@ def xp(*arrays: Any) -> Any:
 
 
 def ints(x: Any, what: str) -> list[int]:
-    """A static integer tensor as a flat list of Python ints."""
-    return [int(v) for v in static(x, what).reshape(-1)]
+    """A static integer tensor as a flat list of Python ints; a ValueError for values that
+    are no integers (a float tensor holding infinity, NaN or fractions)."""
+    values = static(x, what).reshape(-1)
+    if not np.issubdtype(values.dtype, np.integer) and not (
+            np.all(np.isfinite(values)) and np.all(values == np.round(values))):
+        raise ValueError(f"{what} must hold integers, got {values.dtype} values "
+                         f"{values[:4].tolist()}")
+    return [int(v) for v in values]
 
 
 def scalar(x: Any, what: str) -> int:
