@@ -31,6 +31,7 @@ from .graph.quantization import QParams
 from .lowering import LoweringOptions, as_options, implementation
 from .ops import fake_quant as fq
 from .ops.common import check_padding
+from .ops.hybrid import hybrid_weight
 from .ops.integer.params import Requantized
 from .ops.registry import OpContext, OpDef, definition, lookup, runs_integer
 from .passes.dequantize import is_quantized
@@ -175,7 +176,8 @@ class Lowered:
                     f"operator {op.index}"
                 ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)
                 outs = tuple(sg.tensors[i] for i in op.outputs)
-                d = definition(op.key, runs_integer(op.key, ins, outs))
+                d = definition(op.key, runs_integer(op.key, ins, outs),
+                               hybrid_weight(op.key, ins) is not None)
                 if d is None:
                     refusals.append(where)
                     unsupported = True

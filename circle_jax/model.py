@@ -495,7 +495,7 @@ def load(
             error = CircleFormatError if malformed else UnsupportedOperatorError
             raise error(f"{len(malformed + unsupported)} invalid tensor quantization(s): "
                         + "; ".join(malformed + unsupported)[:1000])
-    original = run(selected, pipeline(dequantize=dq))
+    original = run(selected, pipeline(dequantize=dq, keep_hybrid=dequantize is None))
     simulate = quantized_activations(original)
     q.check_applies(simulate)
     if qat and simulate:

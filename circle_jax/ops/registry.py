@@ -36,13 +36,15 @@ class OpDef:
 
 _REGISTRY: dict[str, OpDef] = {}
 _INTEGER: dict[str, OpDef] = {}
+_HYBRID: dict[str, OpDef] = {}
 
 #: The tensor types of quantized activations that integer kernels compute on.
 QUANTIZED_TYPES = ("int8", "uint8", "int16")
 
 
 def register(*keys: str, static_inputs: Sequence[int] = (), fold: bool = True,
-             check: CheckFn | None = None, integer: bool = False) -> Callable[[OpFn], OpFn]:
+             check: CheckFn | None = None, integer: bool = False,
+             hybrid: bool = False) -> Callable[[OpFn], OpFn]:
     """Register an implementation under operator names (``"CONV_2D"``, ``"CUSTOM:Name"``).
 
     ``static_inputs``: positions of inputs the implementation needs as values known when the
@@ -51,25 +53,27 @@ def register(*keys: str, static_inputs: Sequence[int] = (), fold: bool = True,
     trainable param, so the model still compiles. ``fold=False``: never evaluate the operator
     at lowering time, even when all its inputs are constants (control flow, state).
     ``check(ctx)``: the load-time validation of its options and input specs. ``integer``: the
-    implementation is the operator's integer kernel (see :func:`runs_integer`).
+    implementation is the operator's integer kernel (see :func:`runs_integer`); ``hybrid``:
+    its hybrid kernel (`circle_jax.ops.hybrid`). Both are exact kernels, which no fast
+    lowering replaces (``OpDef.integer``).
     """
 
     def decorate(fn: OpFn) -> OpFn:
-        table = _INTEGER if integer else _REGISTRY
+        table = _INTEGER if integer else _HYBRID if hybrid else _REGISTRY
         for key in keys:
             if key in table:
                 raise ValueError(f"operator {key} registered twice")
-            table[key] = OpDef(fn, frozenset(static_inputs), fold, check, integer)
+            table[key] = OpDef(fn, frozenset(static_inputs), fold, check, integer or hybrid)
         return fn
 
     return decorate
 
 
-def definition(key: str, integer: bool = False) -> OpDef | None:
-    """The registered definition of ``key`` (its integer kernel when ``integer``), or None
-    when circle-jax does not support it."""
+def definition(key: str, integer: bool = False, hybrid: bool = False) -> OpDef | None:
+    """The registered definition of ``key`` (its integer kernel when ``integer``, its hybrid
+    kernel when ``hybrid``), or None when circle-jax does not support it."""
     _load_families()
-    return (_INTEGER if integer else _REGISTRY).get(key)
+    return (_INTEGER if integer else _HYBRID if hybrid else _REGISTRY).get(key)
 
 
 def runs_integer(key: str, inputs: Sequence[ir.Tensor | None],

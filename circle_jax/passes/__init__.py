@@ -56,10 +56,12 @@ def run(model: ir.Model, passes: Iterable[Pass]) -> ir.Model:
     return model
 
 
-def pipeline(*, signature: str | None = None, dequantize: bool = False, untie: bool = False,
-             add_bias: bool | str = False, policy: str = "weights") -> list[Pass]:
+def pipeline(*, signature: str | None = None, dequantize: bool = False,
+             keep_hybrid: bool = False, untie: bool = False, add_bias: bool | str = False,
+             policy: str = "weights") -> list[Pass]:
     """The passes `circle_jax.load` runs for its options, in order: the signature's
-    subgraph made the main one, then every quantized tensor made float32, then shared
+    subgraph made the main one, then every quantized tensor made float32 (``keep_hybrid``:
+    hybrid operators' weights keep their grid, `dequantize_model`), then shared
     trainable constants untied (under the trainable ``policy``), then missing biases added
     (``add_bias``: True or "all", False or "none", or a selection of operators,
     `bias_selection`)."""
@@ -67,7 +69,7 @@ def pipeline(*, signature: str | None = None, dequantize: bool = False, untie: b
     if signature is not None:
         passes.append(partial(select_signature, key=signature))
     if dequantize:
-        passes.append(dequantize_model)
+        passes.append(partial(dequantize_model, keep_hybrid=keep_hybrid))
     if untie:
         passes.append(partial(untie_shared_constants, policy=policy))
     selection = bias_selection(add_bias)

@@ -104,12 +104,15 @@ def weight_only(model: ir.Model) -> bool:
     return found
 
 
-def dequantize_model(model: ir.Model) -> ir.Model:
+def dequantize_model(model: ir.Model, keep_hybrid: bool = False) -> ir.Model:
     """``model`` with every quantized tensor float32 and the identities removed (see the
-    module docstring); the record maps each change to what it was."""
+    module docstring); the record maps each change to what it was. ``keep_hybrid``: the
+    weights of hybrid operators (:func:`hybrid_weights`) keep their quantization parameters,
+    so those operators compute as LiteRT's hybrid kernels (`circle_jax.ops.hybrid`)."""
     changes: dict[str, str] = {}
     for sg in model.subgraphs:
         half = _float16_weights(sg)
+        hybrid = hybrid_weights(sg) if keep_hybrid else set()
         tensors = []
         for t in sg.tensors:
             if is_quantized(t) or t.index in half:
@@ -117,8 +120,10 @@ def dequantize_model(model: ir.Model) -> ir.Model:
                     t.data.astype(np.float32) if t.index in half else dequantized_values(t, sg))
                 if data is not None:
                     data.flags.writeable = False
-                changes[_where(model, sg, t.name)] = describe_quantization(t)
-                t = replace(t, dtype="float32", data=data, quantization=None)
+                changes[_where(model, sg, t.name)] = describe_quantization(t) + (
+                    " (hybrid)" if t.index in hybrid else "")
+                t = replace(t, dtype="float32", data=data,
+                            quantization=t.quantization if t.index in hybrid else None)
             tensors.append(t)
         sg = replace(sg, tensors=tuple(tensors))
         operators, removed = _without_identities(sg)
@@ -126,6 +131,25 @@ def dequantize_model(model: ir.Model) -> ir.Model:
                         for op in removed})
         model = replace_subgraph(model, sg.index, tensors=sg.tensors, operators=operators)
     return record(model, "dequantize", changes, "tensor: was; operator: removed")
+
+
+#: (operator, weight input position) of the operators LiteRT runs hybrid.
+_HYBRID_WEIGHTS = {("FULLY_CONNECTED", 1), ("CONV_2D", 1), ("DEPTHWISE_CONV_2D", 1)}
+
+
+def hybrid_weights(sg: ir.Subgraph) -> set[int]:
+    """The affine-quantized (per tensor or per channel, not blockwise) constants of ``sg``
+    read only as the weight of a FULLY_CONNECTED, CONV_2D or DEPTHWISE_CONV_2D with a float
+    input: the weights of hybrid operators."""
+    uses: dict[int, bool] = {}
+    for op in sg.operators:
+        float_input = bool(op.inputs) and op.inputs[0] >= 0 and sg.tensors[op.inputs[0]].is_float
+        for pos, i in enumerate(op.inputs):
+            if i >= 0:
+                hybrid = float_input and (op.key, pos) in _HYBRID_WEIGHTS
+                uses[i] = uses.get(i, True) and hybrid
+    return {i for i, only in uses.items() if only and is_quantized(t := sg.tensors[i])
+            and t.is_constant and t.quantization.blockwise is None}
 
 
 def _where(model: ir.Model, sg: ir.Subgraph, what: str) -> str:

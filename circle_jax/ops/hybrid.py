@@ -1,0 +1,227 @@
+"""Hybrid (dynamic-range) kernels: FULLY_CONNECTED, CONV_2D and DEPTHWISE_CONV_2D with float
+activations and weights on an integer grid, computed as LiteRT's hybrid kernels compute them.
+
+A hybrid operator's weight is a float32 tensor that keeps the quantization parameters it
+was read with (`circle_jax.passes.dequantize_model` with ``keep_hybrid=True``, the default
+load of a weight-only quantized file): its integers are ``q = round(w / scale)`` per output
+channel (or per tensor), so a weight the file holds gives back the file's integers exactly
+and a trained float32 master is read on the file's grid (clipped to int8's range). The
+input is quantized on the fly to int8, the products accumulate in int32, and the
+accumulator is scaled back in float32 (LiteRT's rules, checked bit for bit against LiteRT in
+tests/ops/test_ops_hybrid.py):
+
+- FULLY_CONNECTED: each row of the input on its own; symmetric (``s = max|x| / 127``,
+  ``q = round(x * (127 / max|x|))`` clipped to [-127, 127]) or, with
+  ``asymmetric_quantize_inputs``, asymmetric (``s = (max(x, 0) - min(x, 0)) / 255``, a zero
+  point ``z = round(-128 - min / s)`` and ``q = round(z + x / s)`` in [-128, 127]); output
+  ``bias + (acc - z * sum(w_q)) * (s * scale)``.
+- CONV_2D: each sample (the whole image) on its own; with per-channel weights asymmetric,
+  whatever the option says (LiteRT's per-channel hybrid convolution), with per-tensor
+  weights symmetric; padding contributes nothing; ``bias + acc * (s * scale)``.
+- DEPTHWISE_CONV_2D: per-channel weights only (LiteRT refuses a per-tensor one), each sample
+  asymmetric, scaled as ``bias + (acc * scale) * s`` on the output channels LiteRT's kernel
+  takes four at a time (the first ``C - C % 4``) and ``bias + (acc * s) * scale`` on the
+  rest (measured per channel against LiteRT, channel counts 2 to 17, multipliers 1 to 3).
+- Both convolutions need a bias (LiteRT's hybrid kernels do): refused without one.
+
+Rounding is to nearest, ties away from zero; a row (or sample) of zeros quantizes to zeros
+with scale 1. The fused activation clamps the float output. Gradients are the float
+operator's at the same float values (straight through the on-the-fly quantization), so
+training moves the float32 masters as the float model would.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from jax import lax
+
+from ..graph import ir
+from ..graph.quantization import round_half_away
+from . import conv as float_ops
+from .common import fused_activation
+from .registry import OpContext, register
+
+Array = Any
+
+#: Operators that have a hybrid kernel, and the input position of their weight.
+WEIGHT_INPUT = {"FULLY_CONNECTED": 1, "CONV_2D": 1, "DEPTHWISE_CONV_2D": 1}
+#: The axis of the weights that indexes output channels.
+_CHANNEL_AXIS = {"FULLY_CONNECTED": 0, "CONV_2D": 0, "DEPTHWISE_CONV_2D": 3}
+
+
+def hybrid_weight(key: str, inputs: tuple[ir.Tensor | None, ...]) -> ir.Tensor | None:
+    """The weight of a hybrid operator (see the module docstring), or None: a float32
+    constant at the operator's weight position that keeps per-tensor or per-output-channel
+    quantization parameters, read by an operator whose input is float."""
+    pos = WEIGHT_INPUT.get(key)
+    if pos is None or len(inputs) <= pos or inputs[0] is None or not inputs[0].is_float:
+        return None
+    w = inputs[pos]
+    if w is None or w.dtype != "float32" or not w.is_constant or w.quantization is None:
+        return None
+    q = w.quantization
+    if q.blockwise is not None or not q.scale or (
+            len(q.scale) > 1 and q.quantized_dimension != _CHANNEL_AXIS[key]):
+        return None
+    return w
+
+
+def _grid(ctx: OpContext, axis: int, ndim: int) -> Array:
+    """The weight's scales, broadcast along the output-channel ``axis`` of an ``ndim``-d
+    weight."""
+    q = ctx.inputs[WEIGHT_INPUT[ctx.op.key]].quantization
+    scale = np.asarray(q.scale, np.float32)
+    shape = [1] * ndim
+    if scale.size > 1:
+        shape[axis] = scale.size
+    return scale.reshape(shape)
+
+
+def weight_integers(w: Array, scale: Array) -> Array:
+    """A float weight's integers on its grid: ``clip(round(w / scale), -128, 127)`` (int32;
+    a weight read from int4 or int2 stays in its narrower range until training moves it)."""
+    return jnp.clip(round_half_away(w / scale, jnp), -128, 127).astype(jnp.int32)
+
+
+def rounded(t: Array) -> Array:
+    """The float32 product ``t`` rounded before the sum it feeds, as LiteRT computes
+    ``c + a * b``: XLA's CPU code contracts a product and the sum of it into one fused
+    multiply-add (one rounding, not two), except where the sum's operand is not the
+    product itself. ``t`` comes back bit for bit (its bits xor ``isnan(t)``: 0 for every
+    number; a NaN stays a NaN), through an operation the compiler cannot see through."""
+    bits = lax.bitcast_convert_type(t, jnp.int32) ^ jnp.isnan(t).astype(jnp.int32)
+    return lax.bitcast_convert_type(bits, jnp.float32)
+
+
+def _divide(x: Array, d: Any) -> Array:
+    """``x / d`` correctly rounded, as LiteRT divides: XLA's CPU code multiplies by a rounded
+    reciprocal where the divisor is one value for many dividends (a scalar, a broadcast row)
+    unless the divisor is an array of its own, elementwise, behind a barrier."""
+    x, d = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(d, jnp.float32))
+    return x / lax.optimization_barrier(d)
+
+
+def quantize_rows(x: Array, asymmetric: bool) -> tuple[Array, Array, Array]:
+    """(int32 values, float32 scale, int32 zero point) of each row of 2-d ``x``, quantized
+    to int8 as LiteRT's hybrid kernels quantize their input (module docstring)."""
+    f32 = jnp.float32
+    if not asymmetric:
+        peak = jnp.max(jnp.abs(x), axis=1)
+        safe = jnp.where(peak > 0, peak, f32(1))
+        q = jnp.clip(round_half_away(x * _divide(127, safe)[:, None], jnp), -127, 127)
+        q = jnp.where((peak > 0)[:, None], q, 0)
+        return q.astype(jnp.int32), jnp.where(peak > 0, _divide(peak, 127), f32(1)), \
+            jnp.zeros(x.shape[0], jnp.int32)
+    lo = jnp.minimum(jnp.min(x, axis=1), 0)
+    hi = jnp.maximum(jnp.max(x, axis=1), 0)
+    empty = lo == hi
+    scale = jnp.where(empty, f32(1), _divide(hi - lo, 255))
+    zero = jnp.clip(round_half_away(f32(-128) - _divide(lo, scale), jnp), -128, 127)
+    q = jnp.clip(round_half_away(zero[:, None] + rounded(x * _divide(1, scale)[:, None]), jnp),
+                 -128, 127)
+    zero = jnp.where(empty, 0, zero).astype(jnp.int32)
+    return jnp.where(empty[:, None], 0, q).astype(jnp.int32), scale, zero
+
+
+def _straight_through(hybrid_fn: Any, float_fn: Any, x: Array, w: Array, b: Array) -> Array:
+    """``hybrid_fn(x, w, b)``, differentiated as ``float_fn`` (the float operator)."""
+    @jax.custom_vjp
+    def f(x: Array, w: Array, b: Array) -> Array:
+        return hybrid_fn(x, w, b)
+
+    def forward(x: Array, w: Array, b: Array) -> tuple[Array, tuple]:
+        return hybrid_fn(x, w, b), (x, w, b)
+
+    def backward(res: tuple, g: Array) -> tuple:
+        return jax.vjp(float_fn, *res)[1](g)
+
+    f.defvjp(forward, backward)
+    return f(x, w, b)
+
+
+def _zero_bias(ctx: OpContext, b: Array, channels: int) -> Array:
+    return jnp.zeros((channels,), jnp.float32) if b is None else b
+
+
+@register("FULLY_CONNECTED", hybrid=True, check=float_ops.check_fully_connected)
+def fully_connected(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
+    """Hybrid FULLY_CONNECTED (module docstring)."""
+    scale = _grid(ctx, 0, 2)
+    asymmetric = bool(ctx.options.asymmetric_quantize_inputs)
+
+    def hybrid(x: Array, w: Array, b: Array) -> Array:
+        rows = float_ops.dense_rows(ctx, x, w)
+        flat = rows.reshape(-1, rows.shape[-1])
+        q, s, z = quantize_rows(flat, asymmetric)
+        wq = weight_integers(w, scale)
+        acc = lax.dot_general(q, wq, (((1,), (1,)), ((), ())),
+                              preferred_element_type=jnp.int32)
+        acc = acc - z[:, None] * jnp.sum(wq, axis=1)[None, :]
+        y = b + rounded(acc.astype(jnp.float32) * (s[:, None] * scale.reshape(1, -1)))
+        return y.reshape((*rows.shape[:-1], y.shape[-1]))
+
+    def reference(x: Array, w: Array, b: Array) -> Array:
+        return float_ops.dense_rows(ctx, x, w) @ w.T + b
+
+    y = _straight_through(hybrid, reference, x, w, _zero_bias(ctx, b, w.shape[0]))
+    return fused_activation(y, ctx.options.fused_activation_function)
+
+
+def check_spatial(ctx: OpContext) -> None:
+    """The float convolution's checks; a hybrid convolution needs a bias, and a hybrid
+    DEPTHWISE_CONV_2D one weight scale per output channel, as LiteRT's do (LiteRT refuses a
+    CONV_2D without a bias, and its DEPTHWISE_CONV_2D without one reads memory it never
+    wrote)."""
+    float_ops.check_spatial(ctx)
+    w = ctx.inputs[1]
+    if len(ctx.inputs) < 3 or ctx.inputs[2] is None:
+        raise NotImplementedError(
+            f"hybrid {ctx.op.key} without a bias: LiteRT's hybrid kernel needs one (it "
+            "refuses or misreads this file); add a zero bias (add_missing_bias) or load "
+            "with dequantize=True")
+    if ctx.op.key == "DEPTHWISE_CONV_2D" and len(w.quantization.scale) != w.shape[-1]:
+        raise NotImplementedError(
+            f"hybrid DEPTHWISE_CONV_2D weights {w.name[:60]!r} have {len(w.quantization.scale)}"
+            f" scale(s) for {w.shape[-1]} channels; LiteRT's hybrid kernel needs one per "
+            "channel (it refuses this file too)")
+
+
+@register("CONV_2D", "DEPTHWISE_CONV_2D", hybrid=True, check=check_spatial)
+def spatial_conv(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
+    """Hybrid CONV_2D / DEPTHWISE_CONV_2D (module docstring)."""
+    depthwise = ctx.op.key == "DEPTHWISE_CONV_2D"
+    scale = _grid(ctx, _CHANNEL_AXIS[ctx.op.key], 4)
+    channel_scale = scale.reshape(-1)
+    per_channel = channel_scale.size > 1
+
+    def hybrid(x: Array, w: Array, b: Array) -> Array:
+        q, s, z = quantize_rows(x.reshape(x.shape[0], -1), asymmetric=per_channel)
+        q = (q - z[:, None]).reshape(x.shape)
+        filt, g = float_ops.spatial_geometry(ctx, q, weight_integers(w, scale))
+        acc = lax.conv_general_dilated(
+            q, filt, g.strides, g.pads, rhs_dilation=g.dilations,
+            dimension_numbers=float_ops.dimension_numbers(2),
+            feature_group_count=x.shape[-1] // filt.shape[-2],
+            preferred_element_type=jnp.int32).astype(jnp.float32)
+        s = s.reshape(-1, 1, 1, 1)
+        if not depthwise:
+            return b + rounded(acc * (s * channel_scale))
+        n = channel_scale.size
+        four_at_a_time = np.arange(n) < n - n % 4
+        return b + rounded(jnp.where(four_at_a_time, (acc * channel_scale) * s,
+                                     (acc * s) * channel_scale))
+
+    def reference(x: Array, w: Array, b: Array) -> Array:
+        filt, g = float_ops.spatial_geometry(ctx, x, w)
+        return float_ops.conv(x, filt, g) + b
+
+    channels = w.shape[3] if depthwise else w.shape[0]
+    y = _straight_through(hybrid, reference, x, w, _zero_bias(ctx, b, channels))
+    return fused_activation(y, ctx.options.fused_activation_function)
+
+
+__all__ = ["WEIGHT_INPUT", "hybrid_weight", "quantize_rows", "weight_integers"]

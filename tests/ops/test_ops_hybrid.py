@@ -1,0 +1,126 @@
+"""Hybrid operators (float activations, int8/int4 weights with per-channel or per-tensor
+scales) compute as LiteRT's hybrid kernels: equal to LiteRT's output (``array_equal``), on
+random weights, inputs of varied scale and offset, and options; their gradients are the float
+operator's (straight through the on-the-fly input quantization), checked against the float
+model's autodiff."""
+
+from __future__ import annotations
+
+import jax
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.build import Builder
+from tests.conformance import refused_at_load, run_litert
+
+SAME1 = {"padding": "SAME", "stride_w": 1, "stride_h": 1}
+VALID2 = {"padding": "VALID", "stride_w": 2, "stride_h": 2}
+# (operator, input shape, weight shape, output-channel axis, options, output shape)
+CASES = {
+    "fc": ("FULLY_CONNECTED", (4, 32), (16, 32), 0, {}, (4, 16)),
+    "fc_relu6": ("FULLY_CONNECTED", (3, 20), (7, 20), 0, {"fused_activation_function": 3},
+                 (3, 7)),
+    "fc_asymmetric": ("FULLY_CONNECTED", (4, 32), (16, 32), 0,
+                      {"asymmetric_quantize_inputs": True}, (4, 16)),
+    "fc_keep_dims": ("FULLY_CONNECTED", (2, 3, 12), (5, 12), 0, {"keep_num_dims": True},
+                     (2, 3, 5)),
+    "conv": ("CONV_2D", (2, 6, 6, 3), (5, 3, 3, 3), 0, SAME1, (2, 6, 6, 5)),
+    "conv_valid_stride2_relu": ("CONV_2D", (1, 9, 9, 4), (6, 3, 3, 4), 0,
+                                {**VALID2, "fused_activation_function": 1}, (1, 4, 4, 6)),
+    "depthwise": ("DEPTHWISE_CONV_2D", (2, 6, 6, 4), (1, 3, 3, 4), 3,
+                  {**SAME1, "depth_multiplier": 1}, (2, 6, 6, 4)),
+    "depthwise_multiplier2": ("DEPTHWISE_CONV_2D", (1, 7, 7, 3), (1, 3, 3, 6), 3,
+                              {**VALID2, "depth_multiplier": 2}, (1, 3, 3, 6)),
+}
+
+
+def _model(case: str, rng: np.random.Generator, per_tensor: bool = False,
+           bias: bool = True) -> tuple[bytes, tuple]:
+    op, xshape, wshape, axis, options, oshape = CASES[case]
+    w = rng.normal(size=wshape)
+    other = tuple(d for d in range(w.ndim) if d != axis)
+    scale = (np.abs(w).max() if per_tensor else np.abs(w).max(axis=other, keepdims=True)) / 127
+    scale = np.asarray(scale, np.float32)
+    b = Builder()
+    x = b.input("x", xshape)
+    q = (scale.reshape(-1), np.zeros(scale.size, int), axis)
+    wq = b.constant("w", np.round(w / scale).astype(np.int8), quantization=q)
+    inputs = [x, wq]
+    if bias:
+        inputs.append(b.constant("b", rng.normal(size=oshape[-1]).astype(np.float32)))
+    b.output(b.op(op, inputs, options, shapes=[oshape]))
+    return b.to_bytes("tflite"), xshape
+
+
+def _inputs(rng: np.random.Generator, shape: tuple) -> np.ndarray:
+    return (rng.normal(size=shape) * rng.uniform(0.1, 5) + rng.uniform(-2, 2)).astype(
+        np.float32)
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_hybrid_operator_equals_litert(case: str) -> None:
+    rng = np.random.default_rng(len(case))
+    for trial in range(4):
+        per_tensor = trial == 1 and "depthwise" not in case  # LiteRT refuses those
+        bias = trial != 2 or not case.startswith("fc")  # hybrid convolutions need one
+        data, xshape = _model(case, rng, per_tensor=per_tensor, bias=bias)
+        model = cj.load(data)
+        assert model.params["w"].dtype == np.float32
+        forward = jax.jit(model.apply)
+        for _ in range(3):
+            v = _inputs(rng, xshape)
+            np.testing.assert_array_equal(np.asarray(forward(model.params, v)[0]),
+                                          run_litert(data, [v])[0])
+
+
+def test_a_row_of_zeros_quantizes_to_zeros() -> None:
+    rng = np.random.default_rng(0)
+    for case in ("fc", "fc_asymmetric", "conv"):
+        data, xshape = _model(case, rng)
+        v = _inputs(rng, xshape)
+        v[0] = 0
+        m = cj.load(data)
+        np.testing.assert_array_equal(np.asarray(m(v)[0]), run_litert(data, [v])[0])
+
+
+@pytest.mark.parametrize("case", ["fc", "conv", "depthwise"])
+def test_gradients_are_the_float_operator_s(case: str) -> None:
+    rng = np.random.default_rng(1)
+    data, xshape = _model(case, rng)
+    hybrid, plain = cj.load(data), cj.load(data, dequantize=True)
+    v = _inputs(rng, xshape)
+
+    def loss(m):
+        return lambda p: (m.apply(p, v)[0] ** 2).sum() * 0 + (m.apply(p, v)[0]).sum()
+
+    g_hybrid = jax.grad(loss(hybrid))(hybrid.params)
+    g_plain = jax.grad(loss(plain))(plain.params)
+    for k in g_plain:
+        np.testing.assert_allclose(np.asarray(g_hybrid[k]), np.asarray(g_plain[k]),
+                                   rtol=1e-5, atol=1e-5)
+
+
+def test_a_per_tensor_hybrid_depthwise_is_refused_as_litert_refuses_it() -> None:
+    data, _ = _model("depthwise", np.random.default_rng(0), per_tensor=True)
+    with pytest.raises(RuntimeError, match="failed to prepare"):
+        run_litert(data, [np.zeros((2, 6, 6, 4), np.float32)])
+    msg = refused_at_load(data, cj.UnsupportedOperatorError)
+    assert "LiteRT's hybrid kernel needs one per channel" in msg
+
+
+@pytest.mark.parametrize("case", ["conv", "depthwise"])
+def test_a_hybrid_convolution_without_bias_is_refused(case: str) -> None:
+    data, _ = _model(case, np.random.default_rng(0), bias=False)
+    msg = refused_at_load(data, cj.UnsupportedOperatorError)
+    assert f"hybrid {CASES[case][0]} without a bias" in msg
+
+
+def test_explicit_dequantize_computes_in_float() -> None:
+    data, xshape = _model("fc", np.random.default_rng(2))
+    v = _inputs(np.random.default_rng(5), xshape)
+    plain = cj.load(data, dequantize=True)
+    w = np.asarray(plain.params["w"])
+    b = np.asarray(plain.params["b"])
+    np.testing.assert_allclose(np.asarray(plain(v)[0]), v @ w.T + b, rtol=1e-5, atol=1e-5)
+    assert plain.ir.main.tensors[1].quantization is None
