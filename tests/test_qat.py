@@ -67,7 +67,7 @@ def forced(tensors: Any, params: dict, x: np.ndarray, want: dict[int, np.ndarray
 
 def _train(model: cj.Model, steps: int = 4, lr: float = 0.05) -> dict:
     """``steps`` SGD steps, one digit each (cross-entropy of the softmax output)."""
-    d = np.load(Path(cj.__file__).parent / "data" / "digits.npz")
+    d = np.load(Path(cj.__file__).parent / "examples" / "digits.npz")
     x = d["images"][:steps].astype(np.float32).reshape(-1, 1, 8, 8, 1) / 16.0
     y = np.eye(10, dtype=np.float32)[d["labels"][:steps]]
     train = sorted(model.trainable_params)
@@ -302,7 +302,7 @@ def test_loss_from_logits_reads_the_simulated_logits() -> None:
     """The keras profile's CCE reads the SOFTMAX's input logits (a variant of the graph):
     on a QAT model that variant keeps the QAT forward, its logits the integer forward's
     tensor, not the float model's."""
-    from circle_jax.numerics_train import softmax_input, softmax_logits_apply
+    from circle_jax.train.numerics import softmax_input, softmax_logits_apply
 
     b = cj.Builder()
     x = b.input("x", (1, 4), "int8", quantization=(0.05, 3))

@@ -19,14 +19,14 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.formats.reader import read_model
-from circle_jax.lower import RANGES
+from circle_jax.lowering.interpreter import RANGES
 from tests.test_qat import _as_input, _litert, _producer, _real, forced
 
 DATA = Path(__file__).parent / "data" / "quantized"
 
 
 def _digits(model: cj.Model, n: int) -> tuple[np.ndarray, np.ndarray]:
-    d = np.load(Path(cj.__file__).parent / "data" / "digits.npz")
+    d = np.load(Path(cj.__file__).parent / "examples" / "digits.npz")
     x = (d["images"][:n].astype(np.float32) / 16.0).reshape(n, *model.inputs[0].shape[1:])
     return x, np.eye(10, dtype=np.float32)[d["labels"][:n]]
 

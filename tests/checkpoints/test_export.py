@@ -14,7 +14,7 @@ import circle_jax as cj
 from circle_jax.cli import main
 from circle_jax.formats import atomic_write, export_model, read_model
 from circle_jax.graph import ir
-from circle_jax.lower import param_table
+from circle_jax.lowering.interpreter import param_table
 from tests.conformance import run_litert
 from tests.paths import SHARED_MODELS, shared_model
 

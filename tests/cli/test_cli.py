@@ -428,7 +428,7 @@ def test_cli_functions_are_simple() -> None:
 def test_aliases_are_unique_on_every_shared_model() -> None:
     from circle_jax.formats.reader import read_model
     from circle_jax.graph.aliases import alias_table, param_aliases
-    from circle_jax.lower import param_table
+    from circle_jax.lowering.interpreter import param_table
     from tests.paths import SHARED_MODELS
 
     names = sorted(f for f in os.listdir(SHARED_MODELS) if f.endswith((".circle", ".tflite")))
