@@ -69,5 +69,6 @@ def shared_model_names(among: Collection[str] | None = None) -> list[str]:
 def needs_shared_models(value: object) -> bool:
     """Whether a test parameter names the shared models: :data:`MISSING` or a path in
     the folder."""
-    return value == MISSING or (isinstance(value, (str, os.PathLike))
-                                and os.path.abspath(value).startswith(SHARED_MODELS + os.sep))
+    if not isinstance(value, (str, os.PathLike)):
+        return False
+    return value == MISSING or os.path.abspath(value).startswith(SHARED_MODELS + os.sep)

@@ -47,3 +47,11 @@ def test_missing_shared_models_skip_with_one_line_and_fail_under_ci(
     assert paths.shared_model_names(among={"b.circle"}) == ["b.circle"]
     with pytest.raises(AssertionError, match="shared model c.tflite not found"):
         paths.shared_model("c.tflite")
+
+
+def test_a_parameter_of_any_type_is_read_as_a_path_or_not() -> None:
+    import numpy as np
+
+    assert not paths.needs_shared_models(np.zeros((2, 2)))
+    assert not paths.needs_shared_models(3) and not paths.needs_shared_models(None)
+    assert paths.needs_shared_models(Path(paths.SHARED_MODELS) / "m.tflite")
