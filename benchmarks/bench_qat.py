@@ -43,7 +43,7 @@ RUNS = {"QAT, exported (LiteRT)": dict(qat=True),
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
-    d = np.load(ROOT / "circle_jax" / "data" / "digits.npz")
+    d = np.load(ROOT / "circle_jax" / "examples" / "digits.npz")
     x = d["images"].astype(np.float32).reshape(-1, 8, 8, 1) / 16.0
     return x, np.eye(10, dtype=np.float32)[d["labels"]]
 

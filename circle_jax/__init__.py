@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from . import checkpoints, formats, losses, optim, passes
     from .build import Builder, GraphBuilder
     from .formats.reader import read_model
-    from .lower import unsupported_operators
+    from .lowering.interpreter import unsupported_operators
     from .model import Model, TensorSpec, load
     from .ops.registry import supported_operators
     from .train import (
@@ -48,7 +48,7 @@ _SUBPACKAGES = ("checkpoints", "formats", "losses", "optim", "passes")
 _LAZY = {
     "Builder": ".build", "GraphBuilder": ".build",
     "read_model": ".formats.reader",
-    "unsupported_operators": ".lower",
+    "unsupported_operators": ".lowering.interpreter",
     "Model": ".model", "TensorSpec": ".model", "load": ".model",
     "supported_operators": ".ops.registry",
     "FitResult": ".train", "History": ".train", "TrainConfig": ".train", "Trainer": ".train",

@@ -26,8 +26,8 @@ from .graph.aliases import param_aliases, resolve_param_names
 from .graph.checks import check_graph, check_tensor_quantization
 from .graph.params_policy import CONTROL_FLOW, ParamRole, classify_params, describe_roles
 from .graph.quantization import QParams, stored_integers
-from .lower import RANGES, Lowered, ParamKey, param_table
 from .lowering import LoweringOptions
+from .lowering.interpreter import RANGES, Lowered, ParamKey, param_table
 from .numerics import Numerics, get_numerics
 from .ops import fake_quant as fq
 from .passes import (
@@ -49,7 +49,7 @@ from .passes.fake_quant import (
     moving_ranges,
     quantized_activations,
 )
-from .qat import QatSettings, integer_model
+from .passes.qat import QatSettings, integer_model
 
 
 @dataclass(frozen=True)
@@ -151,7 +151,7 @@ class Model:
     def apply(self, params: Mapping[str, Any], *inputs: Any, **observed: Any
               ) -> tuple[jax.Array, ...]:
         """The model's outputs for ``inputs``, in the model's output order (``observed=``:
-        see `circle_jax.lower.Lowered.apply`).
+        see `circle_jax.lowering.interpreter.Lowered.apply`).
 
         Called outside a trace it runs compiled (``jax.jit``, once per input shape): operator
         by operator JAX would compile each primitive on its first call (a MobileNet's first
@@ -171,7 +171,7 @@ class Model:
     def batch_blocker(self) -> str | None:
         """None when a batch of N samples runs as one batched graph; else why the graph does
         not follow the batch (the first operator that pins dimension 0, see
-        `circle_jax.batching`): a batch-1 model then runs its batch-1 graph mapped over the
+        `circle_jax.graph.batching`): a batch-1 model then runs its batch-1 graph mapped over the
         samples, and another model runs only at its declared batch."""
         return self._lowered.batch_blocker
 
@@ -219,7 +219,7 @@ class Model:
         """A ``qat_ranges="ema"`` model's moving activation ranges as the file gives them
         (group name -> float32 ``[min, max]``; `circle_jax.passes.fake_quant.moving_ranges`):
         training's initial values, which it moves and gives ``apply`` and ``export`` in the
-        params under `circle_jax.lower.RANGES`. Empty for other models."""
+        params under `circle_jax.lowering.interpreter.RANGES`. Empty for other models."""
         plan = self.fake_quant
         return {} if plan is None else {
             name: fq.file_range(plan.activations[(0, members[0])])
@@ -227,7 +227,7 @@ class Model:
 
     def observe(self, params: Mapping[str, Any], *inputs: Any) -> dict[str, Any]:
         """Each moving range group's (min, max) over ``inputs`` before rounding
-        (`circle_jax.lower.Lowered.observe`)."""
+        (`circle_jax.lowering.interpreter.Lowered.observe`)."""
         return self._lowered.observe(params, *(jnp.asarray(x) for x in inputs))
 
     def __call__(self, *inputs: Any) -> tuple[jax.Array, ...]:
@@ -447,7 +447,7 @@ def load(
     ``qat=True``: a fully quantized model (quantized activations) loads as its
     quantization-aware training model: the float model that simulates it by fake
     quantization (`circle_jax.passes.fake_quantize`), with float32 masters of its weights
-    and biases, whose export writes the integer model (`circle_jax.qat`); shared weights stay
+    and biases, whose export writes the integer model (`circle_jax.passes.qat`); shared weights stay
     tied and no bias is added (every param maps to a tensor of the file). ``qat=False``: a
     fully quantized model loads dequantized (``dequantize=True``: float training). Other
     models are refused (nothing to simulate); ``qat="auto"`` (the command line's) is

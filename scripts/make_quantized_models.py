@@ -50,7 +50,7 @@ ROOT = Path(__file__).resolve().parent.parent
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
-    data = np.load(ROOT / "circle_jax" / "data" / "digits.npz")
+    data = np.load(ROOT / "circle_jax" / "examples" / "digits.npz")
     x = data["images"].astype(np.float32).reshape(-1, 8, 8, 1) / 16.0
     return x, data["labels"].astype(np.int64)
 

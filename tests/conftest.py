@@ -2,7 +2,8 @@
 
 - ``x64``: the test runs with ``jax.enable_x64`` (float64 references, finite differences).
 - ``shared_models``: the directory of the shared third-party models
-  (``<repo root>/../shared/models``); a missing directory fails, never skips.
+  (``<repo root>/../shared/models``); where it is missing (a fresh clone) the tests that
+  need it skip with one line naming it, and fail under ``CI=true`` (``tests/paths.py``).
 - ``keras_data``: the committed Keras-converted models and Keras's recorded numbers.
 - JAX's persistent compilation cache, in a directory of the run's own (see below).
 - ``onert``: the onert peer (``tests/onert_peer.py``, the ``onert`` wheel's train backend
@@ -23,7 +24,13 @@ import jax
 import pytest
 from jax.experimental.compilation_cache import compilation_cache
 
-from tests.paths import KERAS_DATA, SHARED_MODELS
+from tests.paths import (
+    KERAS_DATA,
+    SHARED_MODELS,
+    in_ci,
+    needs_shared_models,
+    require_shared_models,
+)
 
 # The CLI turns JAX's persistent compilation cache on by default in the user's cache
 # directory; tests must not write there (tests of the cache give their own directory).
@@ -79,9 +86,17 @@ def x64() -> Iterator[None]:
 
 @pytest.fixture(scope="session")
 def shared_models() -> Path:
-    path = Path(SHARED_MODELS)
-    assert path.is_dir(), f"the shared models are missing: expected them at {path}"
-    return path
+    return Path(require_shared_models())
+
+
+@pytest.fixture(autouse=True)
+def _shared_models_for_parameters(request: pytest.FixtureRequest) -> None:
+    """A test whose parameters name the shared models skips (fails under CI) before it
+    starts where the folder is missing (`tests.paths.require_shared_models`)."""
+    callspec = getattr(request.node, "callspec", None)
+    if callspec is not None and not os.path.isdir(SHARED_MODELS) \
+            and any(map(needs_shared_models, callspec.params.values())):
+        require_shared_models()
 
 
 @pytest.fixture(scope="session")
@@ -96,7 +111,7 @@ def cpu_kernels() -> None:
     from circle_jax.lowering import cpu_kernels
 
     if not cpu_kernels.available():
-        assert not os.environ.get("CI"), cpu_kernels.status()
+        assert not in_ci(), cpu_kernels.status()
         pytest.skip(f"no CPU kernels here ({cpu_kernels.status()})")
 
 

@@ -1,4 +1,4 @@
-"""The batch rule (`circle_jax.batching`): which graphs run a batch of N as one batched graph
+"""The batch rule (`circle_jax.graph.batching`): which graphs run a batch of N as one batched graph
 and which map their batch-1 graph over the samples, on builder-made graphs and on the shared
 models the issue named (a batch of N must always give what N single-sample runs give)."""
 

@@ -19,14 +19,14 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.formats.reader import read_model
-from circle_jax.lower import RANGES
-from tests.test_qat import _as_input, _litert, _producer, _real, forced
+from circle_jax.lowering.interpreter import RANGES
+from tests.passes.test_qat import _as_input, _litert, _producer, _real, forced
 
 DATA = Path(__file__).parent / "data" / "quantized"
 
 
 def _digits(model: cj.Model, n: int) -> tuple[np.ndarray, np.ndarray]:
-    d = np.load(Path(cj.__file__).parent / "data" / "digits.npz")
+    d = np.load(Path(cj.__file__).parent / "examples" / "digits.npz")
     x = (d["images"][:n].astype(np.float32) / 16.0).reshape(n, *model.inputs[0].shape[1:])
     return x, np.eye(10, dtype=np.float32)[d["labels"][:n]]
 
@@ -79,7 +79,7 @@ def test_ema_export_runs_in_litert_as_simulated(name: str) -> None:
     """After training with moving ranges, the export holds the moved ranges' parameters,
     and LiteRT computes every operator within 1 step of its grid of the simulation's
     value given the same integer inputs (LiteRT's int16 SOFTMAX: its table, 16 steps, as
-    `test_qat.test_fake_quant_forward_matches_the_export_per_operator`)."""
+    `test_fake_quant.test_fake_quant_forward_matches_the_export_per_operator`)."""
     model = cj.load(DATA / f"{name}.tflite", qat=True, qat_ranges="ema", qat_range_decay=0.9)
     params = _fit(model, epochs=2).params
     exported = model.export(params)

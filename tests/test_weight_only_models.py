@@ -48,7 +48,7 @@ HYBRID = {
 
 
 def _digits(n: int) -> tuple[np.ndarray, np.ndarray]:
-    d = np.load(Path(cj.__file__).parent / "data" / "digits.npz")
+    d = np.load(Path(cj.__file__).parent / "examples" / "digits.npz")
     x = d["images"][:n].astype(np.float32).reshape(-1, 8, 8, 1) / 16.0
     return x, np.eye(10, dtype=np.float32)[d["labels"][:n]]
 

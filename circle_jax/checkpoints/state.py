@@ -61,7 +61,7 @@ from ..formats.reader import read_bytes
 from ..formats.writer import write_model
 from ..graph import ir
 from ..interop.onert import onert_checkpoint_order
-from ..lower import RANGES
+from ..lowering.interpreter import RANGES
 from ..model import Model
 from ..optim import AccumulateState, AdamTFState
 from ..train import (
@@ -432,7 +432,8 @@ def checkpoint_params(source: Source, model: Model, params: Mapping[str, Any] | 
 
     ``params``: reference weights for matching (see :func:`read_checkpoint`) and the values
     of params the checkpoint does not cover; default: the model's own. A QAT model's
-    moving activation ranges saved beside it come with them (`circle_jax.lower.RANGES`).
+    moving activation ranges saved beside it come with them
+    (`circle_jax.lowering.interpreter.RANGES`).
     """
     ckpt, found = read_checkpoint(source, model, params, order)
     out = _entry_params(ckpt, model, found, model.params if params is None else params)

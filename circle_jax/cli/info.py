@@ -75,7 +75,7 @@ def missing_bias_line(model: object) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.reader import read_model
-    from circle_jax.lower import param_table, unsupported_operators
+    from circle_jax.lowering.interpreter import param_table, unsupported_operators
     from circle_jax.model import summarize
     from circle_jax.passes import pipeline, weight_only
     from circle_jax.passes import run as run_passes

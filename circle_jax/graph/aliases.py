@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping
 
 from . import ir
 
-ParamKey = tuple[int, int]  # (subgraph index, tensor index), as circle_jax.lower's
+ParamKey = tuple[int, int]  # (subgraph index, tensor index), as circle_jax.lowering.interpreter's
 
 #: input position -> role, per operator type (other inputs are ``in<pos>``)
 ROLES: dict[str, dict[int, str]] = {

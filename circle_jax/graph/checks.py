@@ -4,8 +4,9 @@ file order), every subgraph an operator calls exists and calls do not recurse, e
 tensor's quantization parameters are well formed and every quantized tensor meets a kernel
 that computes on it.
 
-Each check returns refusals as one-line strings; :class:`~circle_jax.lower.Lowered` gathers
-them with the operators' own option checks into the single load-time error.
+Each check returns refusals as one-line strings;
+:class:`~circle_jax.lowering.interpreter.Lowered` gathers them with the operators' own option
+checks into the single load-time error.
 """
 
 from __future__ import annotations

@@ -30,7 +30,6 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..ops.registry import static_inputs
 from . import ir
 
 POLICIES = ("weights", "all_float", "fc_conv")
@@ -70,6 +69,12 @@ _PER_CHANNEL = {"MUL": "per-channel scale", "ADD": "per-channel shift",
 #: The control-flow operators (they run other subgraphs on run-time conditions).
 CONTROL_FLOW = ("WHILE", "IF")
 
+#: Operator -> the input positions it needs as values known when the model is lowered (they
+#: set its output's shape: RANGE's start, limit and delta). A float constant read only at
+#: such positions is kept as data, not a param, so the model still compiles; the lowering
+#: hands these inputs to the operator as numpy values.
+STATIC_INPUTS: dict[str, frozenset[int]] = {"RANGE": frozenset({0, 1, 2})}
+
 #: The operators that take an optional bias, and the bias's input position.
 BIAS_POSITION = {"FULLY_CONNECTED": 2, "CONV_2D": 2, "DEPTHWISE_CONV_2D": 2, "CONV_3D": 2,
                  "TRANSPOSE_CONV": 3}
@@ -81,7 +86,7 @@ def param_table(model: ir.Model) -> dict[str, ParamKey]:
     table: dict[str, ParamKey] = {}
     for sg in model.subgraphs:
         read = {i for op in sg.operators for pos, i in enumerate(op.inputs)
-                if i >= 0 and pos not in static_inputs(op.key)}
+                if i >= 0 and pos not in STATIC_INPUTS.get(op.key, ())}
         for t in sg.tensors:
             if t.is_constant and t.is_float and not t.is_variable and t.index in read:
                 name, n = t.name, 1

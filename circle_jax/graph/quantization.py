@@ -5,7 +5,7 @@ zero_point)``, with one (scale, zero point) for the whole tensor or one per inde
 quantized dimension ``axis`` (per channel). :class:`QParams` is that description, read from
 a tensor by :meth:`QParams.of`; the integer kernels (`circle_jax.ops.integer`), the fake
 quantization plan (`circle_jax.passes.fake_quant`), the dequantize pass's requantization
-(`circle_jax.passes.dequantize`) and QAT's export (`circle_jax.qat`) all use it.
+(`circle_jax.passes.dequantize`) and QAT's export (`circle_jax.passes.qat`) all use it.
 
 The rounding rule (:func:`round_half_away`) is LiteRT's, since LiteRT runs what circle-jax
 exports: the quotient ``value / scale`` is computed in float32 and rounded to nearest, ties

@@ -2,8 +2,8 @@
 faster on XLA CPU (im2col, kn2row, shifted-slice depthwise, col2im, one-pass pooling, ...).
 
 Which implementation an operator gets is decided by a :class:`LoweringOptions` value handed
-to :class:`circle_jax.lower.Lowered` when the model is loaded; nothing here reads module
-state. A fast implementation has the signature of the reference operator it replaces
+to :class:`circle_jax.lowering.interpreter.Lowered` when the model is loaded; nothing here
+reads module state. A fast implementation has the signature of the reference operator it replaces
 (``fn(ctx, *inputs)``) and reads the options from ``ctx.lowering``. Every one is tested
 against its reference (``tests/ops/test_lowering.py``); measurements are in
 ``benchmarks/README.md``.
@@ -43,7 +43,7 @@ class LoweringOptions:
     operator keys that compute in float32 when an input is a half float (a precision
     policy's rule, `circle_jax.optim.precision.FLOAT32_OPERATORS`): their half inputs are
     cast to float32, and their outputs back to that half dtype, except the main subgraph's
-    outputs, which stay float32 for the loss (`circle_jax.lower.Lowered.run`).
+    outputs, which stay float32 for the loss (`circle_jax.lowering.interpreter.Lowered.run`).
     ``half_weights``: the half dtype ("float16", "bfloat16") the training forward computes
     in while its trainable weights arrive in float32 (a policy whose gradient dtype is
     wider than its compute dtype): an operator that reads a float32 weight computes with it

@@ -28,7 +28,6 @@ class OpDef:
     """A registered operator: its implementation and what the lowering must know of it."""
 
     fn: OpFn
-    static_inputs: frozenset[int] = frozenset()
     fold: bool = True
     check: CheckFn | None = None
     integer: bool = False
@@ -42,15 +41,13 @@ _HYBRID: dict[str, OpDef] = {}
 QUANTIZED_TYPES = ("int8", "uint8", "int16")
 
 
-def register(*keys: str, static_inputs: Sequence[int] = (), fold: bool = True,
-             check: CheckFn | None = None, integer: bool = False,
-             hybrid: bool = False) -> Callable[[OpFn], OpFn]:
+def register(*keys: str, fold: bool = True, check: CheckFn | None = None,
+             integer: bool = False, hybrid: bool = False) -> Callable[[OpFn], OpFn]:
     """Register an implementation under operator names (``"CONV_2D"``, ``"CUSTOM:Name"``).
 
-    ``static_inputs``: positions of inputs the implementation needs as values known when the
-    model is lowered (e.g. RANGE's start, limit and delta, which set its output's shape). A
-    float constant read only at such positions is kept as data instead of becoming a
-    trainable param, so the model still compiles. ``fold=False``: never evaluate the operator
+    Inputs an operator needs as values known when the model is lowered (RANGE's bounds) are
+    listed in `circle_jax.graph.params_policy.STATIC_INPUTS`, which the params policy reads
+    too. ``fold=False``: never evaluate the operator
     at lowering time, even when all its inputs are constants (control flow, state).
     ``check(ctx)``: the load-time validation of its options and input specs. ``integer``: the
     implementation is the operator's integer kernel (see :func:`runs_integer`); ``hybrid``:
@@ -63,7 +60,7 @@ def register(*keys: str, static_inputs: Sequence[int] = (), fold: bool = True,
         for key in keys:
             if key in table:
                 raise ValueError(f"operator {key} registered twice")
-            table[key] = OpDef(fn, frozenset(static_inputs), fold, check, integer or hybrid)
+            table[key] = OpDef(fn, fold, check, integer or hybrid)
         return fn
 
     return decorate
@@ -87,12 +84,6 @@ def runs_integer(key: str, inputs: Sequence[ir.Tensor | None],
     if outputs[0].dtype not in QUANTIZED_TYPES:
         return False
     return any(t is not None and t.quantization is not None for t in (*inputs, *outputs))
-
-
-def static_inputs(key: str) -> frozenset[int]:
-    """The input positions of ``key`` that must be static (see :func:`register`)."""
-    d = definition(key)
-    return d.static_inputs if d is not None else frozenset()
 
 
 def lookup(key: str) -> OpFn | None:

@@ -113,7 +113,7 @@ def reshape(ctx: OpContext, x: Array, new_shape: Array = None) -> Array:
     requested shape has no -1 and does not fit the input's element count; if it has a -1
     elsewhere and the input is the declared one with another leading dimension, the result
     is the declared input's result with that leading dimension (each sample keeps its size:
-    `circle_jax.batching` runs a graph batched only where this holds).
+    `circle_jax.graph.batching` runs a graph batched only where this holds).
     """
     if new_shape is not None and np.ndim(static(new_shape, "reshape shape")) == 1:
         shape = ints(new_shape, "reshape shape")
@@ -453,9 +453,10 @@ def broadcast_args(ctx: OpContext, s0: Array, s1: Array) -> np.ndarray:
     return np.asarray(np.broadcast_shapes(tuple(a.tolist()), tuple(b.tolist())), a.dtype)
 
 
-@register("RANGE", static_inputs=(0, 1, 2))
+@register("RANGE")
 def range_(ctx: OpContext, start: Array, limit: Array, delta: Array) -> np.ndarray:
-    """start, start+delta, ... up to (excluding) limit, accumulated in the input dtype."""
+    """start, start+delta, ... up to (excluding) limit, accumulated in the input dtype (its
+    three inputs are static: `circle_jax.graph.params_policy.STATIC_INPUTS`)."""
     s, lim, d = (static(v, f"range {w}") for v, w in
                  ((start, "start"), (limit, "limit"), (delta, "delta")))
     dtype = s.dtype

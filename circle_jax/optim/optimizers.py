@@ -72,7 +72,7 @@ def adam_tf(
     over occurrences of the squared row gradients there, while ``m`` gets their sum ``g``,
     and every row's ``m`` and ``v`` decay and every row moves, seen or not (measured on
     Keras 3.15.1 / TF 2.21: a row absent from a step's batch has ``m`` and ``v`` times
-    ``b1`` and ``b2``; `circle_jax.lower.RowSquares` computes the sums).
+    ``b1`` and ``b2``; `circle_jax.lowering.interpreter.RowSquares` computes the sums).
     """
 
     def init_fn(params: optax.Params) -> AdamTFState:

@@ -39,7 +39,7 @@ import numpy as np
 from ..errors import DataError
 from ..formats.reader import read_model
 from ..interop.onert_steps import PeerRefused, onert_steps
-from ..lower import param_table
+from ..lowering.interpreter import param_table
 from ..model import Model, load
 from ..train import TrainConfig, Trainer
 

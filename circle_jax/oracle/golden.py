@@ -42,9 +42,9 @@ from typing import Any
 import jax
 import numpy as np
 
-from ..batching import check_input_count
 from ..formats.atomic import atomic_write
 from ..graph import ir
+from ..graph.batching import check_input_count
 from ..graph.quantization import quantize
 from ..model import Model, load
 from ..train import TrainConfig, Trainer

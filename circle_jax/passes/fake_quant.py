@@ -9,8 +9,9 @@ for. QUANTIZE and DEQUANTIZE operators become float32 DEQUANTIZE operators (iden
 whose outputs are then rounded as the source's outputs were quantized. Tensor and operator
 indices and names do not change, so every tensor maps back to the source's.
 
-The lowering (`circle_jax.lower`) runs a model this pass produced with the rounding it
-describes, from the :class:`FakeQuantPlan` of the source model (:func:`fake_quant_plan`):
+The lowering (`circle_jax.lowering.interpreter`) runs a model this pass produced with the
+rounding it describes, from the :class:`FakeQuantPlan` of the source model
+(:func:`fake_quant_plan`):
 
 - an *activation* (a graph input or computed tensor that was quantized) is rounded to its
   grid with the file's scale and zero point and clamped to its type's range;

@@ -255,8 +255,8 @@ def check_loss_output(model: Model, config: TrainConfig, output: int) -> None:
     than 2 classes on its last axis (one unit: the loss is 0 and nothing trains), or
     ``from_logits=True`` where a SOFTMAX produces it (probabilities already: the loss would
     take a second softmax; left unset, the numerics profile may read the SOFTMAX's input
-    logits itself, `circle_jax.numerics_train`)."""
-    from ..numerics_train import softmax_input
+    logits itself, `circle_jax.train.numerics`)."""
+    from .numerics import softmax_input
 
     name = loss_name(config.loss)
     if name == "mean_squared_error":
@@ -302,7 +302,7 @@ def loss_function(config: TrainConfig, reduction: Reduction, from_logits: bool, 
 def optimizer(config: TrainConfig, numerics: Any, reduction: Reduction
               ) -> optax.GradientTransformation:
     """The configuration's optimizer in the numerics profile's family and options
-    (`circle_jax.numerics_train`): scaled by the batch size where the profile sums the
+    (`circle_jax.train.numerics`): scaled by the batch size where the profile sums the
     batch's gradients under a mean loss, and accumulating ``accumulate`` steps' gradients
     per update in "stream" mode."""
     tx = get_optimizer(config.optimizer, config.learning_rate, numerics.optimizers,

@@ -12,10 +12,10 @@ import jax.numpy as jnp
 import numpy as np
 from jax import lax
 
-from ..batching import check_input_count
 from ..errors import ConfigError, DataError
 from ..formats.rawdata import check_training_data, lossless_cast
-from ..lower import RANGES
+from ..graph.batching import check_input_count
+from ..lowering.interpreter import RANGES
 from ..model import Model, TensorSpec
 
 Batch = tuple[tuple[jax.Array, ...], jax.Array]

@@ -4,11 +4,12 @@ non-finite first, and at which operator.
 Nothing here runs in the compiled epochs: `fit` calls `first_non_finite` at a logging point,
 only when the loss scale can no longer back off and steps are still being skipped. It
 re-runs the training step's forward and backward (same precision policy, lowering, loss and
-loss scale) with a zero tap on every computed tensor (`circle_jax.lower.Lowered.tensors`),
-so that one gradient gives every tensor's cotangent, and reads where non-finite values
-start, in the order the step computes them: the forward in operator order, then the loss,
-then the backward from the last operator to the first (an operator's output gradient, then
-the weight gradients its backward produces).
+loss scale) with a zero tap on every computed tensor
+(`circle_jax.lowering.interpreter.Lowered.tensors`), so that one gradient gives every
+tensor's cotangent, and reads where non-finite values start, in the order the step
+computes them: the forward in operator order, then the loss, then the backward from the
+last operator to the first (an operator's output gradient, then the weight gradients its
+backward produces).
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..lower import Lowered
+from ..lowering.interpreter import Lowered
 from .trainer import Trainer
 
 

@@ -24,11 +24,9 @@ from jax import lax
 
 from ..distributed import DataParallel
 from ..errors import ConfigError, DataError
-from ..hoisting import split_step
 from ..losses import loss_name
-from ..lower import RANGES, RowSquares
+from ..lowering.interpreter import RANGES, RowSquares
 from ..model import Model
-from ..numerics_train import training_numerics
 from ..ops.fake_quant import moving_average
 from ..optim import (
     NoLossScale,
@@ -52,6 +50,8 @@ from .config import (
     training_reduction,
 )
 from .data import Batch, batched, checked_params, correct, scoring_split, trailing
+from .hoisting import split_step
+from .numerics import training_numerics
 from .programs import AheadOfTime, ProgramCache, cpu_compiler_options
 from .scoring import Scoring
 from .state import StepMetrics, TrainState
@@ -72,7 +72,7 @@ class Trainer(Scoring, AheadOfTime):
         #: the first epoch compiles; the CLI's progress bar)
         self.progress: Callable[[Any, Any], None] | None = None
         #: compute the steps' data-only work for a whole epoch before its loop
-        #: (`circle_jax.hoisting`; set before the first epoch compiles)
+        #: (`circle_jax.train.hoisting`; set before the first epoch compiles)
         self.hoist = True
         #: where compiled programs are kept between runs (`circle_jax.train.programs`;
         #: None: traced and compiled every run). Used when no progress callback is set and
@@ -97,7 +97,7 @@ class Trainer(Scoring, AheadOfTime):
         self.reduction = reduction = training_reduction(config.reduction)
         self.loss_output = output_index(model, config.loss_output)  #: the output the loss reads
         check_loss_output(model, config, self.loss_output)
-        #: the numerics profile's choices for this run (`circle_jax.numerics_train`)
+        #: the numerics profile's choices for this run (`circle_jax.train.numerics`)
         self.numerics = training_numerics(
             model, loss_name(config.loss), optimizer_name(config.optimizer), config.numerics,
             config.from_logits, config.clip, dict(config.optimizer_kwargs), lowering,
@@ -213,7 +213,7 @@ class Trainer(Scoring, AheadOfTime):
 
     def merge(self, state: TrainState, frozen: Mapping[str, Any]) -> dict[str, jax.Array]:
         """All params in the model's own dtypes (for ``model.apply`` and export), with a QAT
-        model's moving activation ranges (`circle_jax.lower.RANGES`)."""
+        model's moving activation ranges (`circle_jax.lowering.interpreter.RANGES`)."""
         stored = {k: v.dtype for k, v in self.model.params.items()}
         out = {k: jnp.asarray(v, stored[k]) for k, v in self.unpacked(state).params.items()}
         out.update(frozen)

@@ -14,9 +14,9 @@ import circle_jax as cj
 from circle_jax.cli import main
 from circle_jax.formats import atomic_write, export_model, read_model
 from circle_jax.graph import ir
-from circle_jax.lower import param_table
+from circle_jax.lowering.interpreter import param_table
 from tests.conformance import run_litert
-from tests.paths import SHARED_MODELS, shared_model
+from tests.paths import shared_model, shared_model_names
 
 MNIST = "onert_micro_simple_mnist_model.circle"
 INPUT_SHAPES = {"oww_melspectrogram.tflite": [(1, 1760)]}  # dynamic input: a concrete size
@@ -28,7 +28,7 @@ LOADED = ["aeq_toy_transformer_kv_cache_2sig.tflite",
 
 
 def _all_models() -> list[str]:
-    return sorted(f for f in os.listdir(SHARED_MODELS) if f.endswith((".tflite", ".circle")))
+    return shared_model_names()
 
 
 def _inputs(m: ir.Model, name: str) -> list[np.ndarray]:

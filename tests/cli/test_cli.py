@@ -428,13 +428,13 @@ def test_cli_functions_are_simple() -> None:
 def test_aliases_are_unique_on_every_shared_model() -> None:
     from circle_jax.formats.reader import read_model
     from circle_jax.graph.aliases import alias_table, param_aliases
-    from circle_jax.lower import param_table
-    from tests.paths import SHARED_MODELS
+    from circle_jax.lowering.interpreter import param_table
+    from tests.paths import shared_model, shared_model_names
 
-    names = sorted(f for f in os.listdir(SHARED_MODELS) if f.endswith((".circle", ".tflite")))
+    names = shared_model_names()
     assert len(names) >= 20
     for name in names:
-        m = read_model(os.path.join(SHARED_MODELS, name))
+        m = read_model(shared_model(name))
         keys = param_table(m)
         aliases = param_aliases(m, keys)
         assert set(aliases) == set(keys), name

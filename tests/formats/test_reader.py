@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import glob
 import os
 
 import numpy as np
@@ -11,15 +10,13 @@ import pytest
 import circle_jax as cj
 from circle_jax.formats.reader import read_model, read_regular_file
 from circle_jax.formats.writer import export_model
-from tests.paths import SHARED_MODELS
+from tests.paths import SHARED_MODELS, shared_model, shared_model_names
 
-MODELS = SHARED_MODELS
-ALL_MODELS = sorted(glob.glob(os.path.join(MODELS, "*.tflite")) +
-                    glob.glob(os.path.join(MODELS, "*.circle")))
+ALL_MODELS = [os.path.join(SHARED_MODELS, n) for n in shared_model_names()]
 
 
 def test_shared_models_present() -> None:
-    assert len(ALL_MODELS) >= 20, f"expected the shared models at {MODELS}"
+    assert len(shared_model_names()) >= 20, f"expected the shared models at {SHARED_MODELS}"
 
 
 @pytest.mark.parametrize("path", ALL_MODELS, ids=os.path.basename)
@@ -44,7 +41,7 @@ def test_circle_negative_opcode_rule() -> None:
 
 
 def test_export_without_changes_is_structurally_identical() -> None:
-    path = os.path.join(MODELS, "onert_micro_simple_mnist_model.circle")
+    path = shared_model("onert_micro_simple_mnist_model.circle")
     m = read_model(path)
     again = read_model(export_model(m))
     assert again.file_identifier == "CIR0" and again.description == m.description
@@ -59,7 +56,7 @@ def test_export_without_changes_is_structurally_identical() -> None:
 
 
 def _valid_bytes() -> bytes:
-    with open(os.path.join(MODELS, "tflm_hello_world_sine_float.tflite"), "rb") as f:
+    with open(shared_model("tflm_hello_world_sine_float.tflite"), "rb") as f:
         return f.read()
 
 
@@ -94,7 +91,7 @@ def test_truncated_model_is_refused(keep: float) -> None:
 def test_a_truncated_real_model_says_where_its_offsets_lead(cut: int) -> None:
     """An offset past the end is named as the byte it reaches (before: struct's message cut
     at 80 characters, "... for unpacking 4 bytes at )")."""
-    with open(os.path.join(SHARED_MODELS, "aeq_conv_fc_mnist.tflite"), "rb") as f:
+    with open(shared_model("aeq_conv_fc_mnist.tflite"), "rb") as f:
         data = f.read(cut)
     with pytest.raises(cj.CircleFormatError) as e:
         read_model(data)

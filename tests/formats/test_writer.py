@@ -3,7 +3,6 @@ field by field (external buffers moved inside the FlatBuffer, the one change all
 
 from __future__ import annotations
 
-import os
 from typing import Any
 
 import numpy as np
@@ -11,7 +10,7 @@ import pytest
 
 from circle_jax.formats.reader import read_model, unpack
 from circle_jax.formats.writer import _inline_external_buffers, write_model
-from tests.paths import SHARED_MODELS
+from tests.paths import shared_model, shared_model_names
 
 
 def differences(a: Any, b: Any, path: str = "model") -> list[str]:
@@ -39,7 +38,7 @@ def source_tree(data: bytes) -> Any:
 
 
 def test_differences_finds_a_changed_field() -> None:
-    data = open(os.path.join(SHARED_MODELS, "tflm_hello_world_sine_float.tflite"), "rb").read()
+    data = open(shared_model("tflm_hello_world_sine_float.tflite"), "rb").read()
     a, b = source_tree(data), source_tree(data)
     b.subgraphs[0].tensors[1].shape = np.array([7])
     b.signatureDefs = None
@@ -48,9 +47,8 @@ def test_differences_finds_a_changed_field() -> None:
                                  "model.signatureDefs: 1 vs None"]
 
 
-@pytest.mark.parametrize("name", sorted(n for n in os.listdir(SHARED_MODELS)
-                                        if n.endswith((".circle", ".tflite"))))
+@pytest.mark.parametrize("name", shared_model_names())
 def test_a_round_trip_with_no_pass_keeps_every_field(name: str) -> None:
-    data = open(os.path.join(SHARED_MODELS, name), "rb").read()
+    data = open(shared_model(name), "rb").read()
     written = write_model(read_model(data))
     assert differences(source_tree(data), source_tree(written)) == []

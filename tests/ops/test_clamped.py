@@ -11,8 +11,6 @@ own sums and must be the same bits. float64: 1e-12 relative (summation order onl
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -24,7 +22,7 @@ from circle_jax.lowering import clamped
 from circle_jax.lowering.depthwise import channelwise
 from circle_jax.lowering.few_channels import few_channels_conv
 from circle_jax.ops.conv import Geometry, bias_act
-from tests.paths import SHARED_MODELS
+from tests.paths import shared_model
 
 ACTS = {"RELU6": ir.ACT_RELU6, "RELU": ir.ACT_RELU, "RELU_N1_TO_1": ir.ACT_RELU_N1_TO_1}
 TOLERANCE = 2e-6
@@ -184,7 +182,7 @@ def test_a_converted_models_layers_are_fused_and_train_the_same() -> None:
     fused layers and their one-pass backward, and
     its float32 gradients equal the reference lowering's (to 1e-4 of each gradient's
     largest value: 28 layers of float32 sums in other orders)."""
-    path = Path(SHARED_MODELS) / "mobilenet_v1_0.25_128_float.tflite"
+    path = shared_model("mobilenet_v1_0.25_128_float.tflite")
     fast, ref = cj.load(path), cj.load(path, lowering="reference")
     x = np.random.default_rng(0).uniform(0, 1, (1, 128, 128, 3)).astype(np.float32)
 

@@ -12,7 +12,6 @@ models: 1e-4 relative / 1e-4 absolute on outputs, a few float32 roundings per la
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -28,10 +27,9 @@ from circle_jax.ops import conv as ref_conv
 from circle_jax.ops import pooling as ref_pool
 from circle_jax.ops import resize as ref_resize
 from circle_jax.ops.common import padding_pairs
-from tests.paths import SHARED_MODELS
+from tests.paths import shared_model, shared_model_names
 from tests.test_sweep import REFUSED
 
-MODELS = Path(SHARED_MODELS)
 RTOL = 1e-9
 
 
@@ -230,8 +228,7 @@ def test_in_loop_lowering_chooses_im2col():
 
 # tests/test_sweep.py compares the two lowerings' float64 outputs (and gradients) on every
 # model it does not refuse; this float32 comparison covers the shared models it refuses.
-SHARED = sorted(p.name for p in MODELS.glob("*")
-                if p.suffix in (".circle", ".tflite") and p.name in REFUSED)
+SHARED = shared_model_names(among=REFUSED)
 
 
 INPUT_SHAPES = {"oww_melspectrogram.tflite": [(1, 1760)]}  # dynamic input: a concrete size
@@ -258,7 +255,7 @@ EAGER = {
 def test_reference_equals_default_on_shared_models(name):
     """Outputs of every shared model agree between the default and the reference lowering
     (float32, 1e-4)."""
-    path = MODELS / name
+    path = shared_model(name)
     fast, ref = cj.load(path), cj.load(path, lowering="reference")
     assert fast.lowering.fast and not ref.lowering.fast
     feeds = _feeds(name, fast)

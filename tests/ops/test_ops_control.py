@@ -15,7 +15,7 @@ from circle_jax.build import Builder, GraphBuilder
 from circle_jax.formats.schema import schema
 from circle_jax.formats.writer import pack
 from tests.conformance import ATOL, RTOL, assert_close, check_grads_x64, run_circle_jax, run_litert
-from tests.paths import SHARED_MODELS as MODELS
+from tests.paths import shared_model
 
 SHAPE = (2, 3)
 
@@ -225,7 +225,7 @@ def test_one_vscode_while_model() -> None:
     only be followed eagerly (shapes change); under jit with a run-time counter it is refused
     with a clear error.
     """
-    path = f"{MODELS}/one_vscode_while_000.circle"
+    path = shared_model("one_vscode_while_000.circle")
     ir = cj.read_model(path)
     assert cj.unsupported_operators(ir) == []
     model = cj.Model(ir)
@@ -277,7 +277,7 @@ def test_stablehlo_composite_vs_litert() -> None:
 
 def test_sdpa_composite_model() -> None:
     """ai-edge-torch's scaled-dot-product-attention composite, whole model vs LiteRT."""
-    path = f"{MODELS}/aeq_sdpa_composite.tflite"
+    path = shared_model("aeq_sdpa_composite.tflite")
     assert cj.unsupported_operators(cj.read_model(path)) == []
     with open(path, "rb") as f:
         data = f.read()

@@ -18,9 +18,7 @@ from circle_jax.lowering import LoweringOptions, conv, matmul, transpose_conv
 from circle_jax.lowering.depthwise import channelwise, shift_sum
 from circle_jax.ops.conv import Geometry, parse_transpose_conv_bias_options
 from tests.conformance import Const, check_op, check_op_grads, one_op_model, run_litert
-from tests.paths import SHARED_MODELS
-
-MODELS = Path(SHARED_MODELS)
+from tests.paths import shared_model
 
 
 def _normal(rng: np.random.Generator, *shape: int, scale: float = 1.0) -> np.ndarray:
@@ -373,7 +371,7 @@ def test_transpose_conv_batch_comes_from_the_input():
 
 
 def test_real_model_transpose_conv_with_bias():
-    data = (MODELS / "aeq_single_conv2d_transpose_bias.tflite").read_bytes()
+    data = Path(shared_model("aeq_single_conv2d_transpose_bias.tflite")).read_bytes()
     x = _normal(np.random.default_rng(17), 1, 16, 16, 1)
     want = run_litert(data, [x])[0]
     model = cj.load(data)
@@ -384,7 +382,7 @@ def test_real_model_transpose_conv_with_bias():
 
 
 def test_real_model_batch_matmul():
-    data = (MODELS / "aeq_bmm.tflite").read_bytes()
+    data = Path(shared_model("aeq_bmm.tflite")).read_bytes()
     r = np.random.default_rng(18)
     feeds = [_normal(r, 2, 4, 16), _normal(r, 2, 16, 8)]
     want = run_litert(data, feeds)[0]

@@ -28,7 +28,7 @@ from tests.conformance import (
     run_circle_jax,
     run_litert,
 )
-from tests.paths import SHARED_MODELS as MODELS
+from tests.paths import shared_model
 
 # ---------------------------------------------------------------- helpers
 
@@ -176,13 +176,13 @@ def test_lstm_cell_clip_gradient_rule() -> None:
 
 def test_mnist_lstm_model_vs_litert() -> None:
     """TFLM's MNIST LSTM (LSTM -> RESHAPE -> FULLY_CONNECTED -> SOFTMAX), whole model."""
-    data = Path(f"{MODELS}/tflm_mnist_lstm_float.tflite").read_bytes()
+    data = Path(shared_model("tflm_mnist_lstm_float.tflite")).read_bytes()
     x = np.random.default_rng(14).uniform(0, 1, (1, 28, 28)).astype(np.float32)
     _compare(data, [x])
 
 
 def test_mnist_lstm_model_loads_unmodified() -> None:
-    data = Path(f"{MODELS}/tflm_mnist_lstm_float.tflite").read_bytes()
+    data = Path(shared_model("tflm_mnist_lstm_float.tflite")).read_bytes()
     model = cj.load(data)
     x = np.random.default_rng(15).uniform(0, 1, (1, 28, 28)).astype(np.float32)
     (want,) = run_litert(data, [x])

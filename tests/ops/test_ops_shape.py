@@ -398,7 +398,7 @@ def test_range_empty() -> None:
 
 
 def test_range_float() -> None:
-    """Float bounds are static inputs (registry ``static_inputs``): not params, so the model
+    """Float bounds are static inputs (``params_policy.STATIC_INPUTS``): not params, so the model
     runs under jit too; checked against LiteRT."""
     inputs = [Const(np.float32(0.5)), Const(np.float32(2.0)), Const(np.float32(0.1))]
     model, feeds = one_op_model("RANGE", inputs)

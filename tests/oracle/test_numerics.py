@@ -22,11 +22,11 @@ import pytest
 import circle_jax as cj
 from circle_jax.checkpoints import fit_checkpointed, load_wof, wof_bytes
 from circle_jax.formats import read_model
-from circle_jax.lower import RowSquares
+from circle_jax.lowering.interpreter import RowSquares
 from circle_jax.numerics import PROFILES
-from circle_jax.numerics_train import softmax_logits_apply
 from circle_jax.optim import adam_tf
 from circle_jax.train import Trainer
+from circle_jax.train.numerics import softmax_logits_apply
 from tests.conformance import run_litert
 from tests.onert_peer import onert_fit, open_session, train_batch
 from tests.paths import KERAS_DATA, shared_model

@@ -1,7 +1,8 @@
-"""Personalizing: a new classifier head and LoRA adapters, their training, files and exports.
+"""Personalizing: a new classifier head and LoRA adapters together (each pass alone:
+`test_head`, `test_lora`), their refusals, training, files and exports.
 
 Exports are checked against LiteRT and onert (inference): rtol 1e-5 with an atol of 1e-5
-times the output's scale, as in test_passes (float32 kernels summing in other orders; a
+times the output's scale, as in test_pipeline (float32 kernels summing in other orders; a
 wrong weight or operator moves the outputs by far more). A merged model is compared with
 the unmerged graph circle-jax runs: merging changes the float32 rounding of ``W + s B A``
 only (same tolerance).
@@ -9,7 +10,6 @@ only (same tolerance).
 
 from __future__ import annotations
 
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -19,17 +19,14 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-from circle_jax import passes
 from circle_jax.build import Builder
-from circle_jax.checkpoints import fit_checkpointed, load_wof, save_wof
+from circle_jax.checkpoints import fit_checkpointed, save_wof
 from circle_jax.cli import main
 from circle_jax.formats.reader import read_model
-from circle_jax.formats.writer import write_model
-from circle_jax.model import Model
 from circle_jax.train import Trainer, fit
 from tests.compile_events import COMPILE, LOWER, compile_events
 from tests.conformance import run_litert
-from tests.passes.test_passes import _assert_same, _feeds
+from tests.passes.test_pipeline import _assert_same, _feeds
 from tests.paths import shared_model
 from tests.toy_models import cnn
 
@@ -54,54 +51,6 @@ def _moved(model: cj.Model, names: Any, seed: int = 1, size: float = 0.05) -> di
         p = np.asarray(params[n])
         params[n] = (p + rng.normal(0, size, p.shape)).astype(p.dtype)
     return params
-
-
-@pytest.mark.parametrize("path", [
-    shared_model(MOBILENET),
-    shared_model("mlperftiny_vww_96_mobilenet_float.tflite"),
-    shared_model("mlperftiny_resnet8_cifar10_float.tflite"),
-    shared_model("tflite_support_audio_classifier_float.tflite"),  # FC then LOGISTIC
-    str(KERAS / "conv1d_stack.tflite"),
-])
-def test_new_head_exports_run_in_litert_and_onert(path: str, tmp_path: Path) -> None:
-    model = cj.load(path, new_head=5, seed=7)
-    (spec,) = model.outputs[:1]
-    assert spec.shape[-1] == 5 and model.personal_params == {"head/weights", "head/bias"}
-    assert Trainer(model, **CFG).trainable == model.personal_params
-    last = model.operators[-1].type
-    original = read_model(path)
-    had = {op.type for op in original.main.operators[-2:]} & {"SOFTMAX", "LOGISTIC"}
-    assert (last in had) if had else last == "FULLY_CONNECTED"
-    params = _moved(model, ["head/bias"])
-    feeds = _feeds(model)
-    ours = [np.asarray(o) for o in jax.jit(model.apply)(params, *feeds)]
-    _assert_same(run_litert(model.export(params, file_format="tflite"), feeds), ours)
-    got = _onert(model.export(params, file_format="circle"), feeds, tmp_path)
-    assert got[0].shape == ours[0].shape
-    _assert_same(got, ours)
-
-
-def test_new_head_weights_are_glorot_uniform_and_seeded() -> None:
-    a = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=1)
-    b = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=1)
-    c = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=2)
-    w = {m: next(t.data for t in m.main.tensors if t.name == "head/weights") for m in (a, b, c)}
-    assert w[a].shape == (10, 256) and np.array_equal(w[a], w[b]) and not np.array_equal(
-        w[a], w[c])
-    limit = np.sqrt(6 / (256 + 10))
-    assert np.abs(w[a]).max() <= limit and np.abs(w[a]).max() > 0.9 * limit
-    assert abs(float(np.var(w[a])) - limit**2 / 3) < 0.1 * limit**2 / 3  # uniform's variance
-    bias = next(t.data for t in a.main.tensors if t.name == "head/bias")
-    assert bias.shape == (10,) and not bias.any()
-    rec = a.passes[-1]
-    assert rec.name == "replace_head" and rec.changes["SOFTMAX #30"] == "removed"
-    # a negative seed, which training takes, draws too (modulo 2**64; before: numpy's
-    # "expected non-negative integer")
-    d = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=-5)
-    e = passes.replace_head(read_model(shared_model(MOBILENET)), 10, seed=2**64 - 5)
-    assert np.array_equal(*(next(t.data for t in m.main.tensors if t.name == "head/weights")
-                            for m in (d, e)))
-    assert [op.type for op in a.main.operators[-2:]] == ["FULLY_CONNECTED", "SOFTMAX"]
 
 
 QUANTIZED = Path(__file__).parents[1] / "data" / "quantized"
@@ -201,22 +150,6 @@ def _mnist_data(n: int = 16, classes: int = 2) -> tuple[np.ndarray, np.ndarray]:
 CFG = dict(batch_size=4, learning_rate=0.05, loss="cce", optimizer="adam", epochs=2)
 
 
-def test_only_the_new_head_trains_by_default_and_wof_follows(tmp_path: Path) -> None:
-    model = cj.load(shared_model(MNIST), new_head=3)
-    x, y = _mnist_data(16, 3)
-    result = fit(model, x, y, **CFG)
-    changed = {n for n, v in result.params.items()
-               if not np.array_equal(np.asarray(v), np.asarray(model.params[n]))}
-    assert changed == {"head/weights", "head/bias"}
-    wider = Trainer(model, **CFG, trainable=3)  # the last 3 operators: the FC before too
-    assert wider.trainable == model.personal_params | {"arith.constant1"}  # FC #3 (no bias)
-    save_wof(tmp_path / "h.wof", model, result.params, result.trainer.trainable)
-    again = cj.load(shared_model(MNIST), new_head=3)
-    loaded = load_wof(tmp_path / "h.wof", again)
-    _assert_same(again.apply(loaded, x[:1]), [np.asarray(o) for o in
-                                              model.apply(result.params, x[:1])])
-
-
 def test_a_wof_of_a_personalized_model_holds_its_new_weights_alone(tmp_path: Path) -> None:
     """save_wof's default is the model's trainable params: the head and adapters, not the
     frozen base (README: "save_wof of the trained params writes the adapters alone")."""
@@ -230,38 +163,6 @@ def test_a_wof_of_a_personalized_model_holds_its_new_weights_alone(tmp_path: Pat
     filled = {names[k] for k, b in enumerate(buffers) if b is not None}
     assert filled == model.personal_params
     assert len(model.personal_params) == 6 < len(model.params)  # 2 head, 2 x 2 adapters
-
-
-def test_lora_with_zero_b_is_the_base_model_and_trains_only_adapters() -> None:
-    base = cj.load(shared_model(MNIST))
-    model = cj.load(shared_model(MNIST), lora=2, lora_alpha=4.0)
-    assert len(set(model.adapters.values())) == 3  # the CONV_2D's and both FCs' weights
-    x, y = _mnist_data(16)
-    np.testing.assert_array_equal(np.asarray(model(x[:4])[0]), np.asarray(base(x[:4])[0]))
-    first = fit(model, x, y, **{**CFG, "epochs": 1, "batch_size": 16})
-    want = fit(base, x, y, **{**CFG, "epochs": 1, "batch_size": 16})
-    assert first.history.loss[0] == want.history.loss[0]  # B = 0: the same first loss
-    trained = fit(model, x, y, **CFG)
-    assert trained.trainer.trainable == model.personal_params
-    for name, value in trained.params.items():
-        same = np.array_equal(np.asarray(value), np.asarray(model.params[name]))
-        assert same == (name not in model.personal_params), name
-
-
-def test_lora_a_is_kaiming_uniform_and_seeded() -> None:
-    source = read_model(shared_model(MOBILENET))
-    a, b, c = (passes.add_lora(source, rank=4, seed=s) for s in (1, 1, 2))
-    draws = {m: {t.name: t.data for t in m.main.tensors if t.name.endswith("/lora_a")}
-             for m in (a, b, c)}
-    assert len(draws[a]) == 15 and draws[a].keys() == draws[c].keys()
-    for name, w in draws[a].items():
-        np.testing.assert_array_equal(w, draws[b][name])  # seeded
-        assert not np.array_equal(w, draws[c][name]) and w.dtype == np.float32
-        bound = 1 / np.sqrt(np.prod(w.shape[1:]))  # A [R, kh, kw, I]: fan-in kh * kw * I
-        assert np.abs(w).max() <= bound and np.abs(w).max() > 0.5 * bound
-    every = np.concatenate([w.ravel() * np.sqrt(np.prod(w.shape[1:]))
-                            for w in draws[a].values()])  # scaled to U(-1, 1)
-    assert abs(float(np.var(every)) - 1 / 3) < 0.02 and abs(float(np.mean(every))) < 0.02
 
 
 @pytest.mark.parametrize("name", [MOBILENET, "mlperftiny_vww_96_mobilenet_float.tflite"])
@@ -287,38 +188,6 @@ def test_merged_and_unmerged_exports_run_in_litert_and_onert(tmp_path: Path) -> 
     for merge in (True, False):
         data = model.export(params, file_format="circle", merge_adapters=merge)
         _assert_same(_onert(data, feeds, tmp_path), ours)
-
-
-def test_merge_lora_adds_the_scaled_product_to_each_weight() -> None:
-    b = Builder()
-    x = b.input("x", (2, 4, 16))
-    w = b.constant("w", np.random.default_rng(0).normal(size=(2, 8, 16)).astype(np.float32))
-    y = b.op("BATCH_MATMUL", [x, w], {"adjoint_rhs": True})
-    b.output(b.op("FULLY_CONNECTED", [y, b.constant("f", np.ones((3, 8), np.float32)), -1],
-                  {"keep_num_dims": True}))
-    source = read_model(b.to_bytes("tflite"))
-    model = passes.add_lora(source, rank=2, alpha=3.0, targets="matmul,fc")
-    (a,) = [t for t in model.main.tensors if t.name == "w/lora_a"]
-    assert a.shape == (2, 2, 16) and np.abs(a.data).max() <= 1 / np.sqrt(16)
-    rng = np.random.default_rng(2)
-    tensors = list(model.main.tensors)
-    for i, t in enumerate(tensors):
-        if t.name.endswith("/lora_b"):
-            tensors[i] = replace(t, data=rng.normal(size=t.shape).astype(np.float32))
-    model = passes.replace_subgraph(model, 0, tensors=tuple(tensors))
-    merged = passes.merge_lora(model)
-    assert [op.type for op in merged.main.operators] == ["BATCH_MATMUL", "FULLY_CONNECTED"]
-    assert len(merged.main.tensors) == len(source.main.tensors)
-    get = {t.name: np.asarray(t.data, np.float64) for t in model.main.tensors if t.is_constant}
-    want = get["w"] + 1.5 * np.swapaxes(np.swapaxes(get["w/lora_a"], -1, -2)
-                                        @ get["w/lora_b"], -1, -2)
-    got = next(t.data for t in merged.main.tensors if t.name == "w")
-    np.testing.assert_allclose(got, want, rtol=1e-6)
-    feed = _feeds(Model(source))
-    want_out = [np.asarray(o) for o in Model(model)(*feed)]
-    _assert_same(Model(merged)(*feed), want_out)
-    for graph in (model, merged):
-        _assert_same(run_litert(write_model(graph, "tflite"), feed), want_out)
 
 
 def test_lora_checkpoint_holds_adapters_and_resume_is_exact(tmp_path: Path) -> None:
@@ -429,23 +298,6 @@ def test_new_head_and_lora_train_in_mixed_precision(precision: str, loss_scale: 
                  precision=precision, loss_scale=loss_scale)
     assert result.trainer.policy.compute_dtype == compute
     _only_personal_moved(result)
-
-
-def test_new_head_trains_in_onert_as_in_circle_jax(tmp_path: Path) -> None:
-    """The exported new-head graph trained by onert (head only: its last 2 operators) gives
-    circle-jax's per-epoch losses within 1e-3 (the agreement tests' tolerance: float32
-    kernels of two runtimes over 8 Adam steps)."""
-    from tests.onert_peer import onert_fit
-
-    model = cj.load(shared_model(MNIST), new_head=3, seed=4)
-    x, y = _mnist_data(16, 3)
-    path = tmp_path / "head.circle"
-    path.write_bytes(model.export(file_format="circle"))
-    theirs = onert_fit(path, x, y, epochs=2, batch_size=4, learning_rate=0.01, loss=2,
-                       optimizer=2, trainable_ops=2)
-    ours = fit(model, x, y, epochs=2, batch_size=4, learning_rate=0.01, loss="cce",
-               optimizer="adam")
-    np.testing.assert_allclose(ours.history.loss, theirs.loss, atol=1e-3)
 
 
 def test_cli_new_head_writes_circleplus_tflite_and_refuses_lora_circleplus(

@@ -180,7 +180,7 @@ def _meet_all(port: int, ids: list[int], n: int, timeout_s: float = 5.0) -> dict
     """Run `rendezvous.meet` for each of ``ids`` on its own thread; id -> None or its error."""
     import threading
 
-    from circle_jax.rendezvous import meet
+    from circle_jax.distributed.rendezvous import meet
 
     results: dict = {}
 
@@ -209,7 +209,7 @@ def test_meeting_failures_are_one_error_where_jax_would_end_the_process() -> Non
     the port taken, process 0 unreachable, a process missing or sent twice; and a port
     outside 1..65535 is refused as the address."""
     from circle_jax.distributed import initialize
-    from circle_jax.rendezvous import meet
+    from circle_jax.distributed.rendezvous import meet
 
     with socket.socket() as taken:
         taken.bind(("", 0))

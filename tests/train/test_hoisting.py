@@ -1,4 +1,4 @@
-"""Epochs that precompute their steps' data-only work (``circle_jax.hoisting``).
+"""Epochs that precompute their steps' data-only work (``circle_jax.train.hoisting``).
 
 The split epoch must train exactly as the plain one: the same operations run, only earlier,
 so losses, metrics and trained weights are compared bit for bit, across configurations
@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 import circle_jax as cj
-import circle_jax.hoisting as hoisting
+import circle_jax.train.hoisting as hoisting
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.train import Trainer, batched
 

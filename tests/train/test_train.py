@@ -27,7 +27,7 @@ from circle_jax.errors import DataError, TrainingError
 from circle_jax.formats.reader import read_model
 from circle_jax.losses import get_loss
 from circle_jax.train import Trainer, fit, select_trainable
-from tests.paths import SHARED_MODELS, shared_model
+from tests.paths import shared_model, shared_model_names
 from tests.toy_models import branching, digits16, reshape_mlp, toy_data
 
 
@@ -350,12 +350,12 @@ def test_cli_bad_flag_exits_2(cli_files, capsys) -> None:
     assert "\n" not in err and err.startswith("E: ") and "invalid loss '7'" in err, err
 
 
-SHARED = sorted(f for f in os.listdir(SHARED_MODELS) if f.endswith((".circle", ".tflite")))
+SHARED = shared_model_names()
 
 
 @pytest.mark.parametrize("name", SHARED)
 def test_cli_info_on_every_shared_model(name: str, capsys) -> None:
-    path = os.path.join(SHARED_MODELS, name)
+    path = shared_model(name)
     assert main(["info", path]) == 0
     out = capsys.readouterr().out
     m = read_model(path)

@@ -22,8 +22,8 @@ RANGES = {"int8": (-128, 127), "uint8": (0, 255), "int16": (-32768, 32767)}
 class Requantized(NamedTuple):
     """A weight given to an integer kernel with parameters computed in the traced step (the
     integer forward of quantization-aware training re-quantizes the weights from their
-    float masters at every step, `circle_jax.lower`): its integers and its traced scales and
-    zero points, which replace the file's."""
+    float masters at every step, `circle_jax.lowering.interpreter`): its integers and its
+    traced scales and zero points, which replace the file's."""
 
     values: Any
     scale: Any

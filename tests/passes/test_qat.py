@@ -1,4 +1,5 @@
-"""Quantization-aware training of fully quantized models (``load(qat=True)``).
+"""Quantization-aware training of fully quantized models (``load(qat=True)``): its
+settings and its export (`circle_jax.passes.qat`), the model it trains.
 
 Checked against things the simulation does not compute itself: LiteRT running the exported
 integer file (every intermediate tensor), the file's own integer outputs, numpy's
@@ -6,11 +7,12 @@ straight-through gradient of a one-layer model, and the rounding rules written o
 
 The default integer forward (``qat_forward="integer"``) computes every tensor as the
 exported file does: LiteRT's tensors equal the simulation's, every one, after training.
-The float forward (``qat_forward="fake_quant"``) is checked per operator: each operator of
-the simulation, fed the integer model's own inputs to it (teacher forcing, :func:`forced`),
-gives that operator's LiteRT output within one step of the output's grid (both round a real
-value that lies near a rounding boundary, from float32 and from 32-bit fixed point). End to
-end its steps compound through the layers; the bound asserted there is the measured one.
+The float forward (``qat_forward="fake_quant"``) is checked per operator
+(`test_fake_quant`, with the helpers here): each operator of the simulation, fed the integer
+model's own inputs to it (teacher forcing, :func:`forced`), gives that operator's LiteRT
+output within one step of the output's grid (both round a real value that lies near a
+rounding boundary, from float32 and from 32-bit fixed point). End to end its steps compound
+through the layers; the bound asserted there is the measured one.
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ from circle_jax.graph.quantization import QParams
 from circle_jax.ops import fake_quant as fq
 from tests.conformance import run_litert_all
 
-DATA = Path(__file__).parent / "data" / "quantized"
+DATA = Path(__file__).parents[1] / "data" / "quantized"
 
 
 def _litert(data: bytes, x: np.ndarray) -> dict[str, np.ndarray]:
@@ -67,7 +69,7 @@ def forced(tensors: Any, params: dict, x: np.ndarray, want: dict[int, np.ndarray
 
 def _train(model: cj.Model, steps: int = 4, lr: float = 0.05) -> dict:
     """``steps`` SGD steps, one digit each (cross-entropy of the softmax output)."""
-    d = np.load(Path(cj.__file__).parent / "data" / "digits.npz")
+    d = np.load(Path(cj.__file__).parent / "examples" / "digits.npz")
     x = d["images"][:steps].astype(np.float32).reshape(-1, 1, 8, 8, 1) / 16.0
     y = np.eye(10, dtype=np.float32)[d["labels"][:steps]]
     train = sorted(model.trainable_params)
@@ -146,46 +148,6 @@ def test_integer_forward_is_the_exported_model(name: str) -> None:
                                                                          else step)
             bound = 1 if _producer(sg, i) == "ADD" else 0
             assert steps <= bound + 1e-3, (name, n, sg.tensors[i].name, steps)
-
-
-# full_int8 differs from full_int8_float_io only by its int8 I/O, which
-# test_qat_model_is_float_with_the_files_weights and the golden test run through LiteRT.
-@pytest.mark.parametrize("name", ["full_int8_float_io", "int16x8"])
-def test_fake_quant_forward_matches_the_export_per_operator(name: str) -> None:
-    """qat_forward="fake_quant": after training, LiteRT on the export against the
-    simulation: every operator within 1 step of its grid given its integer inputs; the
-    output within the measured bound."""
-    model = cj.load(DATA / f"{name}.tflite", qat=True, qat_forward="fake_quant")
-    params = _train(model)
-    exported = model.export(params)
-    assert exported != model.export()  # the weights moved
-    sg = model.simulated.main
-    out = sg.tensors[sg.outputs[0]]
-    last = out.index if out.dtype != "float32" else next(
-        op.inputs[0] for op in sg.operators if out.index in op.outputs)
-    tensors = jax.jit(model.tensors)
-    worst = 0.0
-    for n, xi in enumerate(np.load(DATA / "inputs.npz")["x"][:, None]):
-        litert_tensors = _litert(exported, _as_input(model, xi))
-        want = {t.index: _real(t, litert_tensors[t.name]) for t in sg.tensors
-                if t.data is None and t.quantization is not None
-                and t.dtype in ("int8", "int16") and t.name in litert_tensors}
-        if n == 0:  # per operator, on one digit (it iterates through the graph)
-            own = forced(tensors, params, xi, want, len(sg.operators))
-            for i, got in own.items():
-                t = sg.tensors[i]
-                steps = np.abs(got - want[i]).max() / t.quantization.scale[0]
-                # LiteRT's int16 SOFTMAX reads exp from a table (measured: 10 steps)
-                bound = 16 if t.dtype == "int16" and _producer(sg, i) == "SOFTMAX" else 1
-                # + 0.01: float32 holds an int16 grid's real values to ~2e-3 steps
-                assert steps <= bound + 0.01, f"{name}: tensor {t.name!r}: {steps}"
-            assert len(own) >= 10
-        zeros = {i: jnp.zeros(v.shape) for i, v in want.items()}  # the traced structure
-        sim = np.asarray(tensors(params, xi, taps=zeros)[0][0])
-        lt = sg.tensors[last]
-        steps = np.abs(sim.reshape(-1) - want[last].reshape(-1)) / lt.quantization.scale[0]
-        worst = max(worst, float(steps.max()))
-    assert worst <= END_TO_END[sg.tensors[last].dtype] + 0.01, (name, worst)
 
 
 def test_qat_model_is_float_with_the_files_weights() -> None:
@@ -302,7 +264,7 @@ def test_loss_from_logits_reads_the_simulated_logits() -> None:
     """The keras profile's CCE reads the SOFTMAX's input logits (a variant of the graph):
     on a QAT model that variant keeps the QAT forward, its logits the integer forward's
     tensor, not the float model's."""
-    from circle_jax.numerics_train import softmax_input, softmax_logits_apply
+    from circle_jax.train.numerics import softmax_input, softmax_logits_apply
 
     b = cj.Builder()
     x = b.input("x", (1, 4), "int8", quantization=(0.05, 3))

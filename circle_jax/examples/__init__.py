@@ -11,9 +11,9 @@ import os
 
 import numpy as np
 
-from .build import Builder
+from ..build import Builder
 
-_DATA = os.path.join(os.path.dirname(__file__), "data", "digits.npz")
+_DATA = os.path.join(os.path.dirname(__file__), "digits.npz")
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:

@@ -27,7 +27,7 @@ import jax
 import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from .errors import TrainingError
+from ..errors import TrainingError
 from .rendezvous import meet, split_address
 
 #: the mesh axis that batches are sharded over
@@ -40,10 +40,10 @@ def initialize(coordinator_address: str, num_processes: int, process_id: int, *,
 
     ``coordinator_address`` is ``HOST:PORT`` of process 0, which listens there; every process
     gives the same address and process count and its own id in ``[0, num_processes)``.
-    The processes first meet on that port (`circle_jax.rendezvous.meet`: a taken port, an
-    unreachable process 0 or a process missing past ``timeout_s`` is a `TrainingError`, where
-    JAX would end the process). CPU collectives go through gloo. A second call in the same
-    process does nothing.
+    The processes first meet on that port (`circle_jax.distributed.rendezvous.meet`: a taken
+    port, an unreachable process 0 or a process missing past ``timeout_s`` is a
+    `TrainingError`, where JAX would end the process). CPU collectives go through gloo. A
+    second call in the same process does nothing.
     """
     split_address(coordinator_address or "")
     if num_processes < 1:

@@ -1,7 +1,7 @@
 """Lowering: the IR becomes a pure ``apply(params, *inputs)`` built from registered operators.
 
 Float constant tensors are parameters (looked up by name in ``params``), except those read
-only at inputs an operator needs static (``register(..., static_inputs=...)``, e.g. RANGE's
+only at inputs an operator needs static (`circle_jax.graph.params_policy.STATIC_INPUTS`: RANGE's
 bounds); every other constant stays a static numpy value, and operators whose inputs are all
 static are evaluated at lowering time (constant folding, unless registered with
 ``fold=False``), so shape arithmetic never reaches the compiled graph.
@@ -22,20 +22,20 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from .batching import batch_blocker, check_inputs
-from .errors import CircleFormatError, CircleJaxError, DataError, UnsupportedOperatorError
-from .graph import ir
-from .graph.checks import check_arity, check_graph, check_quantization
-from .graph.params_policy import BIAS_POSITION, param_table
-from .graph.quantization import QParams
-from .lowering import LoweringOptions, as_options, implementation
-from .ops import fake_quant as fq
-from .ops.common import check_padding
-from .ops.hybrid import hybrid_weight
-from .ops.integer.params import Requantized
-from .ops.registry import OpContext, OpDef, definition, lookup, runs_integer
-from .passes.dequantize import is_quantized
-from .passes.fake_quant import FakeQuantPlan
+from ..errors import CircleFormatError, CircleJaxError, DataError, UnsupportedOperatorError
+from ..graph import ir
+from ..graph.batching import batch_blocker, check_inputs
+from ..graph.checks import check_arity, check_graph, check_quantization
+from ..graph.params_policy import BIAS_POSITION, STATIC_INPUTS, param_table
+from ..ops import fake_quant as fq
+from ..ops.common import check_padding
+from ..ops.hybrid import hybrid_weight
+from ..ops.integer.params import Requantized
+from ..ops.registry import OpContext, OpDef, definition, lookup, runs_integer
+from ..passes.dequantize import is_quantized
+from ..passes.fake_quant import FakeQuantPlan
+from ..passes.qat import moving_parameters
+from . import LoweringOptions, as_options, implementation
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 
@@ -112,18 +112,6 @@ def _read_rows(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any], pos:
 #: (``load(qat_ranges="ema")``): group name (`circle_jax.passes.fake_quant.moving_ranges`)
 #: -> float32 ``[min, max]``. Without it every activation keeps the file's parameters.
 RANGES = "(qat activation ranges)"
-
-
-def moving_parameters(plan: FakeQuantPlan, ranges: Mapping[str, Any]
-                      ) -> dict[int, tuple[QParams, Any, Any]]:
-    """Each main-subgraph activation of a moving range group: (its file parameters, the
-    scale and zero point of its group's range ``ranges[name]``, `fq.range_params`)."""
-    out = {}
-    for name, members in plan.moving.items():
-        for i in members:
-            g = plan.activations[(0, i)]
-            out[i] = (g, *fq.range_params(ranges[name], g))
-    return out
 
 
 class Lowered:
@@ -217,7 +205,7 @@ class Lowered:
 
         Given N samples where the inputs declare a batch of D (their common dimension 0), the
         graph runs as one batch when :attr:`batch_blocker` is None (every operator follows
-        the batch, `circle_jax.batching`); else, when D is 1, the batch-1 graph runs mapped
+        the batch, `circle_jax.graph.batching`); else, when D is 1, the batch-1 graph runs mapped
         over the samples (``jax.vmap``), each output the N single-sample outputs
         concatenated on axis 0, and when D is not 1 the batch is refused in one line.
         Either way a batch of N gives what N single-sample runs give.
@@ -353,7 +341,8 @@ class Lowered:
 
         for op in sg.operators:
             d, fn, ctx = self._ops[(k, op.index)]
-            args = [value(i, pos in d.static_inputs) for pos, i in enumerate(op.inputs)]
+            static = STATIC_INPUTS.get(op.key, frozenset())
+            args = [value(i, pos in static) for pos, i in enumerate(op.inputs)]
             if plan is not None:
                 args = [self._fake_quant_bias(k, i, a, params, acts)
                         for i, a in zip(op.inputs, args)]

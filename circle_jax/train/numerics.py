@@ -12,9 +12,9 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass, replace
 from typing import Any
 
-from .graph.params_policy import embedding_tables
-from .model import Model
-from .numerics import Numerics, get_numerics
+from ..graph.params_policy import embedding_tables
+from ..model import Model
+from ..numerics import Numerics, get_numerics
 
 _CCE = ("categorical_crossentropy", "sparse_categorical_crossentropy")
 _ADAMS = ("adam", "adamw")
@@ -42,7 +42,7 @@ class TrainingNumerics:
         mean loss's gradient by the batch size.
       row_squares: the embedding tables whose Adam second moment takes the per-occurrence
         sum of squared row gradients (``embedding_adam = sparse`` with ``adam`` / ``adamw``
-        at the ``tf`` eps placement; `circle_jax.lower.RowSquares`).
+        at the ``tf`` eps placement; `circle_jax.lowering.interpreter.RowSquares`).
     """
 
     numerics: Numerics

@@ -5,9 +5,9 @@ A QAT model (``circle_jax.load(path, qat=True)``) is the float model
 `circle_jax.passes.fake_quantize` makes of a fully quantized file, lowered with the
 rounding its :class:`~circle_jax.passes.fake_quant.FakeQuantPlan` describes (its values
 the file's integer kernels' under the default ``qat_forward="integer"``,
-`circle_jax.lower`). Its export is the source file with, for every weight and bias, the
-integers and parameters the simulation used (:func:`integer_model`, computed by the same
-functions of `circle_jax.ops.fake_quant`):
+`circle_jax.lowering.interpreter`). Its export is the source file with, for every weight
+and bias, the integers and parameters the simulation used (:func:`integer_model`, computed
+by the same functions of `circle_jax.ops.fake_quant`):
 
 - a weight: ``quantize_weight`` of its master (re-quantized with the file's scheme);
 - a bias: ``round(b / (s_input * s_weight))`` at that scale, zero point 0;
@@ -27,13 +27,12 @@ from typing import Any
 
 import numpy as np
 
-from .errors import ConfigError
-from .graph import ir
-from .graph.quantization import QParams
-from .lower import moving_parameters
-from .ops import fake_quant as fq
-from .passes.edit import replace_subgraph
-from .passes.fake_quant import FakeQuantPlan
+from ..errors import ConfigError
+from ..graph import ir
+from ..graph.quantization import QParams
+from ..ops.fake_quant import bias_scale, quantize_bias, quantize_weight, range_params
+from .edit import replace_subgraph
+from .fake_quant import FakeQuantPlan
 
 #: How a QAT model's forward computes its values (``load(qat_forward=...)``).
 QAT_FORWARDS = ("integer", "fake_quant")
@@ -103,6 +102,18 @@ class QatSettings:
                               f"which this load does not do ({why}); drop it or load with qat")
 
 
+def moving_parameters(plan: FakeQuantPlan, ranges: Mapping[str, Any]
+                      ) -> dict[int, tuple[QParams, Any, Any]]:
+    """Each main-subgraph activation of a moving range group: (its file parameters, the
+    scale and zero point of its group's range ``ranges[name]``, `range_params`)."""
+    out = {}
+    for name, members in plan.moving.items():
+        for i in members:
+            g = plan.activations[(0, i)]
+            out[i] = (g, *range_params(ranges[name], g))
+    return out
+
+
 def _written(t: ir.Tensor, q: Any, g: QParams) -> ir.Tensor:
     """``t`` holding integers ``q`` (as floats) with parameters ``g``."""
     data = np.clip(np.asarray(q, np.float64), g.qmin, g.qmax)
@@ -116,8 +127,9 @@ def integer_model(source: ir.Model, plan: FakeQuantPlan, params: Mapping[str, An
                   ranges: Mapping[str, Any] | None = None) -> ir.Model:
     """``source`` with its weights and biases replaced by the integers of float ``params``
     (``names``: the param name of each (subgraph, tensor) of the plan), as the simulation
-    rounds them, and its moving activation ranges (``ranges``, `circle_jax.lower.RANGES`)
-    written as their scales and zero points (see the module docstring)."""
+    rounds them, and its moving activation ranges (``ranges``,
+    `circle_jax.lowering.interpreter.RANGES`) written as their scales and zero points (see
+    the module docstring)."""
     weights: dict[tuple[int, int], tuple[Any, Any]] = {}
     moved = moving_parameters(plan, ranges) if ranges else {}
     for sg in source.subgraphs:
@@ -128,7 +140,7 @@ def integer_model(source: ir.Model, plan: FakeQuantPlan, params: Mapping[str, An
         for (k, i), g in plan.weights.items():
             if k != sg.index or (k, i) not in names:
                 continue
-            q, scale, zero = fq.quantize_weight(np.asarray(params[names[(k, i)]], np.float32), g)
+            q, scale, zero = quantize_weight(np.asarray(params[names[(k, i)]], np.float32), g)
             weights[(k, i)] = (scale, zero)
             tensors[i] = _written(tensors[i], q, replace(g, scale=scale, zero_point=zero))
         for (k, i), b in plan.biases.items():
@@ -136,8 +148,8 @@ def integer_model(source: ir.Model, plan: FakeQuantPlan, params: Mapping[str, An
                 continue
             s_in = moved[b.input][1] if k == 0 and b.input in moved \
                 else plan.activations[(k, b.input)].scale[0]
-            scale = fq.bias_scale(s_in, weights[(k, b.weight)][0])
-            q = fq.quantize_bias(np.asarray(params[names[(k, i)]], np.float32), scale, b.grid)
+            scale = bias_scale(s_in, weights[(k, b.weight)][0])
+            q = quantize_bias(np.asarray(params[names[(k, i)]], np.float32), scale, b.grid)
             tensors[i] = _written(tensors[i], q, replace(b.grid, scale=scale, zero_point=0))
         source = replace_subgraph(source, sg.index, tensors=tuple(tensors))
     return source

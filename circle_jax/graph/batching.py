@@ -41,8 +41,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from .errors import DataError
-from .graph import ir
+from ..errors import DataError
+from . import ir
 
 Rule = Callable[["_Op"], "str | None"]
 

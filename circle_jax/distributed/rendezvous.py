@@ -20,7 +20,7 @@ import os
 import socket
 import time
 
-from .errors import TrainingError
+from ..errors import TrainingError
 
 #: how often a process that cannot reach process 0 yet tries again (seconds)
 RETRY_S = 0.2
