@@ -219,7 +219,8 @@ def test_only_the_new_head_trains_by_default_and_wof_follows(tmp_path: Path) -> 
 
 def test_a_wof_of_a_personalized_model_holds_its_new_weights_alone(tmp_path: Path) -> None:
     """save_wof's default is the model's trainable params: the head and adapters, not the
-    frozen base (README: "save_wof of the trained params writes the adapters alone")."""
+    frozen base (docs/personalizing.md: "save_wof of the trained params writes the adapters
+    alone")."""
     from circle_jax.checkpoints._common import _main_params
     from circle_jax.formats.wof import decode_wof
 
