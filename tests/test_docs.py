@@ -30,6 +30,16 @@ def test_readme_has_snippets() -> None:
     assert len(blocks("README.md")) >= 2
 
 
+def test_the_front_door_and_the_results_stay_short() -> None:
+    """The README is the front door (at most 300 lines) and benchmarks/README.md holds today's
+    figures, not a diary (at most 400 lines, no dated headings: history lives in git)."""
+    assert len((ROOT / "README.md").read_text().splitlines()) <= 300
+    results = (ROOT / "benchmarks" / "README.md").read_text().splitlines()
+    assert len(results) <= 400
+    dated = [h for h in results if h.startswith("#") and re.search(r"\b(19|20)\d\d\b", h)]
+    assert not dated, dated
+
+
 def test_every_page_is_in_the_nav() -> None:
     nav = (ROOT / "mkdocs.yml").read_text()
     listed = set(re.findall(r":\s*([\w.-]+\.md)\s*$", nav, re.M))
