@@ -1,4 +1,4 @@
-"""Print the README's per-model table: load time and agreement with LiteRT per shared model.
+"""Print the per-model table of benchmarks/README.md: load time and agreement with LiteRT.
 
 Run: python benchmarks/models_table.py   (needs the test extras: ai-edge-litert)
 Load time is the median of 5 ``circle_jax.load`` calls (read + validate + lower setup).

@@ -22,7 +22,7 @@ def _plot_cells(nb: nbformat.NotebookNode) -> list[dict]:
 
 @pytest.mark.parametrize("name", sorted(f for f in os.listdir(NOTEBOOKS) if f.endswith(".ipynb")))
 def test_notebook_sets_inline_dispatch_first(name: str) -> None:
-    """As the README tells notebooks: ``inline_cpu_dispatch()`` in the first code cell,
+    """As docs/training.md tells notebooks: ``inline_cpu_dispatch()`` in the first code cell,
     after the imports and before anything computes."""
     nb = nbformat.read(os.path.join(NOTEBOOKS, name), as_version=4)
     first = next(c for c in nb.cells if c.cell_type == "code").source.splitlines()

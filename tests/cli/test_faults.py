@@ -150,7 +150,7 @@ def test_a_closed_standard_output_is_no_error(files, tmp_path) -> None:
 
 
 def test_a_training_run_piped_into_head_still_writes_its_files(files, tmp_path) -> None:
-    """The README's ``circle-jax train ... --export_circle F | head -3``: the reader goes
+    """docs/cli.md's ``circle-jax train ... --export_circle F | head -3``: the reader goes
     after three lines of the parameter block, before the first epoch's; training goes on
     and writes F, status 0 (the pipeline's, with pipefail), no error."""
     out = tmp_path / "m.circle"

@@ -152,7 +152,8 @@ CFG = dict(batch_size=4, learning_rate=0.05, loss="cce", optimizer="adam", epoch
 
 def test_a_wof_of_a_personalized_model_holds_its_new_weights_alone(tmp_path: Path) -> None:
     """save_wof's default is the model's trainable params: the head and adapters, not the
-    frozen base (README: "save_wof of the trained params writes the adapters alone")."""
+    frozen base (docs/personalizing.md: "save_wof of the trained params writes the adapters
+    alone")."""
     from circle_jax.checkpoints._common import _main_params
     from circle_jax.formats.wof import decode_wof
 

@@ -121,7 +121,7 @@ def test_integer_forward_is_the_exported_model(name: str) -> None:
     """After SGD steps of the integer forward (weights moved: new scales and integers),
     LiteRT on the export computes the simulation's forward: on 8 digits the outputs and
     every other tensor of the graph equal (0 LSB; float32 holds the real values, tolerance
-    1e-3 of a step), except an ADD's output within 1 step (the README's known difference
+    1e-3 of a step), except an ADD's output within 1 step (docs/quantized.md's known difference
     of LiteRT's optimized ADD, about 1 output in 1,000; measured here: one int16 value)."""
     model = cj.load(DATA / f"{name}.tflite", qat=True)
     assert model.qat_forward == "integer"

@@ -105,7 +105,7 @@ def test_the_per_weight_view_round_trips() -> None:
 
 
 def test_adam_adds_a_few_kernels_not_a_few_per_weight() -> None:
-    """What the flattening is for (the README's "in a few kernels instead of a few per
+    """What the flattening is for (docs/training.md: "in a few kernels instead of a few per
     weight"): the fused kernels of one compiled step, over SGD's."""
     model = _model()
     x, y = (jnp.asarray(a[:4]) for a in _data(model))
