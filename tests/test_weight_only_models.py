@@ -32,7 +32,7 @@ from circle_jax.formats.reader import read_model
 from tests.conformance import refused_at_load, run_litert
 
 DATA = Path(__file__).parent / "data" / "quantized"
-MODEL_TOLERANCE = {"dynamic_range": 2e-2, "float16": 1e-5}
+MODEL_TOLERANCE = {"dynamic_range": 1e-5, "float16": 1e-5}
 
 # (operator, input shape, weight shape, quantized (output-channel) axis, options, output)
 HYBRID = {

@@ -164,8 +164,7 @@ def add_circle_jax_arguments(p: argparse.ArgumentParser) -> None:
           "can tell)")
     add_selection_arguments(g)
     add_load_arguments(g)
-    add_personalize_arguments(p.add_argument_group("personalizing (README: Personalizing a "
-                                                   "model)"))
+    add_personalize_arguments(p.add_argument_group("personalizing (docs/personalizing.md)"))
     _flag(g, "--seed", type=seed_value, default="0", help="shuffling seed; seeds a new head and "
           "LoRA adapters too")
     _flag(g, "--shuffle", action="store_true", default="off (onert's sequential batches)",
@@ -201,7 +200,7 @@ def add_load_arguments(g: Any) -> None:
     """How the model is loaded: the numerics profile and its overrides (train and export)."""
     _flag(g, "--numerics", choices=["onert", "keras", "onert-micro", "torch"], default="onert",
           help="numerics profile: untied shared constants, added biases, how CCE reads the "
-          "output, the optimizers' numerics (torch: torch.optim's) (README: What trains)")
+          "output, the optimizers' numerics (torch: torch.optim's) (docs/numerics.md)")
     _flag(g, "--tie_shared_weights", action="store_true", default="the profile's (onert: off)",
           help="train a constant read by several operators as one weight, not one copy "
           "per reading operator")
@@ -214,7 +213,7 @@ def add_load_arguments(g: Any) -> None:
     _flag(g, "--dequantize", action="store_true", default="off (only weight-only quantized "
           "models are, and export in their own layout)",
           help="make every quantized tensor float32: a float model runs, trains and is "
-          "exported (README: Quantized models)")
+          "exported (docs/quantized.md)")
     _flag(g, "--qat", choices=["on", "off"], default="on; eval: neither, the file's integer "
           "kernels",
           help="a fully quantized (integer) model trains by quantization-aware training and "

@@ -10,7 +10,7 @@ reduction per tap, each of which XLA CPU hands to YNNPACK after materializing it
 nine passes over the data and eighteen kernels to compile per layer. To choose that
 transpose, the convolution is a primitive of its own, :data:`channelwise_p`; a gradient's
 trace then holds one primitive per layer where the taps' slices, products and sums were
-dozens (measured in benchmarks/README.md, "2026-11-28 evening").
+dozens (the trace's size and compile time: benchmarks/README.md).
 """
 
 from __future__ import annotations
