@@ -54,7 +54,7 @@ def _saved_tensor_slice_file() -> descriptor_pb2.FileDescriptorProto:
         dependency=["tensorboardX/proto/tensor.proto", "tensorboardX/proto/tensor_shape.proto",
                     "tensorboardX/proto/types.proto", "tensorboardX/proto/versions.proto"])
 
-    def message(name: str, *fields: tuple[str, int, int, int, str]) -> descriptor_pb2.DescriptorProto:
+    def message(name: str, *fields: tuple[str, int, int, int, str]) -> Any:
         m = f.message_type.add(name=name)
         for fname, number, ftype, label, type_name in fields:
             m.field.add(name=fname, number=number, type=ftype, label=label,
