@@ -38,6 +38,9 @@ _PRODUCER = 1
 
 _WHAT = "TensorFlow V1 checkpoint"
 
+_REFUSED = {14: "bfloat16"}
+"""Types TF 2.21's Save and Restore refuse ("Saving data type bfloat16 not yet supported")."""
+
 
 def _name_key(name: str, rank: int) -> bytes:
     """The table key of a whole tensor's slice (OrderedCode; see the module's docstring)."""
@@ -62,6 +65,9 @@ def encode_checkpoint(tensors: Mapping[str, Any]) -> bytes:
             code = tf_proto.dtype_code(a.dtype)
         except CircleFormatError as e:
             raise DataError(f"tensor {name!r}: {e}") from None
+        if code in _REFUSED:
+            raise DataError(f"tensor {name!r} is {_REFUSED[code]}, which TensorFlow's V1 "
+                            "checkpoints do not take (TF's Save and Restore refuse it)")
         t = meta.meta.tensor.add(name=name, type=code)
         t.shape.SetInParent()
         for d in a.shape:
