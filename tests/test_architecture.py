@@ -115,7 +115,9 @@ GRAPH = {*IR, "circle_jax.graph.checks", "circle_jax.graph.params_policy",
     ("circle_jax.formats", {"circle_jax.formats", *IR}),
     ("circle_jax.graph", {*GRAPH, "circle_jax.ops.registry"}),
     ("circle_jax.passes", {"circle_jax.passes", *GRAPH, "circle_jax.formats.schema"}),
-    ("circle_jax.ops", {"circle_jax.ops", *IR, "circle_jax.lowering"}),
+    # the Flex kernels decode TF's NodeDefs and run TF's Save/Restore on its checkpoints
+    ("circle_jax.ops", {"circle_jax.ops", *IR, "circle_jax.lowering",
+                        "circle_jax.formats.tf_proto", "circle_jax.formats.tf_checkpoint"}),
     ("circle_jax.lowering", {"circle_jax.lowering", "circle_jax.ops", *IR}),
 ])
 def test_lower_layers_import_nothing_above_them(layer: str, allowed: set[str]) -> None:

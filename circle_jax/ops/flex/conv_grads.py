@@ -8,7 +8,12 @@ float32 precision), so exact by construction:
   channels than the input is a grouped convolution, as in TF);
 - ``DepthwiseConv2dNativeBackpropInput(input_sizes, filter, out_backprop)``,
   ``DepthwiseConv2dNativeBackpropFilter(input, filter_sizes, out_backprop)``: of
-  ``DepthwiseConv2dNative``, filter [H, W, C, M], output channel ``c * M + m``;
+  ``DepthwiseConv2dNative``, filter [H, W, C, M], output channel ``c * M + m``, WITHOUT
+  dilation whatever ``dilations`` says: TF's CPU kernels of these two ops (the ones a Flex
+  delegate runs) ignore it. Measured with TF 2.21, ``dilations`` [1, 2, 2, 1], SAME: their
+  results equal those of [1, 1, 1, 1], not the gradient of the dilated forward (TF's own
+  ``tf.nn.depthwise_conv2d`` differentiates a dilated convolution through SpaceToBatchND
+  instead, so its graphs do not meet this);
 - ``BiasAddGrad(out_backprop)``: the sum over every dimension but the last (NHWC).
 
 The sizes inputs are static. ``out_backprop`` must have the forward output's shape.
@@ -38,7 +43,8 @@ def _forward(op: str, attrs: dict, x_shape: tuple[int, ...], w_shape: tuple[int,
         raise CircleFormatError(f"Flex {op}: input {list(x_shape)} and filter "
                                 f"{list(w_shape)} must be 4-D (NHWC, HWIO)")
     strides = A.spatial(op, attrs, "strides")
-    dilations = A.spatial(op, attrs, "dilations", default=1)
+    # TF's CPU kernels of the depthwise gradients ignore dilations (see the docstring)
+    dilations = (1, 1) if depthwise else A.spatial(op, attrs, "dilations", default=1)
     kernel = (w_shape[0], w_shape[1])
     g = Geometry(kernel, strides, dilations,
                  A.pads(op, attrs, (x_shape[1], x_shape[2]), kernel, strides, dilations))

@@ -21,7 +21,7 @@ from flatbuffers import flexbuffers
 from google.protobuf.message import DecodeError
 
 from circle_jax.errors import CircleFormatError
-from circle_jax.formats import tf_proto
+from circle_jax.formats.tf_proto import NodeDef, array_from_proto, dtype_name, shape_of
 
 _LIST_FIELDS = ("s", "i", "f", "b", "type", "shape", "tensor", "func")
 
@@ -39,11 +39,11 @@ def _value(field: str, v: Any, what: str) -> Any:
     if field == "b":
         return bool(v)
     if field == "type":
-        return tf_proto.dtype_name(v)
+        return dtype_name(v)
     if field == "shape":
-        return tf_proto.shape_of(v)
+        return shape_of(v)
     if field == "tensor":
-        return tf_proto.array_from_proto(v, what=what)
+        return array_from_proto(v, what=what)
     if field == "func":
         return v.name
     return v  # placeholder: its name
@@ -82,7 +82,7 @@ def attributes(custom_options: bytes, custom_code: str | None = None) -> tuple[s
         raise CircleFormatError(f"{who}: its custom_options name TF op {name!r}, its "
                                 f"custom_code {custom_code[4:]!r}")
     try:
-        node = tf_proto.NodeDef.FromString(blob)
+        node = NodeDef.FromString(blob)
     except DecodeError as e:
         raise CircleFormatError(f"{who}: its NodeDef ({len(blob)} bytes) does not parse as a "
                                 f"TensorFlow NodeDef ({e})") from None
