@@ -165,20 +165,24 @@ _VALUE_FIELDS: dict[str, str] = {
 
 
 def array_from_proto(proto: Any, dtype: str | None = None,
-                     shape: tuple[int, ...] | None = None, what: str = "tensor") -> np.ndarray:
+                     shape: tuple[int, ...] | None = None, what: str = "tensor",
+                     max_elements: int | None = None) -> np.ndarray:
     """A TensorProto's values as a numpy array of ``dtype`` and ``shape`` (by default the
     proto's own ``dtype`` and ``tensor_shape``; a checkpoint's slices carry neither).
 
     The values are ``tensor_content`` (raw little-endian bytes) when present, else the type's
     repeated field; as TF reads them, fewer values than elements repeat the last one (none:
-    zeros), more is an error. The array is never larger than the values in ``proto`` allow
-    unless the shape says so with at most one value: callers bound ``shape`` first."""
+    zeros), more is an error. Filling can make an array far larger than ``proto``: a shape of
+    more than ``max_elements`` elements is refused (callers bound it by their file's size)."""
     dtype = dtype or dtype_name(proto.dtype)
     if shape is None:
         shape = shape_of(proto.tensor_shape)
         if shape is None or min(shape, default=0) < 0:
             raise CircleFormatError(f"{what}: a TensorProto without a complete shape")
     n = math.prod(shape)
+    if max_elements is not None and n > max_elements:
+        raise CircleFormatError(f"{what}: a tensor of shape {list(shape)} ({n} elements) is "
+                                f"larger than its file allows ({max_elements})")
     np_dtype = numpy_dtype(dtype)
     if proto.tensor_content:
         if dtype == "string":

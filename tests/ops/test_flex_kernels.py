@@ -170,12 +170,34 @@ def test_attributes_of_the_tutorial_file():
 
 
 def _options(name: str, nodedef: bytes) -> bytes:
-    """Flex custom_options [name, NodeDef] (an ASCII NodeDef: the builder writes str)."""
+    """Flex custom_options [name, NodeDef] as TF writes them (FlexBuffers' builder takes str
+    only: a placeholder of the NodeDef's length is written, then its bytes put in its place)."""
     b = flexbuffers.Builder()
+    placeholder = "\x01" * len(nodedef)
     with b.Vector():
         b.String(name)
-        b.String(nodedef.decode("ascii"))
-    return bytes(b.Finish())
+        b.String(placeholder)
+    return bytes(b.Finish()).replace(placeholder.encode(), nodedef)
+
+
+def test_tensor_attributes_decode_and_are_bounded():
+    node = NodeDef(op="Const")
+    t = node.attr["value"].tensor
+    t.dtype = 1
+    for d in (2, 2):
+        t.tensor_shape.dim.add(size=d)
+    t.float_val.append(0.5)
+    node.attr["dtype"].type = 9
+    node.attr["shape"].shape.unknown_rank = True
+    node.attr["names"].list.s.extend([b"a", b"\xff"])
+    name, attrs = attributes(_options("Const", node.SerializeToString()), "FlexConst")
+    assert name == "Const" and attrs["dtype"] == "int64" and attrs["shape"] is None
+    assert attrs["names"] == ["a", b"\xff"]
+    np.testing.assert_array_equal(attrs["value"], np.full((2, 2), 0.5, np.float32))
+    t.tensor_shape.dim[0].size = 1 << 30
+    with pytest.raises(CircleFormatError) as e:
+        attributes(_options("Const", node.SerializeToString()), "FlexConst")
+    assert "FlexConst" in _one_line(e) and "larger than its file allows" in str(e.value)
 
 
 def test_malformed_custom_options_are_one_line_naming_the_op():

@@ -26,7 +26,7 @@ from circle_jax.formats.tf_proto import NodeDef, array_from_proto, dtype_name, s
 _LIST_FIELDS = ("s", "i", "f", "b", "type", "shape", "tensor", "func")
 
 
-def _value(field: str, v: Any, what: str) -> Any:
+def _value(field: str, v: Any, what: str, limit: int) -> Any:
     if field == "s":
         try:
             return v.decode()
@@ -43,23 +43,24 @@ def _value(field: str, v: Any, what: str) -> Any:
     if field == "shape":
         return shape_of(v)
     if field == "tensor":
-        return array_from_proto(v, what=what)
+        return array_from_proto(v, what=what, max_elements=limit)
     if field == "func":
         return v.name
     return v  # placeholder: its name
 
 
-def attr_value(a: Any, what: str = "attribute") -> Any:
-    """An AttrValue as a plain Python value (see the module's docstring)."""
+def attr_value(a: Any, what: str = "attribute", limit: int = 1 << 20) -> Any:
+    """An AttrValue as a plain Python value (see the module's docstring); a tensor value of
+    more than ``limit`` elements is refused (a single value may fill any shape)."""
     field = a.WhichOneof("value")
     if field is None:
         return None
     if field != "list":
-        return _value(field, getattr(a, field), what)
+        return _value(field, getattr(a, field), what, limit)
     for f in _LIST_FIELDS:
         items = getattr(a.list, f)
         if len(items):
-            return [_value(f, x, what) for x in items]
+            return [_value(f, x, what, limit) for x in items]
     return []
 
 
@@ -89,7 +90,7 @@ def attributes(custom_options: bytes, custom_code: str | None = None) -> tuple[s
     if node.op != name:
         raise CircleFormatError(f"{who}: its NodeDef is of op {node.op!r}, expected {name!r}")
     try:
-        attrs = {k: attr_value(v, f"{who}: attribute {k!r}") for k, v in node.attr.items()}
+        attrs = {k: attr_value(v, f"attribute {k!r}", len(blob)) for k, v in node.attr.items()}
     except CircleFormatError as e:
         raise CircleFormatError(f"{who}: {e}") from None
     return name, dict(sorted(attrs.items()))
