@@ -9,10 +9,11 @@ of ties (small integers), with SAME, VALID and EXPLICIT padding and overlapping 
 AvgPoolGrad with other windows; Conv2DBackpropInput / Filter with dilations, EXPLICIT padding
 and groups; the depthwise ones with dilations and multiplier 3; BiasAddGrad of rank 2 and 5;
 ReluGrad / Relu6Grad at exactly 0 and 6; TanhGrad; SigmoidGrad; BroadcastGradientArgs on
-shapes with 1s, empty shapes and zero sizes. Writes ``flex_kernels_tf.npz`` (``<case>/in/<i>``
-the op's inputs in order, ``<case>/out/<i>`` its outputs) and ``flex_kernels_tf.json`` (per
-case: the op, its attributes as ``FLEX_KERNELS`` takes them, its input and output count; TF's
-message for a case TF refuses).
+shapes with 1s, empty shapes and zero sizes; LeakyReluGrad, EluGrad, SeluGrad, SoftplusGrad,
+SoftsignGrad; (Sparse)SoftmaxCrossEntropyWithLogits; MaxPoolGradV2. Writes
+``flex_kernels_tf.npz`` (``<case>/in/<i>`` the op's inputs in order, ``<case>/out/<i>`` its
+outputs) and ``flex_kernels_tf.json`` (per case: the op, its attributes as ``FLEX_KERNELS``
+takes them, its input and output count; TF's message for a case TF refuses).
 """
 
 from __future__ import annotations
@@ -90,6 +91,26 @@ def _cases(rng: np.random.Generator) -> list[tuple[str, str, dict, list]]:
                                 ([0, 1], [1, 4]), ([4, 1, 5], [3, 1]))):
         out.append((f"broadcast_gradient_args_{i}", "BroadcastGradientArgs", {},
                     [np.asarray(a, np.int32), np.asarray(b, np.int32)]))
+    # appended last, so the cases above keep their inputs
+    feats = np.concatenate([feats, rng.standard_normal(8).astype(f32) * 3])
+    grads = rng.standard_normal(feats.shape).astype(f32)
+    out.append(("leaky_relu_grad", "LeakyReluGrad", {"alpha": 0.3}, [grads, feats]))
+    out.append(("softplus_grad", "SoftplusGrad", {}, [grads, feats]))
+    out.append(("softsign_grad", "SoftsignGrad", {}, [grads, feats]))
+    elu = np.where(feats > 0, feats, np.expm1(feats)).astype(f32)
+    out.append(("elu_grad", "EluGrad", {}, [grads, elu]))
+    selu = (1.0507009873554805 * np.where(feats > 0, feats, 1.6732632423543772
+                                           * np.expm1(feats))).astype(f32)
+    out.append(("selu_grad", "SeluGrad", {}, [grads, selu]))
+    logits = (rng.standard_normal((5, 7)) * 4).astype(f32)
+    probs = rng.dirichlet(np.ones(7), 5).astype(f32)
+    out.append(("softmax_xent", "SoftmaxCrossEntropyWithLogits", {}, [logits, probs]))
+    out.append(("softmax_xent_broadcast_labels", "SoftmaxCrossEntropyWithLogits", {},
+                [logits, probs[:1]]))
+    out.append(("sparse_softmax_xent", "SparseSoftmaxCrossEntropyWithLogits", {},
+                [logits, np.asarray([0, 6, 3, 3, 1], np.int32)]))
+    out.append(("max_pool_grad_v2", "MaxPoolGradV2", {"padding": "SAME", "data_format": "NHWC"},
+                ["pool_v2", ties]))
     return out
 
 
@@ -104,6 +125,14 @@ def _run(tf, op: str, attrs: dict, inputs: list) -> tuple[list, list]:
         g = np.random.default_rng(1).standard_normal(y.shape).astype(np.float32)
         args = [x, y, g]
         res = raw(orig_input=x, orig_output=y, grad=g, **attrs)
+    elif kind == "pool_v2":
+        x, ksize, strides = inputs[1], np.asarray([1, 3, 2, 1], np.int32), np.asarray(
+            [1, 2, 1, 1], np.int32)
+        y = tf.raw_ops.MaxPool(input=x, ksize=ksize.tolist(), strides=strides.tolist(),
+                               **attrs).numpy()
+        g = np.random.default_rng(4).standard_normal(y.shape).astype(np.float32)
+        args = [x, y, g, ksize, strides]
+        res = raw(orig_input=x, orig_output=y, grad=g, ksize=ksize, strides=strides, **attrs)
     elif kind == "avg":
         shape = np.asarray(inputs[1], np.int32)
         y = tf.raw_ops.AvgPool(value=np.zeros(inputs[1], np.float32), **attrs).numpy()
@@ -125,7 +154,13 @@ def _run(tf, op: str, attrs: dict, inputs: list) -> tuple[list, list]:
         args = inputs
         names = {"BiasAddGrad": ["out_backprop"], "ReluGrad": ["gradients", "features"],
                  "Relu6Grad": ["gradients", "features"], "TanhGrad": ["y", "dy"],
-                 "SigmoidGrad": ["y", "dy"], "BroadcastGradientArgs": ["s0", "s1"]}[op]
+                 "SigmoidGrad": ["y", "dy"], "BroadcastGradientArgs": ["s0", "s1"],
+                 "LeakyReluGrad": ["gradients", "features"],
+                 "SoftplusGrad": ["gradients", "features"],
+                 "SoftsignGrad": ["gradients", "features"],
+                 "EluGrad": ["gradients", "outputs"], "SeluGrad": ["gradients", "outputs"],
+                 "SoftmaxCrossEntropyWithLogits": ["features", "labels"],
+                 "SparseSoftmaxCrossEntropyWithLogits": ["features", "labels"]}[op]
         res = raw(**dict(zip(names, args)), **attrs)
     outs = list(res) if isinstance(res, (list, tuple)) else [res]
     return args, [np.asarray(o) for o in outs]

@@ -24,7 +24,8 @@ from circle_jax.ops.flex.nodedef import attributes
 from tests.paths import TESTS
 
 DATA = os.path.join(TESTS, "data", "ondevice")
-EXACT = {"ReluGrad", "Relu6Grad", "MaxPoolGrad", "BroadcastGradientArgs", "EnsureShape"}
+EXACT = {"ReluGrad", "Relu6Grad", "MaxPoolGrad", "MaxPoolGradV2", "BroadcastGradientArgs",
+         "EnsureShape"}
 REQUIRED = {"ReluGrad", "Relu6Grad", "TanhGrad", "SigmoidGrad", "MaxPoolGrad", "AvgPoolGrad",
             "Conv2DBackpropFilter", "Conv2DBackpropInput", "DepthwiseConv2dNativeBackpropFilter",
             "DepthwiseConv2dNativeBackpropInput", "BiasAddGrad", "BroadcastGradientArgs",

@@ -5,14 +5,21 @@ its NodeDef (:func:`circle_jax.ops.flex.nodedef.attributes`). ``FLEX_KERNELS[nam
 *inputs)`` runs TF op ``name`` (see :mod:`.registry` for the calling convention);
 ``FLEX_OPS[name]`` tells which inputs must be static and whether the kernel is a host one
 (Save/Restore). One module per family: :mod:`.activation_grads`, :mod:`.pooling_grads`,
-:mod:`.conv_grads`, :mod:`.shape_ops`, :mod:`.checkpoint_ops`.
+:mod:`.conv_grads`, :mod:`.losses`, :mod:`.shape_ops`, :mod:`.checkpoint_ops`.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
-from . import activation_grads, checkpoint_ops, conv_grads, pooling_grads, shape_ops  # noqa: F401
+from . import (  # noqa: F401  (the families register their kernels)
+    activation_grads,
+    checkpoint_ops,
+    conv_grads,
+    losses,
+    pooling_grads,
+    shape_ops,
+)
 from .registry import KERNELS as FLEX_OPS
 from .registry import FlexKernel
 

@@ -5,6 +5,8 @@
   SAME / VALID / EXPLICIT): each window's gradient goes to the FIRST maximum of the window
   of ``orig_input`` in row-major order (TF's CPU kernel; XLA's select-and-scatter does the
   same), padding never wins; ``orig_output`` only fixes the shape;
+- ``MaxPoolGradV2(orig_input, orig_output, grad, ksize, strides)``: the same with ``ksize``
+  and ``strides`` as (static) inputs;
 - ``AvgPoolGrad(orig_input_shape, grad)`` (static shape; SAME / VALID): each window's
   gradient divided by the number of its non-padded elements, spread over them.
 """
@@ -50,3 +52,11 @@ def avg_pool_grad(attrs: dict, orig_input_shape: Any, grad: jax.Array) -> jax.Ar
     window = _window("AvgPoolGrad", attrs, shape, grad)
     _, vjp = jax.vjp(lambda x: window_mean(x, window), jnp.zeros(shape, grad.dtype))
     return vjp(grad)[0]
+
+
+@flex_kernel("MaxPoolGradV2", static_inputs=(3, 4))
+def max_pool_grad_v2(attrs: dict, orig_input: jax.Array, orig_output: Any, grad: jax.Array,
+                     ksize: Any, strides: Any) -> jax.Array:
+    window = {"ksize": list(A.shape_input("MaxPoolGradV2", ksize, "ksize")),
+              "strides": list(A.shape_input("MaxPoolGradV2", strides, "strides"))}
+    return max_pool_grad({**attrs, **window}, orig_input, orig_output, grad)
