@@ -114,8 +114,10 @@ LAYERS: dict[str, set[str]] = {
     "circle_jax.formats": {ERRORS, "circle_jax.graph", "circle_jax.graph.ir"},
     "circle_jax.passes": {ERRORS, "circle_jax.graph.*", "circle_jax.formats.schema",
                           "circle_jax.ops.fake_quant"},
-    "circle_jax.ops": {"circle_jax.graph", "circle_jax.graph.ir",
-                       "circle_jax.graph.quantization"},
+    # the Flex kernels decode TF's NodeDefs and run TF's Save/Restore on its checkpoints
+    "circle_jax.ops": {ERRORS, "circle_jax.graph", "circle_jax.graph.ir",
+                       "circle_jax.graph.quantization", "circle_jax.formats.tf_proto",
+                       "circle_jax.formats.tf_checkpoint"},
     "circle_jax.lowering": {ERRORS, "circle_jax.graph.*", "circle_jax.ops.*",
                             "circle_jax.passes.*"},
     "circle_jax.distributed": {ERRORS},

@@ -1,0 +1,73 @@
+"""TF's Save and Restore on V1 checkpoints (:mod:`circle_jax.formats.tf_checkpoint`): host
+kernels, run on numpy values outside ``jax.jit``.
+
+- ``Save(filename, tensor_names, *data)`` (attr ``T``: the data's types): writes the tensors
+  under their names to ``filename`` (a scalar string), replacing the file; returns nothing.
+- ``Restore(file_pattern, tensor_name)`` (attr ``dt``; ``preferred_shard`` ignored: one
+  file): the named tensor, which must be of type ``dt``. ``file_pattern`` is a file's path.
+
+Strings arrive as ``bytes``, ``str`` or numpy arrays of them.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from circle_jax.errors import DataError
+
+from .registry import flex_kernel
+
+
+def _text(x: Any, op: str, what: str) -> str:
+    v = np.asarray(x)
+    if v.ndim != 0:
+        raise DataError(f"Flex {op}: {what} must be a scalar string, got shape {list(v.shape)}")
+    v = v.item()
+    return v.decode() if isinstance(v, bytes) else str(v)
+
+
+def _texts(x: Any) -> list[str]:
+    return [v.decode() if isinstance(v, bytes) else str(v) for v in np.asarray(x).reshape(-1)]
+
+
+@flex_kernel("Save", host=True)
+def save(attrs: dict, filename: Any, tensor_names: Any, *data: Any) -> tuple:
+    from circle_jax.formats.tf_checkpoint import write_checkpoint
+    from circle_jax.formats.tf_proto import numpy_dtype
+
+    path = _text(filename, "Save", "filename")
+    names = _texts(tensor_names)
+    types = attrs.get("T") or []
+    if len(names) != len(data) or len(types) not in (0, len(data)):
+        raise DataError(f"Flex Save: {len(names)} tensor names for {len(data)} tensors "
+                        f"({len(types)} types)")
+    if len(set(names)) != len(names):
+        raise DataError(f"Flex Save: tensor names repeat: {names}")
+    arrays = [np.asarray(d) for d in data]
+    for name, t, a in zip(names, types, arrays):
+        if t != "string" and a.dtype != numpy_dtype(t):
+            raise DataError(f"Flex Save: tensor {name!r} is {a.dtype.name}, its type T says "
+                            f"{t}")
+    write_checkpoint(path, dict(zip(names, arrays)))
+    return ()
+
+
+@flex_kernel("Restore", host=True)
+def restore(attrs: dict, file_pattern: Any, tensor_name: Any) -> np.ndarray:
+    from circle_jax.formats.tf_checkpoint import read_checkpoint
+    from circle_jax.formats.tf_proto import numpy_dtype
+
+    path = _text(file_pattern, "Restore", "file_pattern")
+    name = _text(tensor_name, "Restore", "tensor_name")
+    held = read_checkpoint(path)
+    if name not in held:
+        raise DataError(f"checkpoint {path!r} holds no tensor {name!r} (it holds "
+                        f"{', '.join(map(repr, held)) or 'none'})")
+    a = held[name]
+    dt = attrs.get("dt")
+    if dt is not None and a.dtype != numpy_dtype(dt):
+        raise DataError(f"checkpoint {path!r}: tensor {name!r} is {a.dtype.name}, Restore "
+                        f"expects {dt}")
+    return a
