@@ -219,6 +219,10 @@ def check_tensor_quantization(model: ir.Model) -> tuple[list[str], list[str]]:
     return bad, unsupported
 
 
+#: Operators that read only their input's shape, whatever its values stand for.
+SHAPE_READERS = frozenset({"SHAPE", "RANK"})
+
+
 def check_quantization(
     model: ir.Model, runs_integer: Callable[[str, tuple, tuple], bool],
 ) -> tuple[list[str], list[str], set[tuple[int, int]]]:
@@ -244,7 +248,7 @@ def check_quantization(
                                        "is only supported as a bias")
             quantized = [t for t in (*ins, *outs) if t is not None and t.quantization
                          is not None and t.dtype in ("int8", "uint8", "int16")]
-            if not quantized or op.key in ("QUANTIZE", "DEQUANTIZE"):
+            if not quantized or op.key in ("QUANTIZE", "DEQUANTIZE") or op.key in SHAPE_READERS:
                 continue
             if runs_integer(op.key, ins, outs):
                 continue
