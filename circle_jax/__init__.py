@@ -18,6 +18,7 @@ from .errors import (
     LossScaleWarning,
     TrainingError,
     UnsupportedOperatorError,
+    VariableError,
 )
 
 __version__ = "0.1.0"
@@ -29,6 +30,7 @@ if TYPE_CHECKING:
     from .lower import unsupported_operators
     from .model import Model, TensorSpec, load
     from .ops.registry import supported_operators
+    from .signatures import Interpreter
     from .train import (
         FitResult,
         History,
@@ -51,6 +53,7 @@ _LAZY = {
     "unsupported_operators": ".lower",
     "Model": ".model", "TensorSpec": ".model", "load": ".model",
     "supported_operators": ".ops.registry",
+    "Interpreter": ".signatures",
     "FitResult": ".train", "History": ".train", "TrainConfig": ".train", "Trainer": ".train",
     "TrainState": ".train", "fit": ".train", "select_trainable": ".train",
     "ProgramCache": ".train", "inline_cpu_dispatch": ".train", "retain_host_memory": ".train",
@@ -76,9 +79,10 @@ def __dir__() -> list[str]:
 __all__ = [
     "Builder", "CheckpointWarning", "CircleFormatError", "CircleJaxError", "ConfigError",
     "DataError", "FitResult", "GraphBuilder",
-    "History", "LossScaleWarning", "Model", "ProgramCache", "TensorSpec", "TrainConfig",
+    "History", "Interpreter", "LossScaleWarning", "Model", "ProgramCache", "TensorSpec",
+    "TrainConfig",
     "TrainState", "Trainer",
-    "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats",
+    "TrainingError", "UnsupportedOperatorError", "VariableError", "checkpoints", "fit", "formats",
     "inline_cpu_dispatch", "load", "losses", "optim", "passes", "read_model",
     "retain_host_memory",
     "select_trainable",

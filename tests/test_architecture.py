@@ -108,7 +108,7 @@ GRAPH_PACKAGE = {"circle_jax.graph"}
 IR = {"circle_jax.graph", "circle_jax.graph.ir", "circle_jax.graph.quantization",
       "circle_jax.errors"}
 GRAPH = {*IR, "circle_jax.graph.checks", "circle_jax.graph.params_policy",
-         "circle_jax.graph.aliases"}
+         "circle_jax.graph.aliases", "circle_jax.graph.variables"}
 
 
 @pytest.mark.parametrize("layer, allowed", [

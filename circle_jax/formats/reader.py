@@ -24,6 +24,7 @@ from .schema import (
     schema,
     snake_case,
 )
+from .strings import decode_strings
 
 _MIN_SIZE = 8  # root offset + file identifier
 
@@ -290,7 +291,9 @@ def _tensor(k: int, t: Any, buffers: list, sg: int, file: _File) -> ir.Tensor:
     bidx = _index(t.buffer, max(len(buffers), 1), f"tensor {name!r} buffer", where)
     raw = buffers[bidx] if bidx < len(buffers) else None
     data = None
-    if raw is not None and dtype not in ("string", "resource", "variant") \
+    if raw is not None and dtype == "string":
+        data = decode_strings(raw, shape, f"{where}: tensor {name!r}")
+    elif raw is not None and dtype not in ("string", "resource", "variant") \
             and not dtype.startswith(("unknown", "ggml", "mx")):
         count = int(np.prod(shape, dtype=np.int64))
         size = packed_size(dtype, count) if dtype in PACKED_BITS \
