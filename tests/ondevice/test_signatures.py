@@ -1,0 +1,229 @@
+"""LiteRT's on-device training files (TF 2.21's converter, tests/data/ondevice) read and run.
+
+Against TF eager's numbers recorded by scripts/make_ondevice_models.py (the npz files) and
+against LiteRT's own signature runners on the builtin-only signatures.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+from dataclasses import replace
+
+import jax
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.errors import DataError, UnsupportedOperatorError, VariableError
+from circle_jax.formats.flex import flex_options
+from circle_jax.graph.checks import check_graph
+from circle_jax.graph.variables import variables
+from circle_jax.ops.registry import definition, register
+from circle_jax.signatures import Program
+from tests.paths import TESTS
+
+DATA = os.path.join(TESTS, "data", "ondevice")
+BUILTIN_ONLY = ["mlp_sgd", "mlp_adam", "frozen_head"]
+SUMMARY = json.load(open(os.path.join(DATA, "summary.json")))
+
+
+def path(name: str) -> str:
+    return os.path.join(DATA, f"{name}.tflite")
+
+
+def recorded(name: str) -> dict[str, np.ndarray]:
+    with np.load(os.path.join(DATA, f"{name}.npz")) as d:
+        return dict(d)
+
+
+@pytest.mark.parametrize("file", sorted(glob.glob(os.path.join(DATA, "*.tflite"))),
+                         ids=os.path.basename)
+def test_every_file_reads_and_passes_the_graph_checks(file: str) -> None:
+    model = cj.read_model(file)
+    assert check_graph(model) == []
+    name = os.path.basename(file)[:-len(".tflite")]
+    facts = SUMMARY[name]
+    assert [s.key for s in model.signature_defs] == list(facts["signatures"])
+    if "variables_shared_names" in facts:
+        found = variables(model)
+        assert sorted(found) == sorted(facts["variables_shared_names"])
+        assert sorted(n for n, v in found.items() if v.initialised) == \
+            sorted(facts["variables_with_initialiser"])
+
+
+def test_string_constants_are_read_as_bytes() -> None:
+    model = cj.read_model(path("mlp_sgd"))
+    restore = model.subgraphs[model.signature_defs[1].subgraph_index]
+    names = sorted(t.data.item() for t in restore.tensors
+                   if t.dtype == "string" and t.data is not None)
+    assert names == [b"b1", b"b2", b"w1", b"w2"]
+
+
+@pytest.mark.parametrize("name", BUILTIN_ONLY)
+def test_train_and_infer_equal_tensorflow_eager(name: str) -> None:
+    d = recorded(name)
+    it = cj.Interpreter(model_path=path(name))
+    infer, train = it.get_signature_runner("infer"), it.get_signature_runner("train")
+    np.testing.assert_allclose(infer(x=d["x"])["output"], d["infer_before"], rtol=1e-5,
+                               atol=1e-6)
+    losses = np.array([train(x=d["x"], y=d["y"])["loss"] for _ in range(20)])
+    np.testing.assert_allclose(losses, d["losses"], rtol=1e-5)
+    assert losses[-1] < losses[0] / 4  # it trained
+    np.testing.assert_allclose(infer(x=d["x"])["output"], d["infer_after"], rtol=1e-5,
+                               atol=1e-6)
+    for key in (k for k in d if k.startswith("final/")):
+        np.testing.assert_allclose(it.variables[key[len("final/"):]], d[key], rtol=1e-5,
+                                   atol=1e-6, err_msg=key)
+
+
+@pytest.mark.parametrize("name", BUILTIN_ONLY)
+def test_litert_runs_what_circle_jax_runs(name: str) -> None:
+    from ai_edge_litert.interpreter import Interpreter as LiteRT
+
+    d = recorded(name)
+    theirs, ours = LiteRT(model_path=path(name)), cj.Interpreter(model_path=path(name))
+    assert ours.get_signature_list() == theirs.get_signature_list()
+    for _ in range(5):
+        a = theirs.get_signature_runner("train")(x=d["x"], y=d["y"])["loss"]
+        b = ours.get_signature_runner("train")(x=d["x"], y=d["y"])["loss"]
+        np.testing.assert_allclose(b, a, rtol=1e-5)
+    np.testing.assert_allclose(ours.get_signature_runner("infer")(x=d["x"])["output"],
+                               theirs.get_signature_runner("infer")(x=d["x"])["output"],
+                               rtol=1e-5, atol=1e-6)
+
+
+def test_the_pure_function_jits_and_threads_the_variables() -> None:
+    d = recorded("mlp_adam")
+    program = Program(path("mlp_adam"))
+    train = program.signature("train")
+    start = program.initial_variables()
+    assert sorted(start) == sorted(k[len("init/"):] for k in d if k.startswith("init/"))
+    for key in (k for k in d if k.startswith("init/")):
+        np.testing.assert_array_equal(start[key[len("init/"):]], d[key])
+    step = jax.jit(train)
+    v, losses = start, []
+    for _ in range(3):
+        out, v = step(v, {"x": d["x"], "y": d["y"]})
+        losses.append(float(out["loss"]))
+    np.testing.assert_allclose(losses, d["losses"][:3], rtol=1e-5)
+    eager_out, eager_v = train(start, {"x": d["x"], "y": d["y"]})
+    np.testing.assert_allclose(eager_out["loss"], d["losses"][0], rtol=1e-5)
+    assert float(eager_v["step"]) == 1.0 and float(start["step"]) == 0.0  # inputs untouched
+
+
+def test_signatures_share_variables_and_init_runs_once() -> None:
+    d = recorded("mlp_sgd")
+    it = cj.Interpreter(model_content=open(path("mlp_sgd"), "rb").read())
+    assert it.variables == {}
+    it.get_signature_runner("train")(x=d["x"], y=d["y"])
+    after_one = it.variables
+    # infer's CALL_ONCE names the same init subgraph: it must not run again
+    it.get_signature_runner("infer")(x=d["x"])
+    for k, v in it.variables.items():
+        np.testing.assert_array_equal(v, after_one[k])
+    it.set_variables({k[len("init/"):]: d[k] for k in d if k.startswith("init/")})
+    np.testing.assert_allclose(it.get_signature_runner("infer")(x=d["x"])["output"],
+                               d["infer_before"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("name", [*BUILTIN_ONLY, "tutorial_cnn"])
+@pytest.mark.parametrize("key", ["save", "restore"])
+def test_signatures_with_unknown_flex_ops_are_refused_naming_each(name: str, key: str) -> None:
+    it = cj.Interpreter(model_path=path(name))
+    flex = Program(path(name)).flex_operators(
+        {Program(path(name)).signature_defs[key].subgraph_index})
+    unknown = [op for op in flex if definition(f"CUSTOM:Flex{op}") is None]
+    if not unknown:  # the Flex kernels are registered: the runner is made
+        it.get_signature_runner(key)
+        return
+    with pytest.raises(UnsupportedOperatorError) as e:
+        it.get_signature_runner(key)
+    message = str(e.value)
+    assert "\n" not in message
+    for op in unknown:
+        assert f"Flex{op}" in message
+
+
+def test_an_unknown_flex_op_is_named_and_a_registered_one_runs() -> None:
+    """A Flex kernel registers under CUSTOM:Flex<TF op> and gets the NodeDef: relu_grad of
+    flex_ops.tflite with its operator renamed to a TF op only this test registers."""
+    model = cj.read_model(path("flex_ops"))
+    sig = next(s for s in model.signature_defs if s.key == "relu_grad")
+    sg = model.subgraphs[sig.subgraph_index]
+    op = replace(sg.operators[0], custom_code="FlexCircleJaxTestReluGrad")
+    model = replace(model, subgraphs=tuple(
+        replace(s, operators=(op,)) if s.index == sg.index else s for s in model.subgraphs))
+    with pytest.raises(UnsupportedOperatorError, match="FlexCircleJaxTestReluGrad"):
+        Program(model).signature("relu_grad")
+    seen = []
+
+    @register("CUSTOM:FlexCircleJaxTestReluGrad")
+    def relu_grad(ctx, gradients, features):
+        seen.append(flex_options(ctx.op.custom_options, "test"))
+        return gradients * (features > 0)
+
+    d = recorded("flex_ops")
+    out, _ = Program(model).signature("relu_grad")(
+        {}, {k: d[f"relu_grad/in/{k}"] for k in ("gradients", "features")})
+    np.testing.assert_array_equal(out["output"], d["relu_grad/out/output"])
+    assert seen[0][0] == "ReluGrad" and b"ReluGrad" in seen[0][1]
+
+
+@pytest.mark.parametrize("key", ["tanh_grad", "sigmoid_grad", "bias_add_grad",
+                                 "conv2d_backprop_input_same", "conv2d_backprop_input_valid"])
+def test_builtin_gradient_signatures_equal_tensorflow(key: str) -> None:
+    d = recorded("flex_ops")
+    sig = Program(path("flex_ops")).signature(key)
+    out, _ = sig({}, {n: d[f"{key}/in/{n}"] for n in sig.inputs})
+    for n in sig.outputs:
+        np.testing.assert_allclose(out[n], d[f"{key}/out/{n}"], rtol=1e-5, atol=1e-5)
+
+
+def test_an_uninitialised_variable_is_named() -> None:
+    d = recorded("tutorial_cnn")
+    it = cj.Interpreter(model_path=path("tutorial_cnn"))
+    with pytest.raises(VariableError, match=r"variable 'cnn/conv/kernel' is read") as e:
+        it.get_signature_runner("infer")(x=d["x"])
+    assert "\n" not in str(e.value)
+    # given the variables (as restore would), infer computes TF's numbers
+    it.set_variables({k[len("init/"):]: d[k] for k in d if k.startswith("init/")})
+    np.testing.assert_allclose(it.get_signature_runner("infer")(x=d["x"])["output"],
+                               d["infer_before"], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda it: it.get_signature_runner("nope"),
+     r"no signature 'nope' \(signatures: 'infer', 'restore', 'save', 'train'\)"),
+    (lambda it: it.get_signature_runner(), r"model has 4 signatures"),
+    (lambda it: it.get_signature_runner("train")(x=np.zeros((4, 8)), z=np.zeros(1)),
+     r"signature 'train' has no input 'z' \(its inputs: 'x', 'y'\)"),
+    (lambda it: it.get_signature_runner("train")(x=np.zeros((4, 8))),
+     r"signature 'train' needs input\(s\) 'y'"),
+    (lambda it: it.get_signature_runner("infer")(x=np.zeros((3, 8))),
+     r"input 'x' has shape \[3, 8\]; the file declares \[4, 8\]"),
+    (lambda it: it.set_variables({"w9": np.zeros(1)}), r"no variable 'w9' \(variables: "),
+])
+def test_bad_names_are_one_line_naming_what_exists(call, match) -> None:
+    it = cj.Interpreter(model_path=path("mlp_sgd"))
+    with pytest.raises(DataError, match=match) as e:
+        call(it)
+    assert "\n" not in str(e.value)
+
+
+def test_the_interpreter_takes_one_source() -> None:
+    with pytest.raises(cj.ConfigError, match="exactly one"):
+        cj.Interpreter()
+
+
+def test_keep_reachable_drops_what_the_signature_never_runs() -> None:
+    from circle_jax.passes import keep_reachable, select_signature
+
+    model = cj.read_model(path("mlp_sgd"))
+    kept = keep_reachable(select_signature(model, "train"))
+    # train (subgraph 3) and its init subgraph (4), renumbered 0 and 1
+    assert [sg.name for sg in kept.subgraphs] == ["train", "NoOp"]
+    assert kept.main.operators[0].options.init_subgraph_index == 1
+    assert [s.key for s in kept.signature_defs] == ["train"]
+    assert check_graph(kept) == []
