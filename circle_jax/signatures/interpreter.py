@@ -25,6 +25,7 @@ import jax
 import numpy as np
 
 from ..errors import ConfigError, DataError
+from ..graph.variables import init_subgraphs
 from ..lowering import LoweringOptions
 from .program import Program, Signature
 
@@ -107,12 +108,14 @@ class Interpreter:
 
     def set_variables(self, values: Mapping[str, Any]) -> None:
         """Give the named variables these values (a variable the file does not have is
-        refused in one line)."""
+        refused in one line). The file's init subgraphs run first if they have not: the
+        values replace the initial ones, and no later CALL_ONCE overwrites them."""
         known = self._program.variables
         unknown = [n for n in values if n not in known]
         if unknown:
             raise DataError(f"the model has no variable {unknown[0]!r} (variables: "
                             + ", ".join(map(repr, known)) + ")")
+        self._initialise(tuple(init_subgraphs(self._program.model)))
         self._variables = {**self._variables, **{n: np.asarray(v) for n, v in values.items()}}
 
     def _initialise(self, init_subgraphs: tuple[int, ...]) -> None:

@@ -227,3 +227,11 @@ def test_keep_reachable_drops_what_the_signature_never_runs() -> None:
     assert kept.main.operators[0].options.init_subgraph_index == 1
     assert [s.key for s in kept.signature_defs] == ["train"]
     assert check_graph(kept) == []
+
+
+def test_variables_set_before_the_first_call_are_not_overwritten_by_the_init() -> None:
+    d = recorded("mlp_sgd")
+    it = cj.Interpreter(model_path=path("mlp_sgd"))
+    it.set_variables({k[len("final/"):]: d[k] for k in d if k.startswith("final/")})
+    np.testing.assert_allclose(it.get_signature_runner("infer")(x=d["x"])["output"],
+                               d["infer_after"], rtol=1e-5, atol=1e-6)
