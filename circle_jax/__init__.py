@@ -24,7 +24,7 @@ from .errors import (
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from . import checkpoints, formats, losses, optim, passes
+    from . import checkpoints, formats, losses, optim, passes, signatures
     from .build import Builder, GraphBuilder
     from .formats.reader import read_model
     from .lower import unsupported_operators
@@ -44,7 +44,7 @@ if TYPE_CHECKING:
         select_trainable,
     )
 
-_SUBPACKAGES = ("checkpoints", "formats", "losses", "optim", "passes")
+_SUBPACKAGES = ("checkpoints", "formats", "losses", "optim", "passes", "signatures")
 
 # public name -> the module that defines it
 _LAZY = {
@@ -85,6 +85,6 @@ __all__ = [
     "TrainingError", "UnsupportedOperatorError", "VariableError", "checkpoints", "fit", "formats",
     "inline_cpu_dispatch", "load", "losses", "optim", "passes", "read_model",
     "retain_host_memory",
-    "select_trainable",
+    "select_trainable", "signatures",
     "supported_operators", "unsupported_operators",
 ]

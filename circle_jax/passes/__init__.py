@@ -15,7 +15,9 @@ Passes: :func:`select_signature` and :func:`keep_reachable` (`.signature`),
 :func:`requantize_weights` (`.dequantize`),
 :func:`fake_quantize` (`.fake_quant`: a fully quantized model as the float model that
 simulates it, for quantization-aware training),
-:func:`untie_shared_constants` (`.untie`), :func:`add_missing_biases` (`.bias`);
+:func:`untie_shared_constants` (`.untie`), :func:`add_missing_biases` (`.bias`),
+:func:`read_variables_as_constants` (`.variables`: an on-device training file's signature
+as an ordinary model);
 personalizing ones (:func:`personalize`): :func:`replace_head` (`.head`), :func:`add_lora`
 and its inverse :func:`merge_lora` (`.lora`). New passes build on the helpers of
 `.edit` (``add_tensor``, ``add_constant``, ``add_operator``, ``set_outputs``, ``record``).
@@ -52,6 +54,7 @@ from .signature import (
     signature_keys,
 )
 from .untie import untie_shared_constants
+from .variables import read_variables_as_constants, uses_variables
 
 Pass = Callable[[ir.Model], ir.Model]
 
@@ -127,8 +130,8 @@ __all__ = [
     "dequantize_model",
     "fake_quant_plan", "fake_quantize", "keep_reachable", "lora_frozen", "lora_targets",
     "merge_lora",
-    "personal_params", "personalize", "pipeline", "reachable", "record", "replace_head",
-    "replace_inputs", "replace_subgraph", "requantize_weights", "run", "select_signature",
-    "select_subgraph", "set_inputs", "set_outputs", "signature_keys", "untie_shared_constants",
-    "weight_only",
+    "personal_params", "personalize", "pipeline", "reachable", "read_variables_as_constants",
+    "record", "replace_head", "replace_inputs", "replace_subgraph", "requantize_weights", "run",
+    "select_signature", "select_subgraph", "set_inputs", "set_outputs", "signature_keys",
+    "untie_shared_constants", "uses_variables", "weight_only",
 ]

@@ -235,3 +235,75 @@ def test_variables_set_before_the_first_call_are_not_overwritten_by_the_init() -
     it.set_variables({k[len("final/"):]: d[k] for k in d if k.startswith("final/")})
     np.testing.assert_allclose(it.get_signature_runner("infer")(x=d["x"])["output"],
                                d["infer_after"], rtol=1e-5, atol=1e-6)
+
+
+# ----------------------------------------------------------------------------- load(signature=)
+
+def test_load_of_infer_is_a_model_whose_params_are_the_variables() -> None:
+    d = recorded("mlp_sgd")
+    model = cj.load(path("mlp_sgd"), signature="infer")
+    assert sorted(model.params) == ["b1", "b2", "w1", "w2"]
+    assert model.trainable_params == frozenset(model.params)
+    for k in model.params:
+        np.testing.assert_array_equal(model.params[k], d[f"init/{k}"])
+    np.testing.assert_allclose(model(d["x"])[0], d["infer_before"], rtol=1e-5, atol=1e-6)
+    # the trained variables as params: TF's infer after training
+    trained = {k: d[f"final/{k}"] for k in model.params}
+    np.testing.assert_allclose(model.apply(trained, d["x"])[0], d["infer_after"], rtol=1e-5,
+                               atol=1e-6)
+    assert any(r.name == "read_variables_as_constants" and r.changes for r in model.passes)
+
+
+def test_autodiff_of_infer_equals_the_files_own_train_step() -> None:
+    """The file's train signature (TF's converter-made gradients, SGD lr 0.1 on the MSE)
+    moves each variable by -0.1 * its gradient: autodiff of the same loss through the loaded
+    infer gives that gradient."""
+    d = recorded("mlp_sgd")
+    model = cj.load(path("mlp_sgd"), signature="infer")
+    program = Program(path("mlp_sgd"))
+    start = program.initial_variables()
+    _, after = program.signature("train")(start, {"x": d["x"], "y": d["y"]})
+
+    def loss(params):
+        return jax.numpy.mean((model.apply(params, d["x"])[0] - d["y"]) ** 2)
+
+    grads = jax.jit(jax.grad(loss))(model.params)
+    for k, g in grads.items():
+        file_grad = (np.asarray(start[k], np.float64) - np.asarray(after[k], np.float64)) / 0.1
+        scale = np.abs(file_grad).max()
+        assert np.abs(np.asarray(g) - file_grad).max() <= 1e-5 * scale + 1e-6, k
+
+
+def test_autodiff_of_infer_equals_float64_finite_differences() -> None:
+    from tests.conformance import check_model_grads
+
+    d = recorded("mlp_sgd")
+    check_model_grads(cj.load(path("mlp_sgd"), signature="infer"), [d["x"]])
+
+
+@pytest.mark.parametrize("name, key, error, match", [
+    ("mlp_sgd", "train", UnsupportedOperatorError,
+     r"signature 'train' assigns variables \('b1', 'b2', 'w1', 'w2'\)"),
+    ("tutorial_cnn", "infer", VariableError,
+     r"variable 'cnn/conv/kernel' \(read by operator 4 of signature 'infer'\) has no initial"),
+])
+def test_load_refuses_what_is_no_plain_model_in_one_line(name, key, error, match) -> None:
+    with pytest.raises(error, match=match) as e:
+        cj.load(path(name), signature=key)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("name, config", [
+    ("mlp_sgd", dict(learning_rate=0.1, loss="mse", optimizer="sgd")),
+    ("mlp_adam", dict(learning_rate=0.01, loss="cce", from_logits=True, optimizer="adam",
+                      optimizer_kwargs={"eps": 1e-7})),
+    ("frozen_head", dict(learning_rate=0.5, loss="cce", from_logits=True, optimizer="sgd",
+                         trainable=["hw", "hb"])),
+])
+def test_fit_on_the_loaded_infer_equals_the_train_signatures_losses(name, config) -> None:
+    """fit (optax, circle-jax's losses, autodiff) on infer = TF eager's run of the file's
+    train function (the same loss and optimizer, written out in TF)."""
+    d = recorded(name)
+    model = cj.load(path(name), signature="infer")
+    result = cj.fit(model, d["x"], d["y"], cj.TrainConfig(epochs=20, batch_size=4, **config))
+    np.testing.assert_allclose(result.history.loss, d["losses"], rtol=1e-4)
