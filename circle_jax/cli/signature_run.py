@@ -24,11 +24,11 @@ from .common import CliError, check_output_dir, read_data
 
 
 def has_variables(path: str) -> bool:
-    """Whether the model file at ``path`` holds resource variables (a VAR_HANDLE)."""
-    from circle_jax.formats.reader import read_model
+    """Whether the model file at ``path`` holds resource variables (a VAR_HANDLE operator
+    code; the model is not parsed)."""
+    from circle_jax.formats.reader import operator_codes, read_bytes
 
-    return any(op.type == "VAR_HANDLE" for sg in read_model(path).subgraphs
-               for op in sg.operators)
+    return "VAR_HANDLE" in operator_codes(read_bytes(path)[0])
 
 
 def _inputs(items: list[str], signature: Any) -> dict[str, Any]:

@@ -46,6 +46,17 @@ def read_bytes(
     return read_regular_file(path, what, error), path
 
 
+def operator_codes(buf: bytes) -> set[str]:
+    """The builtin operator names of a model's operator code table, read without unpacking
+    the model (cheap on large files); empty when ``buf`` is no model (the reader says why)."""
+    try:
+        root = schema.Model.Model.GetRootAs(buf, 0)
+        return {OPERATOR_NAMES.get(builtin_code(c.DeprecatedBuiltinCode(), c.BuiltinCode()), "")
+                for c in (root.OperatorCodes(i) for i in range(root.OperatorCodesLength()))}
+    except Exception:  # noqa: BLE001 - any malformed buffer: the reader refuses it properly
+        return set()
+
+
 MAX_FILE_BYTES = 8 << 30
 """The largest file read whole (8 GiB): a bound on what one file may make circle-jax allocate."""
 

@@ -76,6 +76,10 @@ class Interpreter:
         self._ran: set[int] = set()
         self._runners: dict[str, SignatureRunner] = {}
 
+    def allocate_tensors(self) -> None:
+        """Nothing (shapes are the file's, values JAX's): kept so that scripts written
+        against LiteRT, which call it first, run unchanged."""
+
     @property
     def program(self) -> Program:
         """The file's signatures as pure functions."""

@@ -58,9 +58,7 @@ class Signature:
         self.key = key
         self.init_subgraphs = init
         self._lowered = Lowered(model, lowering)
-        sg, sig = model.main, model.signature_defs[0] if model.signature_defs else None
-        if sig is None or sig.key != key:
-            sig = next(s for s in model.signature_defs if s.key == key)
+        sg, sig = model.main, next(s for s in model.signature_defs if s.key == key)
         self.inputs = {name: sg.tensors[i] for name, i in sig.inputs.items()}
         self.outputs = {name: sg.tensors[i] for name, i in sig.outputs.items()}
         self._in_position = {name: sg.inputs.index(i) for name, i in sig.inputs.items()}
@@ -105,6 +103,16 @@ class Signature:
             out[name] = value if t.dtype == "string" else jnp.asarray(
                 value, ir.as_numpy_dtype(t.dtype))
         return out
+
+
+def _refuse_assigns_in_bodies(model: ir.Model, bodies: set[int]) -> None:
+    """One line: a variable assigned in a subgraph that control flow runs (a loop body's
+    value would not leave the loop)."""
+    for k in sorted(bodies):
+        if any(op.type == "ASSIGN_VARIABLE" for op in model.subgraphs[k].operators):
+            raise UnsupportedOperatorError(f"subgraph {k}, which control flow runs, assigns a "
+                                           "variable: not supported (a signature's own "
+                                           "subgraph and its init subgraphs may)")
 
 
 class Program:
@@ -153,8 +161,9 @@ class Program:
                                 f"{_names(self.signature_defs)})")
             within = reachable(self.model, sig.subgraph_index)
             self._refuse_flex(f"signature {key!r}", within)
-            model = run(self.model, [partial(select_signature, key=key), keep_reachable])
             init = tuple(init_subgraphs(self.model, within))
+            _refuse_assigns_in_bodies(self.model, within - {sig.subgraph_index, *init})
+            model = run(self.model, [partial(select_signature, key=key), keep_reachable])
             self._signatures[key] = Signature(key, model, init, self.lowering)
         return self._signatures[key]
 
