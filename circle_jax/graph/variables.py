@@ -122,7 +122,7 @@ def check_variables(model: ir.Model) -> list[str]:
                 continue
             dtype = sg.tensors[value].dtype
             if name in first and first[name][0] != dtype:
-                refusals.append(f"{where}: variable {name!r} is {dtype} here and "
+                refusals.append(f"{where}: variable {name[:60]!r} is {dtype} here and "
                                 f"{first[name][0]} at {first[name][1]} (a variable has one "
                                 "dtype in every subgraph)")
             first.setdefault(name, (dtype, where))

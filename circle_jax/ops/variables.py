@@ -71,7 +71,7 @@ def read_variable(ctx: OpContext, handle: Any) -> Any:
     name = _handle(ctx, handle)
     store = _store(ctx)
     if name not in store:
-        raise VariableError(f"variable {name!r} is read (operator {ctx.op.index}, "
+        raise VariableError(f"variable {name[:60]!r} is read (operator {ctx.op.index}, "
                             "READ_VARIABLE) but holds nothing: the file has no initialiser "
                             "for it and no signature assigned it (run one that does, e.g. "
                             "'restore', first)")

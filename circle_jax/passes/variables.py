@@ -68,7 +68,7 @@ def read_variables_as_constants(model: ir.Model) -> ir.Model:
             moved[out] = first[name]
             continue
         k, value = values.get(name, (None, None))
-        where = f"variable {name!r} (read by operator {op.index} of {_what(model)})"
+        where = f"variable {name[:60]!r} (read by operator {op.index} of {_what(model)})"
         if k is None:
             raise VariableError(f"{where} has no initial value in the file (no init subgraph "
                                 "assigns it): its values must come from a checkpoint the "
