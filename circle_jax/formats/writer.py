@@ -187,7 +187,8 @@ def _tensor(t: ir.Tensor, old: ir.Tensor | None, obj: Any, buffers: list[Any],
     if changed("shape"):
         obj.shape = list(t.shape)
     if not t.dtype.startswith("unknown"):  # coded anew: the target's schema may differ
-        obj.type = tensor_type(t.dtype, identifier)
+        stored = t.quantization.storage if t.quantization is not None else ""
+        obj.type = tensor_type(stored or t.dtype, identifier)
     if changed("shape_signature"):
         obj.shapeSignature = None if t.shape_signature is None else list(t.shape_signature)
     if changed("is_variable"):

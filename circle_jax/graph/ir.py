@@ -101,13 +101,17 @@ class Blockwise:
 class Quantization:
     """Affine quantization parameters of a tensor (per-tensor or per-axis), or blockwise
     ones (``blockwise``; ``scale`` and ``zero_point`` then empty). ``other_details`` names
-    details the IR does not model ("custom", "mx", "multi_axis"; "" for none)."""
+    details the IR does not model ("custom", "mx", "multi_axis"; "" for none).
+    ``storage``: on a float tensor, the integer type the file stores it in, its values the
+    real values of those integers (a QUANTIZE/DEQUANTIZE pair's middle tensor as
+    `circle_jax.passes.fake_quantize_pairs` makes it); "" otherwise."""
 
     scale: tuple[float, ...]
     zero_point: tuple[int, ...]
     quantized_dimension: int = 0
     blockwise: Blockwise | None = None
     other_details: str = ""
+    storage: str = ""
 
 
 @dataclass(frozen=True, eq=False)

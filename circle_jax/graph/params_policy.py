@@ -133,12 +133,14 @@ def role_of_read(sg: ir.Subgraph, t: ir.Tensor, op: ir.Operator, pos: int,
         return "embedding table"
     if op.type in _PER_CHANNEL and len(op.inputs) == 2 and _per_channel(t):
         return _PER_CHANNEL[op.type]
-    if op.type == "DEQUANTIZE" and depth == 0 and op.outputs and op.outputs[0] >= 0:
+    # a weight read through DEQUANTIZE, or through a QDQ pair (QUANTIZE, then DEQUANTIZE)
+    through = op.type == "DEQUANTIZE" and depth <= 1 or op.type == "QUANTIZE" and depth == 0
+    if through and op.outputs and op.outputs[0] >= 0:
         out = sg.tensors[op.outputs[0]]
         for nxt, p in readers(sg, out.index):
             r = role_of_read(sg, out, nxt, p, depth + 1)
             if r is not None:
-                return f"{r} via DEQUANTIZE"
+                return f"{r} via {op.type}"
     return None
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 import jax.numpy as jnp
 import numpy as np
+from jax import lax
 
 from ..graph import ir
 from .common import output_dtype
@@ -72,15 +73,30 @@ def quantize(ctx: OpContext, x: Array) -> Array:
     up) in all but the last ``size % 8`` (float) or ``size % 16`` (8-bit) elements.
     """
     dtype = output_dtype(ctx)
+    out_q = _quantization(ctx, ctx.outputs[0], "output")
+    if out_q.storage and not is_int(x):
+        return _fake_quantize(x, out_q)
     if not np.issubdtype(dtype, np.integer):
         raise ctx.error(f"QUANTIZE to {dtype} is not supported (int8, uint8, int16 are)")
-    out_q = _quantization(ctx, ctx.outputs[0], "output")
     if is_int(x):
         return _requantize(ctx, x, out_q, dtype)
     scale, zero = _params(out_q, np.ndim(x))
     q = _round_half_away(exact_divide(x, scale)) + zero
     info = np.iinfo(dtype)
     return jnp.clip(q, info.min, info.max).astype(dtype)
+
+
+def _fake_quantize(x: Array, q: ir.Quantization) -> Array:
+    """A QDQ pair's QUANTIZE on its float middle tensor (`circle_jax.passes.qdq`): the real
+    value ``(clip(round(x / scale) + zero_point) - zero_point) * scale`` of the integer
+    QUANTIZE stores, exactly as QUANTIZE then DEQUANTIZE compute it, with the clipped
+    straight-through gradient (1 where the integer is not clipped)."""
+    scale, zero = _params(q, np.ndim(x))
+    info = np.iinfo(q.storage)
+    v = _round_half_away(exact_divide(x, scale)) + zero
+    out = (jnp.clip(v, info.min, info.max) - zero) * scale
+    inside = (v >= info.min) & (v <= info.max)
+    return lax.stop_gradient(out) + jnp.where(inside, x - lax.stop_gradient(x), 0.0)
 
 
 def _requantize(ctx: OpContext, x: Array, out_q: ir.Quantization, dtype: np.dtype) -> Array:

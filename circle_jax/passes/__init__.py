@@ -10,7 +10,8 @@ pass is also usable alone:
     model = run(model, [partial(select_signature, key="decode"), untie_shared_constants])
     data = write_model(model, "tflite")
 
-Passes: :func:`fill_conversion_shapes` (`.shapes`, always first), :func:`select_signature`
+Passes: :func:`fill_conversion_shapes` (`.shapes`) and :func:`fake_quantize_pairs` (`.qdq`),
+always first, :func:`select_signature`
 and :func:`keep_reachable` (`.signature`),
 :func:`dequantize_model` and its inverse for weight-only quantized models
 :func:`requantize_weights` (`.dequantize`),
@@ -47,6 +48,7 @@ from .edit import (
 from .fake_quant import FakeQuantPlan, fake_quant_plan, fake_quantize
 from .head import replace_head
 from .lora import adapter_names, add_lora, lora_frozen, lora_targets, merge_lora
+from .qdq import fake_quantize_pairs
 from .shapes import fill_conversion_shapes
 from .signature import (
     keep_reachable,
@@ -72,13 +74,14 @@ def pipeline(*, signature: str | None = None, dequantize: bool = False,
              keep_hybrid: bool = False, untie: bool = False, add_bias: bool | str = False,
              policy: str = "weights") -> list[Pass]:
     """The passes `circle_jax.load` runs for its options, in order: shapeless conversion
-    outputs shaped (`fill_conversion_shapes`), the signature's
+    outputs shaped (`fill_conversion_shapes`), QDQ pairs as fake quantizations
+    (`fake_quantize_pairs`), the signature's
     subgraph made the main one, then every quantized tensor made float32 (``keep_hybrid``:
     hybrid operators' weights keep their grid, `dequantize_model`), then shared
     trainable constants untied (under the trainable ``policy``), then missing biases added
     (``add_bias``: True or "all", False or "none", or a selection of operators,
     `bias_selection`)."""
-    passes: list[Pass] = [fill_conversion_shapes]
+    passes: list[Pass] = [fill_conversion_shapes, fake_quantize_pairs]
     if signature is not None:
         passes.append(partial(select_signature, key=signature))
     if dequantize:
@@ -132,7 +135,7 @@ def personal_params(model: ir.Model) -> frozenset[str]:
 __all__ = [
     "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
     "FakeQuantPlan", "add_tensor", "bias_operators", "bias_selection", "check_lora_options",
-    "dequantize_model", "fill_conversion_shapes",
+    "dequantize_model", "fake_quantize_pairs", "fill_conversion_shapes",
     "fake_quant_plan", "fake_quantize", "keep_reachable", "lora_frozen", "lora_targets",
     "merge_lora",
     "personal_params", "personalize", "pipeline", "reachable", "read_variables_as_constants",

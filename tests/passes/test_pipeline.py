@@ -100,9 +100,9 @@ def test_the_counters_count() -> None:
 def test_pipeline_follows_the_load_options() -> None:
     names = [p.func.__name__ if isinstance(p, partial) else p.__name__
              for p in passes.pipeline(signature="s", untie=True, add_bias=True)]
-    assert names == ["fill_conversion_shapes", "select_signature", "untie_shared_constants",
-                     "add_missing_biases"]
-    assert passes.pipeline() == [passes.fill_conversion_shapes]
+    assert names == ["fill_conversion_shapes", "fake_quantize_pairs", "select_signature",
+                     "untie_shared_constants", "add_missing_biases"]
+    assert passes.pipeline() == [passes.fill_conversion_shapes, passes.fake_quantize_pairs]
 
 
 def _trained_apart(model: Model) -> dict[str, Any]:
