@@ -43,6 +43,7 @@ from ..graph import ir
 from ..graph.quantization import round_half_away
 from . import conv as float_ops
 from .common import fused_activation
+from .elementwise import exact_divide
 from .registry import OpContext, register
 
 Array = Any
@@ -97,14 +98,6 @@ def rounded(t: Array) -> Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
-def _divide(x: Array, d: Any) -> Array:
-    """``x / d`` correctly rounded, as LiteRT divides: XLA's CPU code multiplies by a rounded
-    reciprocal where the divisor is one value for many dividends (a scalar, a broadcast row)
-    unless the divisor is an array of its own, elementwise, behind a barrier."""
-    x, d = jnp.broadcast_arrays(jnp.asarray(x, jnp.float32), jnp.asarray(d, jnp.float32))
-    return x / lax.optimization_barrier(d)
-
-
 def quantize_rows(x: Array, asymmetric: bool) -> tuple[Array, Array, Array]:
     """(int32 values, float32 scale, int32 zero point) of each row of 2-d ``x``, quantized
     to int8 as LiteRT's hybrid kernels quantize their input (module docstring)."""
@@ -112,17 +105,17 @@ def quantize_rows(x: Array, asymmetric: bool) -> tuple[Array, Array, Array]:
     if not asymmetric:
         peak = jnp.max(jnp.abs(x), axis=1)
         safe = jnp.where(peak > 0, peak, f32(1))
-        q = jnp.clip(round_half_away(x * _divide(127, safe)[:, None], jnp), -127, 127)
+        q = jnp.clip(round_half_away(x * exact_divide(f32(127), safe)[:, None], jnp), -127, 127)
         q = jnp.where((peak > 0)[:, None], q, 0)
-        return q.astype(jnp.int32), jnp.where(peak > 0, _divide(peak, 127), f32(1)), \
+        return q.astype(jnp.int32), jnp.where(peak > 0, exact_divide(peak, f32(127)), f32(1)), \
             jnp.zeros(x.shape[0], jnp.int32)
     lo = jnp.minimum(jnp.min(x, axis=1), 0)
     hi = jnp.maximum(jnp.max(x, axis=1), 0)
     empty = lo == hi
-    scale = jnp.where(empty, f32(1), _divide(hi - lo, 255))
-    zero = jnp.clip(round_half_away(f32(-128) - _divide(lo, scale), jnp), -128, 127)
-    q = jnp.clip(round_half_away(zero[:, None] + rounded(x * _divide(1, scale)[:, None]), jnp),
-                 -128, 127)
+    scale = jnp.where(empty, f32(1), exact_divide(hi - lo, f32(255)))
+    zero = jnp.clip(round_half_away(f32(-128) - exact_divide(lo, scale), jnp), -128, 127)
+    inverse = exact_divide(f32(1), scale)[:, None]
+    q = jnp.clip(round_half_away(zero[:, None] + rounded(x * inverse), jnp), -128, 127)
     zero = jnp.where(empty, 0, zero).astype(jnp.int32)
     return jnp.where(empty[:, None], 0, q).astype(jnp.int32), scale, zero
 
