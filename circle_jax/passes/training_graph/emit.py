@@ -19,6 +19,9 @@ from ...graph import ir
 
 Shape = tuple[int, ...]
 
+#: Operator versions other than 1 that LiteRT registers the operator from.
+VERSIONS = {"BROADCAST_TO": 2}
+
 
 class Emitter:
     """Tensors and operators of one subgraph; ``prefix`` names the tensors it adds."""
@@ -66,7 +69,8 @@ class Emitter:
                           shape, dtype)
         self.operators.append(ir.Operator(len(self.operators), op_type,
                                           OPERATOR_CODES[op_type], tuple(inputs), (out,),
-                                          ir.Options(options or {})))
+                                          ir.Options(options or {}),
+                                          version=VERSIONS.get(op_type, 1)))
         return out
 
     def binary(self, op_type: str, a: int, b: int, dtype: str = "float32") -> int:
