@@ -85,6 +85,32 @@ RULE_CASES = [
     ("MEAN", [_normal(2, 3, 4), Const([1], "int32")], {"keep_dims": False}),
     ("MEAN", [_normal(2, 3, 4), Const([0, 2], "int32")], {"keep_dims": True}),
     ("SUM", [_normal(2, 3, 4), Const([-1], "int32")], {"keep_dims": False}),
+    ("CONV_2D", [_normal(2, 7, 6, 3), _normal(4, 3, 3, 3), _normal(4)],
+     {"padding": "SAME", "stride_h": 1, "stride_w": 1}),
+    ("CONV_2D", [_normal(2, 7, 6, 3), _normal(4, 3, 2, 3), _normal(4)],
+     {"padding": "SAME", "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU"}),
+    ("CONV_2D", [_normal(1, 8, 7, 2), _normal(3, 3, 3, 2), _normal(3)],
+     {"padding": "VALID", "stride_h": 2, "stride_w": 3}),
+    ("CONV_2D", [_normal(2, 6, 6, 2), _normal(3, 1, 1, 2), _normal(3)],
+     {"padding": "VALID", "stride_h": 1, "stride_w": 1}),
+    ("DEPTHWISE_CONV_2D", [_normal(2, 7, 6, 3), _normal(1, 3, 3, 3), _normal(3)],
+     {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1}),
+    ("DEPTHWISE_CONV_2D", [_normal(2, 7, 6, 2), _normal(1, 3, 3, 4), _normal(4)],
+     {"padding": "SAME", "stride_h": 2, "stride_w": 2, "depth_multiplier": 2,
+      "fused_activation_function": "RELU6"}),
+    ("DEPTHWISE_CONV_2D", [_normal(1, 9, 8, 3), _normal(1, 3, 2, 3), _normal(3)],
+     {"padding": "VALID", "stride_h": 2, "stride_w": 2, "depth_multiplier": 1}),
+    ("AVERAGE_POOL_2D", [_normal(2, 7, 6, 3)], {"padding": "SAME", "stride_h": 2,
+                                                "stride_w": 2, "filter_height": 3,
+                                                "filter_width": 3}),
+    ("AVERAGE_POOL_2D", [_normal(2, 4, 4, 3)], {"padding": "VALID", "stride_h": 1,
+                                                "stride_w": 1, "filter_height": 4,
+                                                "filter_width": 4,
+                                                "fused_activation_function": "RELU"}),
+    ("MAX_POOL_2D", [_normal(2, 7, 6, 3)], {"padding": "SAME", "stride_h": 2, "stride_w": 2,
+                                            "filter_height": 2, "filter_width": 2}),
+    ("MAX_POOL_2D", [_normal(1, 6, 9, 2)], {"padding": "VALID", "stride_h": 3, "stride_w": 3,
+                                            "filter_height": 3, "filter_width": 3}),
 ]
 
 
@@ -128,6 +154,10 @@ def _steps(export, feeds: list[np.ndarray], steps: int) -> tuple[list[float], di
 MODELS = {
     "torch_mlp": ("tests/data/torch/mlp.tflite", "mse"),
     "planestrike": ("tfexamples_planestrike_mlp.tflite", "cce"),
+    # CONV_2D, MAX_POOL_2D, RESHAPE, FULLY_CONNECTED, SOFTMAX
+    "onert_micro_mnist": ("onert_micro_simple_mnist_model.circle", "cce"),
+    # two convolution branches joined by ADD, pooling, a head
+    "keras_branching_cnn": ("tests/data/keras/branching_cnn.tflite", "cce"),
 }
 
 
@@ -138,7 +168,7 @@ def test_litert_trains_the_exported_step_as_fit_does(name: str, optimizer: str) 
     model = cj.load(f"{REPO_ROOT}/{path}" if path.startswith("tests/") else shared_model(path))
     batch, steps = 32, 20
     rng = np.random.default_rng(1)
-    x = rng.integers(-1, 2, (batch, *model.inputs[0].shape[1:])).astype(np.float32)
+    x = rng.uniform(-1, 1, (batch, *model.inputs[0].shape[1:])).astype(np.float32)
     classes = model.outputs[0].shape[-1]
     y = (np.eye(classes, dtype=np.float32)[rng.integers(0, classes, batch)] if loss == "cce"
          else rng.standard_normal((batch, classes)).astype(np.float32))
@@ -153,6 +183,23 @@ def test_litert_trains_the_exported_step_as_fit_does(name: str, optimizer: str) 
         assert np.max(np.abs(w - w_ref)) <= 1e-5 * np.max(np.abs(w_ref)), param
         assert not np.array_equal(w, np.asarray(model.params[param])), f"{param} did not train"
     assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+def test_litert_trains_a_mobilenet_step_as_fit_does() -> None:
+    """MLPerf Tiny's visual wake words MobileNet (CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D,
+    RESHAPE, SOFTMAX), every weight training, SGD at batch 4."""
+    model = cj.load(shared_model("mlperftiny_vww_96_mobilenet_float.tflite"))
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (4, *model.inputs[0].shape[1:])).astype(np.float32)
+    y = np.eye(2, dtype=np.float32)[rng.integers(0, 2, 4)]
+    config = dict(loss="cce", optimizer="sgd", learning_rate=0.001, batch_size=4)
+    losses, state = _steps(export_training_graph(model, **config), [x, y], 20)
+    ref = cj.fit(model, x, y, epochs=20, **config)
+    np.testing.assert_allclose(losses, ref.history.loss, rtol=1e-5)
+    for param in model.trainable_params:
+        w_ref = np.asarray(ref.params[param])
+        assert np.max(np.abs(state[param] - w_ref)) <= 1e-5 * np.max(np.abs(w_ref)), param
 
 
 def test_the_wof_holds_the_initial_state_at_its_tensors() -> None:

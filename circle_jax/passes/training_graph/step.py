@@ -28,14 +28,14 @@ import numpy as np
 
 from ...errors import UnsupportedOperatorError
 from ...graph import ir
-from . import dense, elementwise, reduce, shape
+from . import conv, dense, elementwise, pooling, reduce, shape
 from .emit import Emitter, Shape
 from .loss import LossSpec, emit_loss
 from .optimizer import OptimizerSpec, emit_update
 from .rule import Backward, Rule
 
 #: Operator -> its backward rule.
-RULES: dict[str, Rule] = {**dense.RULES, **elementwise.RULES, **reduce.RULES, **shape.RULES}
+RULES: dict[str, Rule] = {**conv.RULES, **dense.RULES, **elementwise.RULES, **pooling.RULES, **reduce.RULES, **shape.RULES}
 
 
 @dataclass(frozen=True)
