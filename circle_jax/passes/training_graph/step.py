@@ -35,7 +35,9 @@ from .optimizer import OptimizerSpec, emit_update
 from .rule import Backward, Rule
 
 #: Operator -> its backward rule.
-RULES: dict[str, Rule] = {**conv.RULES, **dense.RULES, **elementwise.RULES, **pooling.RULES, **reduce.RULES, **shape.RULES}
+RULES: dict[str, Rule] = {name: rule for family in (conv, dense, elementwise, pooling, reduce,
+                                                    shape)
+                          for name, rule in family.RULES.items()}
 
 
 @dataclass(frozen=True)
