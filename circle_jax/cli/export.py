@@ -34,7 +34,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     add_load_arguments(p.add_argument_group("loading (as the run that wrote the weights)"))
     add_personalize_arguments(p.add_argument_group("personalizing (as the run that wrote "
                                                    "the weights)"), seed=True)
-    g = p.add_argument_group("training graph (docs/ondevice.md): write the training step, "
+    g = p.add_argument_group("training graph (docs/training-files.md): write the training step, "
                              "not the model; --wof writes its initial state")
     g.add_argument("--training_graph", choices=["functional"],
                    help="write the training step as builtin operators: functional = subgraph 0 "
