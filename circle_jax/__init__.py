@@ -18,17 +18,19 @@ from .errors import (
     LossScaleWarning,
     TrainingError,
     UnsupportedOperatorError,
+    VariableError,
 )
 
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from . import checkpoints, formats, losses, optim, passes
+    from . import checkpoints, formats, losses, optim, passes, signatures
     from .build import Builder, GraphBuilder
     from .formats.reader import read_model
     from .lowering.interpreter import unsupported_operators
     from .model import Model, TensorSpec, load
     from .ops.registry import supported_operators
+    from .signatures import Interpreter
     from .train import (
         FitResult,
         History,
@@ -42,7 +44,7 @@ if TYPE_CHECKING:
         select_trainable,
     )
 
-_SUBPACKAGES = ("checkpoints", "formats", "losses", "optim", "passes")
+_SUBPACKAGES = ("checkpoints", "formats", "losses", "optim", "passes", "signatures")
 
 # public name -> the module that defines it
 _LAZY = {
@@ -51,6 +53,7 @@ _LAZY = {
     "unsupported_operators": ".lowering.interpreter",
     "Model": ".model", "TensorSpec": ".model", "load": ".model",
     "supported_operators": ".ops.registry",
+    "Interpreter": ".signatures",
     "FitResult": ".train", "History": ".train", "TrainConfig": ".train", "Trainer": ".train",
     "TrainState": ".train", "fit": ".train", "select_trainable": ".train",
     "ProgramCache": ".train", "inline_cpu_dispatch": ".train", "retain_host_memory": ".train",
@@ -76,11 +79,12 @@ def __dir__() -> list[str]:
 __all__ = [
     "Builder", "CheckpointWarning", "CircleFormatError", "CircleJaxError", "ConfigError",
     "DataError", "FitResult", "GraphBuilder",
-    "History", "LossScaleWarning", "Model", "ProgramCache", "TensorSpec", "TrainConfig",
+    "History", "Interpreter", "LossScaleWarning", "Model", "ProgramCache", "TensorSpec",
+    "TrainConfig",
     "TrainState", "Trainer",
-    "TrainingError", "UnsupportedOperatorError", "checkpoints", "fit", "formats",
+    "TrainingError", "UnsupportedOperatorError", "VariableError", "checkpoints", "fit", "formats",
     "inline_cpu_dispatch", "load", "losses", "optim", "passes", "read_model",
     "retain_host_memory",
-    "select_trainable",
+    "select_trainable", "signatures",
     "supported_operators", "unsupported_operators",
 ]

@@ -29,6 +29,11 @@ class TrainingError(CircleJaxError, RuntimeError):
     """Training cannot go on (e.g. a non-finite loss)."""
 
 
+class VariableError(CircleJaxError, RuntimeError):
+    """A signature reads a resource variable that holds nothing: nothing assigned it (the
+    file has no initialiser for it and no signature such as ``restore`` ran)."""
+
+
 class CheckpointWarning(UserWarning):
     """A checkpoint read with less than it holds: Adam's moments resumed by an optimizer
     that keeps none (the weights and the update count still resume)."""

@@ -34,12 +34,15 @@ from .passes import (
     adapter_names,
     bias_selection,
     check_lora_options,
+    keep_reachable,
     merge_lora,
     personal_params,
     personalize,
     pipeline,
+    read_variables_as_constants,
     requantize_weights,
     run,
+    uses_variables,
     weight_only,
 )
 from .passes.dequantize import describe_quantization, is_quantized
@@ -486,6 +489,8 @@ def load(
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
     selected = run(parsed, pipeline(signature=signature))
+    if uses_variables(selected):  # an on-device training file: its variables as params
+        selected = run(selected, [read_variables_as_constants, keep_reachable])
     if qat is False and dequantize is None:
         dequantize = quantized_activations(selected)
     dq = weight_only(selected) if dequantize is None else dequantize

@@ -29,6 +29,11 @@ RSQRT (untrained, seeded). ``ops_full_int8.tflite`` is its full-integer int8 var
 converter has no 16x8 HARD_SWISH, LiteRT no int16 SQUARED_DIFFERENCE; a RELU takes the
 latter's place). ``--only NAME ...`` writes only the named files (the others as they are).
 
+``mobilenet_full_int8.tflite``: Keras's MobileNet v1 (alpha 0.25, 96x96x3, 10 classes,
+untrained, seeded; its head's GlobalAveragePooling2D keeps dims: the 4-d MEAN over axes 1 and
+2 of 256 channels LiteRT runs with its specialised kernel), full integer int8, calibrated on
+64 seeded uniform [0, 1) images.
+
 ``inputs.npz`` holds 8 float32 digits (``x``, [8, 8, 8, 1]); ``versions.json`` the
 TensorFlow version and each file's operators.
 """
@@ -119,6 +124,12 @@ def convert(model: tf.keras.Model, variant: str, rep: np.ndarray) -> bytes:
     return conv.convert()
 
 
+def build_mobilenet(seed: int = 0) -> tf.keras.Model:
+    tf.keras.utils.set_random_seed(seed)
+    return tf.keras.applications.MobileNet(input_shape=(96, 96, 3), alpha=0.25, weights=None,
+                                           classes=10)
+
+
 def operators(data: bytes) -> list[str]:
     interp = tf.lite.Interpreter(model_content=data)
     return sorted({d["op_name"] for d in interp._get_ops_details()})
@@ -139,14 +150,16 @@ def main() -> None:
     versions = out / "versions.json"
     info = json.loads(versions.read_text()) if args.only and versions.exists() else {
         "tensorflow": tf.__version__, "models": {}}
-    jobs = [(variant, model, variant) for variant in (
+    jobs = [(variant, model, variant, x[:64]) for variant in (
         "full_int8", "full_int8_float_io", "int16x8", "dynamic_range", "float16")]
-    jobs += [("ops_full_int8", build_ops(int16=False), "full_int8"),
-             ("ops_int16x8", build_ops(int16=True), "int16x8")]
-    for name, keras_model, variant in jobs:
+    jobs += [("ops_full_int8", build_ops(int16=False), "full_int8", x[:64]),
+             ("ops_int16x8", build_ops(int16=True), "int16x8", x[:64])]
+    images = np.random.default_rng(0).uniform(0, 1, (64, 96, 96, 3)).astype(np.float32)
+    jobs.append(("mobilenet_full_int8", build_mobilenet(), "full_int8", images))
+    for name, keras_model, variant, rep in jobs:
         if args.only and name not in args.only:
             continue
-        data = convert(keras_model, variant, x[:64])
+        data = convert(keras_model, variant, rep)
         (out / f"{name}.tflite").write_bytes(data)
         info["models"][name] = {"bytes": len(data), "operators": operators(data)}
         print(name, len(data), "bytes")

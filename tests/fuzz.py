@@ -4,8 +4,8 @@
 4-byte overwrites with extreme values (inside the FlatBuffer's tables and vectors, where
 lengths, offsets, shape dimensions and option fields live), truncation, and duplicated or
 removed chunks. ``judge(data)`` loads the bytes and runs one forward pass on zero inputs,
-and classifies the outcome: ``ok``, ``refused`` (a documented error:
-:class:`CircleFormatError` or :class:`UnsupportedOperatorError`), or ``bad: <type>: <message>``
+and classifies the outcome: ``ok``, ``refused`` (a documented error, one line: a
+:class:`~circle_jax.errors.CircleJaxError`), or ``bad: <type>: <message>``
 for anything else. ``run_cases`` judges cases in worker processes with an address-space
 limit and a time limit, so a case that would exhaust memory or hang is reported, not fatal.
 """
@@ -62,6 +62,7 @@ def mutate(data: bytes, seed: int) -> bytes:
 def judge(data: bytes) -> str:
     """``ok``, ``refused`` or ``bad: <type>: <first line of the message>``."""
     import circle_jax as cj
+    from circle_jax.errors import CircleJaxError
 
     try:
         model = cj.load(data)
@@ -69,7 +70,7 @@ def judge(data: bytes) -> str:
         outs = model.apply(model.params, *inputs)
         for o in outs:
             np.asarray(o)
-    except (cj.CircleFormatError, cj.UnsupportedOperatorError) as e:
+    except CircleJaxError as e:  # every documented error (format, unsupported, variables)
         msg = str(e)
         if "\n" in msg or len(msg) > 1200:
             return f"bad: long message: {msg[:120]!r}"
@@ -86,7 +87,7 @@ def _worker(conn) -> None:  # pragma: no cover - runs in the child
         case = conn.recv()
         if case is None:
             return
-        data = mutate((MODELS / case.model).read_bytes(), case.seed)
+        data = mutate((MODELS / case.model).read_bytes(), case.seed)  # an absolute path stays
         try:
             conn.send(judge(data))
         except MemoryError:
@@ -95,6 +96,8 @@ def _worker(conn) -> None:  # pragma: no cover - runs in the child
 
 @dataclass(frozen=True)
 class Case:
+    """One mutation: ``model`` a file name in :data:`MODELS`, or an absolute path."""
+
     model: str
     seed: int
 

@@ -5,7 +5,11 @@ mode is ``benchmarks/fuzz_long.py`` (its counts are in benchmarks/README.md)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from tests import fuzz
+from tests.aeq_files import quantized_path
+from tests.paths import TESTS
 
 # Small models, so that each case takes well under a second once the worker is warm.
 SMALL = sorted(p.name for p in fuzz.MODELS.glob("*")
@@ -26,5 +30,23 @@ def test_mutations_are_deterministic_and_change_the_file() -> None:
 def test_mutated_models_load_or_are_refused_in_one_line() -> None:
     bad = [(case, result) for case, result in
            fuzz.run_cases(fuzz.cases(SMALL, PER_MODEL, start=1000), timeout=30)
+           if result.startswith("bad")]
+    assert not bad, bad
+
+
+def _extra_corpus() -> list[str]:
+    """Files the shared models lack: on-device training files (resource variables, Flex
+    ops, no initialisers) and ai-edge-quantizer's int4, int2 and blockwise files."""
+    ondevice = sorted(str(p) for p in (Path(TESTS) / "data" / "ondevice").glob("*.tflite"))
+    mlp = str(Path(TESTS) / "data" / "torch" / "mlp.tflite")
+    recipes = ("weight_only_wi4_afp32", "dynamic_wi4b32_afp32", "dynamic_wi2c_afp32")
+    return ondevice + [quantized_path(mlp, r) for r in recipes]
+
+
+def test_mutated_resource_and_sub_byte_files_load_or_are_refused_in_one_line() -> None:
+    corpus = _extra_corpus()
+    assert all(fuzz.judge(Path(p).read_bytes()) in ("ok", "refused") for p in corpus)
+    bad = [(case, result) for case, result in
+           fuzz.run_cases(fuzz.cases(corpus, 5, start=2000), timeout=30)
            if result.startswith("bad")]
     assert not bad, bad

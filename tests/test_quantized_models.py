@@ -95,3 +95,24 @@ def test_float16_weight_model_runs_in_float32() -> None:
         want, _ = _litert_tensors(data, x)
         got = np.asarray(jax.jit(model.apply)(model.params, x)[0])
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+
+
+def test_full_int8_mobilenet_is_bit_exact() -> None:
+    """TF's full-int8 MobileNet v1 (alpha 0.25, 96x96; a SHAPE of an int8 tensor, its head's
+    spatial MEAN of 256 channels in LiteRT's specialised kernel): output and every integer
+    tensor equal LiteRT's on 3 seeded random images. (The MEAN kernel's rounding by channel
+    block is pinned by tests/ops/test_ops_integer_elementwise.py's random stress test.)"""
+    data = (DATA / "mobilenet_full_int8.tflite").read_bytes()
+    model = cj.load(data)
+    assert any(op.type == "MEAN" for op in model.ir.main.operators)
+    intermediates = jax.jit(model.intermediates)
+    rng = np.random.default_rng(0)
+    for _ in range(3):
+        x = rng.integers(-128, 128, (1, 96, 96, 3)).astype(np.int8)
+        want, tensors = _litert_tensors(data, x)
+        inter = intermediates(model.params, x)
+        assert np.array_equal(np.asarray(inter[model.outputs[0].name]), want)
+        differing = [t for t, v in inter.items() if t in tensors
+                     and np.asarray(v).dtype != np.float32
+                     and not np.array_equal(np.asarray(v), tensors[t])]
+        assert not differing, differing[:3]

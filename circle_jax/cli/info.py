@@ -1,5 +1,7 @@
 """``info``: a model's summary, its params with their short aliases, the graph passes a
-default load runs and what they change, unsupported operators."""
+default load runs and what they change, unsupported operators; for a file with signatures,
+each with its inputs and outputs (and the Flex operators it runs), its resource variables
+(dtype, shape, initialised or not) and its Flex operators."""
 
 from __future__ import annotations
 
@@ -73,6 +75,57 @@ def missing_bias_line(model: object) -> str | None:
             "them a zero one that trains (keras and torch profiles: all)")
 
 
+def _spec(t: object) -> str:
+    return f"{t.dtype}{list(t.shape)}"  # type: ignore[attr-defined]
+
+
+def signatures_section(model: object) -> str | None:
+    """Each signature with its inputs and outputs and the Flex operators it runs (those
+    without a kernel marked), the variables, the Flex operators; None for a model with
+    neither signatures nor variables."""
+    from circle_jax.graph.variables import flex_op, init_subgraphs, variables
+    from circle_jax.ops.registry import definition
+    from circle_jax.passes import reachable
+
+    sigs = model.signature_defs  # type: ignore[attr-defined]
+    found = variables(model)  # type: ignore[arg-type]
+    if not sigs and not found:
+        return None
+    subgraphs = model.subgraphs  # type: ignore[attr-defined]
+    lines = [f"signatures ({len(sigs)}):"]
+    flex_all: dict[str, list[str]] = {}
+    for s in sigs:
+        sg = subgraphs[s.subgraph_index]
+        ins = ", ".join(f"{n}: {_spec(sg.tensors[i])}" for n, i in s.inputs.items())
+        outs = ", ".join(f"{n}: {_spec(sg.tensors[i])}" for n, i in s.outputs.items())
+        within = reachable(model, s.subgraph_index)  # type: ignore[arg-type]
+        flex = sorted({name for k in within for op in subgraphs[k].operators
+                       if (name := flex_op(op)) is not None})
+        for name in flex:
+            flex_all.setdefault(name, []).append(s.key)
+        missing = [n for n in flex if definition(f"CUSTOM:Flex{n}") is None]
+        note = f"  [Flex: {', '.join(flex)}" + (
+            f"; no kernel for {', '.join(missing)}: refused]" if missing else "]") if flex else ""
+        lines.append(f"  {s.key}({ins}) -> {outs}  (subgraph {s.subgraph_index}){note}")
+    inits = init_subgraphs(model)  # type: ignore[arg-type]
+    done = sum(v.initialised for v in found.values())
+    if found:
+        lines.append(f"\nvariables ({len(found)}; {done} initialised by init subgraph(s) "
+                     f"{', '.join(map(str, inits)) or 'none'}"
+                     + ("; the others hold nothing until a signature such as restore assigns "
+                        "them" if done < len(found) else "") + "):")
+    for v in found.values():
+        state = "initialised" if v.initialised else "not initialised"
+        lines.append(f"  {v.name:28} {v.dtype + str(list(v.shape)):20} {state}")
+    if flex_all:
+        lines.append(f"\nFlex operators ({len(flex_all)}):")
+        for name, keys in sorted(flex_all.items()):
+            kernel = "kernel registered" if definition(f"CUSTOM:Flex{name}") is not None \
+                else "no kernel"
+            lines.append(f"  Flex{name} (TF op {name}; {kernel}): in {', '.join(keys)}")
+    return "\n".join(lines)
+
+
 def run(args: argparse.Namespace) -> int:
     from circle_jax.formats.reader import read_model
     from circle_jax.lowering.interpreter import param_table, unsupported_operators
@@ -92,6 +145,9 @@ def run(args: argparse.Namespace) -> int:
     bias = missing_bias_line(m)
     if bias:
         print(bias)
+    section = signatures_section(m)
+    if section:
+        print("\n" + section)
     missing = unsupported_operators(m)
     if missing:
         print(f"\nunsupported operators ({len(missing)}): " + "; ".join(missing))

@@ -24,6 +24,7 @@ from .schema import (
     schema,
     snake_case,
 )
+from .strings import decode_strings
 
 _MIN_SIZE = 8  # root offset + file identifier
 
@@ -43,6 +44,17 @@ def read_bytes(
     if what == "model" and os.path.isdir(path):
         path = nnpackage_model_path(path)
     return read_regular_file(path, what, error), path
+
+
+def operator_codes(buf: bytes) -> set[str]:
+    """The builtin operator names of a model's operator code table, read without unpacking
+    the model (cheap on large files); empty when ``buf`` is no model (the reader says why)."""
+    try:
+        root = schema.Model.Model.GetRootAs(buf, 0)
+        return {OPERATOR_NAMES.get(builtin_code(c.DeprecatedBuiltinCode(), c.BuiltinCode()), "")
+                for c in (root.OperatorCodes(i) for i in range(root.OperatorCodesLength()))}
+    except Exception:  # noqa: BLE001 - any malformed buffer: the reader refuses it properly
+        return set()
 
 
 MAX_FILE_BYTES = 8 << 30
@@ -290,7 +302,9 @@ def _tensor(k: int, t: Any, buffers: list, sg: int, file: _File) -> ir.Tensor:
     bidx = _index(t.buffer, max(len(buffers), 1), f"tensor {name!r} buffer", where)
     raw = buffers[bidx] if bidx < len(buffers) else None
     data = None
-    if raw is not None and dtype not in ("string", "resource", "variant") \
+    if raw is not None and dtype == "string":
+        data = decode_strings(raw, shape, f"{where}: tensor {name!r}")
+    elif raw is not None and dtype not in ("string", "resource", "variant") \
             and not dtype.startswith(("unknown", "ggml", "mx")):
         count = int(np.prod(shape, dtype=np.int64))
         size = packed_size(dtype, count) if dtype in PACKED_BITS \

@@ -47,6 +47,7 @@ from .schema import (
     snake_case,
     tensor_type,
 )
+from .strings import encode_strings
 
 TensorKey = tuple[int, int]  # (subgraph index, tensor index)
 
@@ -222,6 +223,7 @@ def _buffer(t: ir.Tensor, buffers: list[Any], users: Counter) -> int:
     if t.data is None:
         return max(b, 0)
     data = pack_values(t.data, t.dtype) if t.dtype in ir.PACKED_BITS else \
+        encode_strings(t.data) if t.dtype == "string" else \
         np.ascontiguousarray(t.data, ir.as_numpy_dtype(t.dtype)).reshape(-1).view(np.uint8)
     if 0 <= b < len(buffers) and np.array_equal(_buffer_data(buffers[b]), data):
         return b

@@ -19,6 +19,7 @@ from typing import Any
 import numpy as np
 
 from . import ir
+from .variables import check_variables, may_have_no_output
 
 
 @cache
@@ -48,8 +49,10 @@ def _subgraph_refs(op: ir.Operator) -> list[tuple[str, int]]:
 
 
 def check_graph(model: ir.Model) -> list[str]:
-    """One line per refusal: reads before writes, unknown or recursive subgraph calls,
-    inputs and outputs of unknown type."""
+    """One line per refusal: reads before writes, operators without outputs (but those whose
+    effect is on variables, and Flex ones: `circle_jax.graph.variables`), unknown or
+    recursive subgraph calls, inputs and outputs of unknown type, variables used
+    inconsistently across subgraphs (they share them)."""
     refusals: list[str] = []
     n = len(model.subgraphs)
     calls: dict[int, set[int]] = {}
@@ -60,7 +63,7 @@ def check_graph(model: ir.Model) -> list[str]:
         for op in sg.operators:
             where = (f"subgraph {sg.index} " if len(model.subgraphs) > 1 else "") \
                 + f"operator {op.index} ({op.key})"
-            if not any(i >= 0 for i in op.outputs):
+            if not any(i >= 0 for i in op.outputs) and not may_have_no_output(op):
                 refusals.append(f"{where} has no output (expected at least one)")
             late = [i for i in op.inputs if i >= 0 and i not in known]
             if late:
@@ -81,6 +84,7 @@ def check_graph(model: ir.Model) -> list[str]:
         missing = [i for i in sg.outputs if i not in known]
         if missing:
             refusals.append(f"subgraph {sg.index} output tensor {missing[0]} is never computed")
+    refusals += check_variables(model)
     cycle = _recursion(calls)
     if cycle:
         refusals.append("subgraphs call each other in a cycle "
@@ -219,6 +223,10 @@ def check_tensor_quantization(model: ir.Model) -> tuple[list[str], list[str]]:
     return bad, unsupported
 
 
+#: Operators that read only their input's shape, whatever its values stand for.
+SHAPE_READERS = frozenset({"SHAPE", "RANK"})
+
+
 def check_quantization(
     model: ir.Model, runs_integer: Callable[[str, tuple, tuple], bool],
 ) -> tuple[list[str], list[str], set[tuple[int, int]]]:
@@ -244,7 +252,7 @@ def check_quantization(
                                        "is only supported as a bias")
             quantized = [t for t in (*ins, *outs) if t is not None and t.quantization
                          is not None and t.dtype in ("int8", "uint8", "int16")]
-            if not quantized or op.key in ("QUANTIZE", "DEQUANTIZE"):
+            if not quantized or op.key in ("QUANTIZE", "DEQUANTIZE") or op.key in SHAPE_READERS:
                 continue
             if runs_integer(op.key, ins, outs):
                 continue

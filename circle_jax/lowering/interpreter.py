@@ -292,10 +292,12 @@ class Lowered:
     def run(
         self, k: int, params: Mapping[str, Any], inputs: Sequence[Any], keep: bool,
         taps: Mapping[int, Any] | None = None, observed: dict[int, Any] | None = None,
+        variables: dict[str, Any] | None = None,
     ) -> tuple[tuple[Any, ...], dict[int, Any]]:
         """Subgraph ``k``'s outputs (and every tensor when ``keep``). A QAT model's params
         may hold moving activation ranges under :data:`RANGES` (`moving_parameters`);
-        ``observed``: tensor indices whose ``[min, max]`` before rounding is recorded there."""
+        ``observed``: tensor indices whose ``[min, max]`` before rounding is recorded there;
+        ``variables``: the resource variables (`OpContext.variables`), updated in place."""
         sg = self.model.subgraphs[k]
         if len(inputs) != len(sg.inputs):
             raise TypeError(f"subgraph {k} takes {len(sg.inputs)} inputs, got {len(inputs)}")
@@ -337,7 +339,7 @@ class Lowered:
             raise ValueError(f"subgraph {k}: tensor {t.name!r} is read before it is computed")
 
         def run_subgraph(j: int, args: Sequence[Any]) -> tuple[Any, ...]:
-            return self.run(j, params, args, keep=False)[0]
+            return self.run(j, params, args, keep=False, variables=variables)[0]
 
         for op in sg.operators:
             d, fn, ctx = self._ops[(k, op.index)]
@@ -346,7 +348,7 @@ class Lowered:
             if plan is not None:
                 args = [self._fake_quant_bias(k, i, a, params, acts)
                         for i, a in zip(op.inputs, args)]
-            ctx = replace(ctx, run_subgraph=run_subgraph)
+            ctx = replace(ctx, run_subgraph=run_subgraph, variables=variables)
             try:
                 rows = next((p for p, a in enumerate(args) if isinstance(a, RowSquares)), None)
                 if rows is not None:
@@ -383,7 +385,6 @@ class Lowered:
                 integer.step(op, params, self._param_name, env, ints)
         outputs = tuple(value(i) for i in sg.outputs)
         return outputs, (env if keep else {})
-
 
     def _fake_quant_bias(self, k: int, i: int, b: Any, params: Mapping[str, Any],
                          acts: Mapping[int, tuple[Any, Any, Any]]) -> Any:

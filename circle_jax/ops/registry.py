@@ -103,7 +103,10 @@ class OpContext:
     """Static facts about one operator, handed to its implementation.
 
     ``lowering`` is the ``circle_jax.lowering.LoweringOptions`` the model is lowered with
-    (read by fast implementations only; None outside a lowering).
+    (read by fast implementations only; None outside a lowering). ``variables``: while a
+    signature runs (`circle_jax.signatures`), the resource variables' values by shared_name,
+    which the variable operators (`circle_jax.ops.variables`) read and assign in place;
+    None otherwise.
     """
 
     op: ir.Operator
@@ -111,6 +114,7 @@ class OpContext:
     outputs: tuple[ir.Tensor, ...]
     run_subgraph: Callable[[int, Sequence[Any]], tuple[Any, ...]]
     lowering: Any = None
+    variables: dict[str, Any] | None = None
 
     @property
     def options(self) -> ir.Options:

@@ -10,11 +10,14 @@ pass is also usable alone:
     model = run(model, [partial(select_signature, key="decode"), untie_shared_constants])
     data = write_model(model, "tflite")
 
-Passes: :func:`select_signature` (`.signature`), :func:`dequantize_model` and its inverse
-for weight-only quantized models :func:`requantize_weights` (`.dequantize`),
+Passes: :func:`select_signature` and :func:`keep_reachable` (`.signature`),
+:func:`dequantize_model` and its inverse for weight-only quantized models
+:func:`requantize_weights` (`.dequantize`),
 :func:`fake_quantize` (`.fake_quant`: a fully quantized model as the float model that
 simulates it, for quantization-aware training),
-:func:`untie_shared_constants` (`.untie`), :func:`add_missing_biases` (`.bias`);
+:func:`untie_shared_constants` (`.untie`), :func:`add_missing_biases` (`.bias`),
+:func:`read_variables_as_constants` (`.variables`: an on-device training file's signature
+as an ordinary model);
 personalizing ones (:func:`personalize`): :func:`replace_head` (`.head`), :func:`add_lora`
 and its inverse :func:`merge_lora` (`.lora`). New passes build on the helpers of
 `.edit` (``add_tensor``, ``add_constant``, ``add_operator``, ``set_outputs``, ``record``).
@@ -43,8 +46,15 @@ from .edit import (
 from .fake_quant import FakeQuantPlan, fake_quant_plan, fake_quantize
 from .head import replace_head
 from .lora import adapter_names, add_lora, lora_frozen, lora_targets, merge_lora
-from .signature import select_signature, signature_keys
+from .signature import (
+    keep_reachable,
+    reachable,
+    select_signature,
+    select_subgraph,
+    signature_keys,
+)
 from .untie import untie_shared_constants
+from .variables import read_variables_as_constants, uses_variables
 
 Pass = Callable[[ir.Model], ir.Model]
 
@@ -120,8 +130,10 @@ __all__ = [
     "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
     "FakeQuantPlan", "add_tensor", "bias_operators", "bias_selection", "check_lora_options",
     "dequantize_model",
-    "fake_quant_plan", "fake_quantize", "lora_frozen", "lora_targets", "merge_lora",
-    "personal_params", "personalize", "pipeline", "record", "replace_head", "replace_inputs",
-    "replace_subgraph", "requantize_weights", "run", "select_signature", "set_inputs",
-    "set_outputs", "signature_keys", "untie_shared_constants", "weight_only",
+    "fake_quant_plan", "fake_quantize", "keep_reachable", "lora_frozen", "lora_targets",
+    "merge_lora",
+    "personal_params", "personalize", "pipeline", "reachable", "read_variables_as_constants",
+    "record", "replace_head", "replace_inputs", "replace_subgraph", "requantize_weights", "run",
+    "select_signature", "select_subgraph", "set_inputs", "set_outputs", "signature_keys",
+    "untie_shared_constants", "uses_variables", "weight_only",
 ]

@@ -6,6 +6,11 @@ to either: each option naming a subgraph (an integer option whose name holds
 ``subgraph``, such as WHILE's ``cond_subgraph_index``) and each signature def.
 Running, training and exporting then act on the chosen signature, and an exported file
 still holds every signature, each naming its own subgraph.
+
+:func:`keep_reachable` drops the subgraphs subgraph 0 never runs (through an option naming a
+subgraph: a loop body, an init subgraph): a signature of an on-device training file then
+lowers without the other signatures' operators (a Flex op of ``save`` does not stop
+``train``).
 """
 
 from __future__ import annotations
@@ -33,8 +38,16 @@ def select_signature(model: ir.Model, key: str) -> ir.Model:
     if not 0 <= k < len(model.subgraphs):
         raise CircleFormatError(f"signature {key!r} names subgraph {k}; the model has "
                                 f"{len(model.subgraphs)}")
+    return select_subgraph(model, k, {"signature": key}, "select_signature")
+
+
+def select_subgraph(model: ir.Model, k: int, what: dict[str, str] | None = None,
+                    name: str = "select_subgraph") -> ir.Model:
+    """``model`` with subgraph ``k`` (which must exist) as subgraph 0, swapped as
+    :func:`select_signature` does (recorded as pass ``name``, its changes after ``what``)."""
+    what = dict(what or {"subgraph": str(k)})
     if k == 0:
-        return record(model, "select_signature", {"signature": key})
+        return record(model, name, what)
     swap = {0: k, k: 0}
     order = [swap.get(j, j) for j in range(len(model.subgraphs))]
     subgraphs = tuple(
@@ -44,12 +57,45 @@ def select_signature(model: ir.Model, key: str) -> ir.Model:
     signatures = tuple(replace(s, subgraph_index=swap.get(s.subgraph_index, s.subgraph_index))
                        for s in model.signature_defs)
     out = replace(model, subgraphs=subgraphs, signature_defs=signatures)
-    return record(out, "select_signature", {"signature": key, "subgraph 0": f"was subgraph {k}",
-                                            f"subgraph {k}": "was subgraph 0"})
+    return record(out, name, {**what, "subgraph 0": f"was subgraph {k}",
+                              f"subgraph {k}": "was subgraph 0"})
 
 
 def _renumbered(op: ir.Operator, swap: dict[int, int]) -> ir.Operator:
-    """``op`` with the subgraph indices its options name renumbered by ``swap``."""
+    """``op`` with the subgraph indices its options name renumbered by ``swap`` (those it
+    lacks unchanged)."""
     refs = {name: swap[v] for name, v in op.options.items()
             if "subgraph" in name and isinstance(v, int) and v in swap}
     return replace(op, options=ir.Options({**op.options, **refs})) if refs else op
+
+
+def keep_reachable(model: ir.Model) -> ir.Model:
+    """``model`` with only subgraph 0 and the subgraphs it reaches (see the module
+    docstring), renumbered in their order, with the signature defs of those kept."""
+    reached = reachable(model, 0)
+    if len(reached) == len(model.subgraphs):
+        return record(model, "keep_reachable", {})
+    new = {old: n for n, old in enumerate(sorted(reached))}
+    subgraphs = tuple(
+        replace(model.subgraphs[old], index=n,
+                operators=tuple(_renumbered(op, new) for op in model.subgraphs[old].operators))
+        for old, n in new.items())
+    signatures = tuple(replace(s, subgraph_index=new[s.subgraph_index])
+                       for s in model.signature_defs if s.subgraph_index in new)
+    dropped = sorted(set(range(len(model.subgraphs))) - reached)
+    return record(replace(model, subgraphs=subgraphs, signature_defs=signatures),
+                  "keep_reachable", {f"subgraph {k}": "dropped" for k in dropped})
+
+
+def reachable(model: ir.Model, k: int) -> set[int]:
+    """Subgraph ``k`` and every subgraph it runs, directly or not (options naming a
+    subgraph)."""
+    reached, todo = {k}, [k]
+    while todo:
+        for op in model.subgraphs[todo.pop()].operators:
+            for name, v in op.options.items():
+                if "subgraph" in name and isinstance(v, int) and 0 <= v < len(model.subgraphs) \
+                        and v not in reached:
+                    reached.add(v)
+                    todo.append(v)
+    return reached

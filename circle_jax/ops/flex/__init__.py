@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 
+from ..registry import OpContext, register
 from . import (  # noqa: F401  (the families register their kernels)
     activation_grads,
     checkpoint_ops,
@@ -20,11 +21,26 @@ from . import (  # noqa: F401  (the families register their kernels)
     pooling_grads,
     shape_ops,
 )
+from .nodedef import attributes
 from .registry import KERNELS as FLEX_OPS
 from .registry import FlexKernel
 
 FLEX_KERNELS: dict[str, Callable] = {name: k.fn for name, k in sorted(FLEX_OPS.items())}
 """TF op name -> ``kernel(attrs, *inputs) -> output(s)``."""
+
+
+def _operator(kernel: FlexKernel) -> Callable:
+    """The operator implementation (``fn(ctx, *inputs)``) of a Flex kernel: its attributes
+    decoded from the operator's NodeDef."""
+    def run(ctx: OpContext, *inputs: object) -> object:
+        _, attrs = attributes(ctx.op.custom_options or b"", ctx.op.custom_code)
+        return kernel.fn(attrs, *inputs)
+
+    return run
+
+
+for _name, _kernel in sorted(FLEX_OPS.items()):  # each runs as the CUSTOM operator Flex<name>
+    register(f"CUSTOM:Flex{_name}", fold=not _kernel.host)(_operator(_kernel))
 
 
 def flex_op_name(custom_code: str) -> str | None:

@@ -20,6 +20,16 @@ from circle_jax.errors import DataError
 from .registry import flex_kernel
 
 
+def _widened(a: np.ndarray, t: str | None) -> np.ndarray:
+    """``a`` in the 64-bit type ``t`` names when it holds its 32-bit counterpart (JAX
+    without x64 computes a variable declared int64 or float64 in 32 bits; widening is
+    exact), else as it is."""
+    wide = {"int64": np.int32, "uint64": np.uint32, "float64": np.float32}
+    if t in wide and a.dtype == wide[t]:
+        return a.astype(t)
+    return a
+
+
 def _text(x: Any, op: str, what: str) -> str:
     v = np.asarray(x)
     if v.ndim != 0:
@@ -45,7 +55,7 @@ def save(attrs: dict, filename: Any, tensor_names: Any, *data: Any) -> tuple:
                         f"({len(types)} types)")
     if len(set(names)) != len(names):
         raise DataError(f"Flex Save: tensor names repeat: {names}")
-    arrays = [np.asarray(d) for d in data]
+    arrays = [_widened(np.asarray(d), t) for d, t in zip(data, types or [None] * len(data))]
     for name, t, a in zip(names, types, arrays):
         if t != "string" and a.dtype != numpy_dtype(t):
             raise DataError(f"Flex Save: tensor {name!r} is {a.dtype.name}, its type T says "

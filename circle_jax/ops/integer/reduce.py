@@ -6,7 +6,10 @@ by ``M / n`` in fixed point: with ``(M, shift) = quantize_multiplier(s_in / s_ou
 + zp_out``, clamped. 8-bit MEAN over axes (1, 2) of a 4-d tensor with ``keep_dims`` takes
 LiteRT's specialised kernel instead: the raw values are summed, ``out = MBQM(sum,
 quantize_multiplier(s_in / (n * s_out))) + zp_out - round(zp_in * s_in / s_out)`` (float32
-ratios, the rounding half away from zero), clamped.
+ratios, the rounding half away from zero), clamped. For int8 the channels LiteRT's kernel
+takes sixteen at a time (the first ``C - C % 16``; its SIMD path, which the x86 wheel runs
+through NEON_2_SSE) round MBQM's final shift half up, the rest half away from zero
+(measured against LiteRT on 70 random shapes, scales and zero points: all equal).
 
 SUM: the raw values are summed in int32 and rescaled in float32:
 ``clamp(round(float(sum) * scale + bias) + zp_out)`` with ``scale = s_in / s_out`` and
@@ -62,8 +65,13 @@ def mean(ctx: OpContext, x: Array, axis: Any) -> Array:
         real = np.float32(xq.s) / (np.float32(n) * np.float32(yq.s))
         ratio = np.float32(xq.zp) * np.float32(xq.s) / np.float32(yq.s)
         bias = yq.zp - int(ratio + np.copysign(np.float32(0.5), ratio))
-        out = multiply_by_quantized_multiplier(total, *quantize_multiplier(float(real))) + bias
-        return saturate(out, yq.qmin, yq.qmax, yq.np_dtype)
+        m, shift = quantize_multiplier(float(real))
+        out = multiply_by_quantized_multiplier(total, m, shift)
+        if xq.dtype == "int8":  # the channels LiteRT's kernel takes 16 at a time round up
+            c = total.shape[-1]
+            up = multiply_by_quantized_multiplier(total, m, shift, "up")
+            out = jnp.where(np.arange(c) < c - c % 16, up, out)
+        return saturate(out + bias, yq.qmin, yq.qmax, yq.np_dtype)
     total, n = _sum(ctx, v - xq.zp, axis)
     m, shift = quantize_multiplier(float(np.float64(xq.s) / np.float64(yq.s)))
     k = min(n.bit_length() - 1, 32, 31 + shift)
