@@ -36,10 +36,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                                                    "the weights)"), seed=True)
     g = p.add_argument_group("training graph (docs/training-files.md): write the training step, "
                              "not the model; --wof writes its initial state")
-    g.add_argument("--training_graph", choices=["functional"],
+    g.add_argument("--training_graph", choices=["functional", "signatures"],
                    help="write the training step as builtin operators: functional = subgraph 0 "
                    "is one step (inputs: the model's inputs, the targets, the state; outputs: "
-                   "the loss, the new state) (default: none, the model is written)")
+                   "the loss, the new state); signatures = resource variables, signatures "
+                   "train, infer, save, restore (default: none, the model is written)")
     g.add_argument("--batch_size", type=int, metavar="N",
                    help="samples per step, the graph's batch (default: the model's circle+ "
                    "value, else 32)")
@@ -64,7 +65,7 @@ def run(args: argparse.Namespace) -> int:
     given = [f"--{f}" for f in _STEP_FLAGS if getattr(args, f, None) not in (None, False)]
     if given and not args.training_graph:
         raise CliError(f"{', '.join(given)}: training-step flag(s); give --training_graph "
-                       "functional to write the step")
+                       "functional (or signatures) to write the step")
     model = load_model(args.model, **load_options(args))
     params = model.params
     if args.load_wof:
@@ -95,6 +96,9 @@ def _training_graph(args: argparse.Namespace, model: Any, params: Mapping[str, A
 
     if not (args.circle or args.tflite):
         raise CliError("--training_graph writes a model: give --tflite OUT and/or --circle OUT")
+    if args.wof and args.training_graph != "functional":
+        raise CliError(f"--wof: the {args.training_graph} packaging initialises its variables "
+                       "in the file; a .wof goes with --training_graph functional")
     config = TrainConfig(batch_size=args.batch_size, **step_config(args))
     files = {}
     for flag, fmt in (("--tflite", "tflite"), ("--circle", "circle")):

@@ -9,6 +9,10 @@ probabilities clipped, or its input logits), the optimizer's numerics (Adam's ep
 placement). They become a `circle_jax.passes.training_graph.StepConfig`, whose pass builds
 the step graph; here it is written as bytes, with its initial state as a ``.wof``.
 
+Packaging ``signatures`` (`circle_jax.passes.training_graph.signature_model`): resource
+variables initialised through CALL_ONCE, signatures ``train``, ``infer``, ``save``,
+``restore``, LiteRT's on-device training file without Flex operators.
+
 Packaging ``functional``: subgraph 0 is the pure step (inputs: the model's inputs, the
 targets, the state; outputs: the loss, the new state, `circle_jax.passes.training_graph`);
 a runtime trains by feeding each step's new state into the next. The ``.wof`` holds the
@@ -37,23 +41,30 @@ from ..formats.writer import write_model
 from ..losses import get_clip, loss_name
 from ..model import Model
 from ..optim import hyperparameters, optimizer_name
-from ..passes.training_graph import LossSpec, OptimizerSpec, StepConfig, functional_step
+from ..passes.training_graph import (
+    LossSpec,
+    OptimizerSpec,
+    StepConfig,
+    functional_step,
+    signature_model,
+)
 from ..train import TrainConfig, select_trainable
 from ..train.config import check_loss_output, output_index, training_reduction
 from ..train.numerics import training_numerics
 
-PACKAGINGS = ("functional",)
+PACKAGINGS = ("functional", "signatures")
 _PLACEMENT_OF = {"adam": None, "adam_optax": "optax", "adam_onert_micro": "onert_micro"}
 
 
 @dataclass(frozen=True)
 class TrainingExport:
-    """An exported training step: the model file's bytes, its initial state as ``.wof``
-    bytes, the names of the graph's inputs and outputs in order, and the initial state
-    (state name -> value, in the graph's order)."""
+    """An exported training step: the model file's bytes, the initial state as ``.wof``
+    bytes (functional packaging; None for signatures, whose file initialises its variables),
+    the names of subgraph 0's inputs and outputs in order, and the initial state (state
+    name -> value, in the graph's order)."""
 
     model: bytes
-    wof: bytes
+    wof: bytes | None
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     state: dict[str, np.ndarray]
@@ -74,6 +85,16 @@ def export_training_graph(model: Model, config: TrainConfig | None = None, *,
     params = {k: np.asarray(v) for k, v in (model.params if params is None else params).items()}
     step = step_config(model, config, **overrides)
     built = functional_step(model.ir, step, params)
+    if packaging == "signatures":
+        try:
+            packed = signature_model(model.ir, step, built)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        sg = packed.main
+        return TrainingExport(write_model(packed, file_format), None,
+                              tuple(sg.tensors[i].name for i in sg.inputs),
+                              tuple(sg.tensors[i].name for i in sg.outputs),
+                              {name: value for name, value in built.state})
     sg = built.model.main
     buffers: list[np.ndarray | None] = [None] * len(sg.tensors)
     for (_, value), i in zip(built.state, built.state_inputs):

@@ -59,3 +59,17 @@ def test_step_flags_need_the_training_graph(tmp_path, capsys) -> None:
                  str(tmp_path / "m.tflite")]) != 0
     assert "--optimizer: training-step flag(s); give --training_graph functional" \
         in capsys.readouterr().err
+
+
+def test_the_signatures_packaging_from_the_command_line(tmp_path, capsys) -> None:
+    path = shared_model("tfexamples_planestrike_mlp.tflite")
+    out = tmp_path / "train.tflite"
+    assert main(["export", path, "--training_graph", "signatures", "--optimizer", "2",
+                 "--batch_size", "4", "--tflite", str(out), "--wof",
+                 str(tmp_path / "s.wof")]) != 0
+    assert "--wof: the signatures packaging" in capsys.readouterr().err
+    assert not out.exists()
+    assert main(["export", path, "--training_graph", "signatures", "--optimizer", "2",
+                 "--batch_size", "4", "--tflite", str(out)]) == 0
+    sigs = {s.key for s in read_model(out.read_bytes()).signature_defs}
+    assert sigs == {"train", "infer", "save", "restore"}

@@ -256,3 +256,36 @@ def test_what_the_step_cannot_take_is_refused() -> None:
         export_training_graph(model, optimizer="sgd", optimizer_kwargs={"momentum": 0.9})
     with pytest.raises(ConfigError, match="nothing trains"):
         export_training_graph(model, trainable=0)
+
+
+def test_litert_trains_the_signatures_packaging_as_fit_does() -> None:
+    """Resource variables through CALL_ONCE: ``train`` 20 times = fit; ``save`` returns the
+    trained weights, ``infer`` computes with them, ``restore`` puts the initial state back
+    (the next ``train`` gives the first step's loss again)."""
+    from ai_edge_litert import interpreter as litert
+
+    model = cj.load(shared_model("tfexamples_planestrike_mlp.tflite"))
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-1, 1, (16, 8, 8)).astype(np.float32)
+    y = np.eye(64, dtype=np.float32)[rng.integers(0, 64, 16)]
+    config = dict(loss="cce", optimizer="adam", learning_rate=0.001, batch_size=16)
+    export = export_training_graph(model, packaging="signatures", **config)
+    assert export.wof is None
+    interp = litert.Interpreter(model_content=export.model)
+    assert set(interp.get_signature_list()) == {"train", "infer", "save", "restore"}
+    names = {op.type for sg in read_model(export.model).subgraphs for op in sg.operators}
+    assert {"CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"} <= names
+    assert not any(n == "CUSTOM" for n in names)
+    train = interp.get_signature_runner("train")
+    losses = [float(train(flatten_input=x, target=y)["loss"]) for _ in range(20)]
+    ref = cj.fit(model, x, y, epochs=20, **config)
+    np.testing.assert_allclose(losses, ref.history.loss, rtol=1e-5)
+    saved = interp.get_signature_runner("save")()
+    assert set(saved) == set(export.state)
+    for param in model.trainable_params:
+        w_ref = np.asarray(ref.params[param])
+        assert np.max(np.abs(saved[param] - w_ref)) <= 1e-5 * np.max(np.abs(w_ref)), param
+    (out,) = interp.get_signature_runner("infer")(flatten_input=x[:1]).values()
+    np.testing.assert_allclose(out, model.apply(ref.params, x[:1])[0], rtol=RTOL, atol=ATOL)
+    interp.get_signature_runner("restore")(**export.state)
+    assert float(train(flatten_input=x, target=y)["loss"]) == pytest.approx(losses[0], rel=1e-6)

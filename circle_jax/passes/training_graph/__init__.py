@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from .loss import LOSSES, LossSpec
 from .optimizer import OPTIMIZERS, OptimizerSpec
+from .signatures import SIGNATURES, signature_model
 from .step import RULES, StepConfig, TrainingStep, functional_step, unsupported
 
-__all__ = ["LOSSES", "OPTIMIZERS", "RULES", "LossSpec", "OptimizerSpec", "StepConfig",
-           "TrainingStep", "functional_step", "unsupported"]
+__all__ = ["LOSSES", "OPTIMIZERS", "RULES", "SIGNATURES", "LossSpec", "OptimizerSpec",
+           "StepConfig", "TrainingStep", "functional_step", "signature_model", "unsupported"]

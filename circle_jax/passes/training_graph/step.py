@@ -116,7 +116,7 @@ def unsupported(model: ir.Model, config: StepConfig) -> list[str]:
     the trainable path that has no backward rule or whose rule refuses it."""
     sg = model.main
     ops, path = _backward_ops(sg, config)
-    e = Emitter(_forward_tensors(sg, config), ())
+    e = Emitter(forward_tensors(sg, config), ())
     found = []
     for op in ops:
         rule = RULES.get(op.key)
@@ -129,7 +129,7 @@ def unsupported(model: ir.Model, config: StepConfig) -> list[str]:
     return found
 
 
-def _forward_tensors(sg: ir.Subgraph, config: StepConfig) -> list[ir.Tensor]:
+def forward_tensors(sg: ir.Subgraph, config: StepConfig) -> list[ir.Tensor]:
     """Subgraph 0's tensors at the training batch, detached from the source file; the
     trainable weights become plain tensors (state inputs) named by their params."""
     names = {i: name for name, i in config.trainable}
@@ -175,7 +175,7 @@ def functional_step(model: ir.Model, config: StepConfig, params: Mapping[str, np
             f"no training-graph rule for {len(refused)} operator(s) on the path the trainable "
             f"weights need: {', '.join(refused)}")
     sg = model.main
-    e = Emitter(_forward_tensors(sg, config), ())
+    e = Emitter(forward_tensors(sg, config), ())
     forward = [replace(_rebatched(e, op), index=k, origin=None)
                for k, op in enumerate(_needed_ops(sg, config.reads))]
     e.operators = list(forward)
