@@ -1,0 +1,190 @@
+"""``export_training_graph``: the training step circle-jax's ``fit`` takes, as a file any
+inference runtime runs.
+
+A `TrainConfig` (with the model's circle+ values and the defaults, as ``fit`` resolves
+it) and the model's numerics profile decide the step: the trainable set
+(`circle_jax.train.select_trainable`: the last N operators' weights and biases, or named
+params), the loss and how it reads the output (`circle_jax.train.numerics`: a SOFTMAX's
+probabilities clipped, or its input logits), the optimizer's numerics (Adam's eps
+placement). They become a `circle_jax.passes.training_graph.StepConfig`, whose pass builds
+the step graph; here it is written as bytes, with its initial state as a ``.wof``.
+
+Packaging ``signatures`` (`circle_jax.passes.training_graph.signature_model`): resource
+variables initialised through CALL_ONCE, signatures ``train``, ``infer``, ``save``,
+``restore``, LiteRT's on-device training file without Flex operators.
+
+Packaging ``functional``: subgraph 0 is the pure step (inputs: the model's inputs, the
+targets, the state; outputs: the loss, the new state, `circle_jax.passes.training_graph`);
+a runtime trains by feeding each step's new state into the next. The ``.wof`` holds the
+initial state (buffer k = tensor k of subgraph 0: the state inputs' values, no buffer for
+the other tensors).
+
+What the step cannot take is refused in one line (`ConfigError`, or
+`UnsupportedOperatorError` naming every operator without a backward rule on the trainable
+path) before anything is written: optimizers other than SGD (no momentum) and Adam,
+torch's optimizer family, Keras's normalising probability clip, a model whose graph does not
+follow the batch at a batch size other than its declared one.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import jax
+import numpy as np
+
+from ..errors import ConfigError
+from ..formats.wof import encode_wof
+from ..formats.writer import write_model
+from ..losses import get_clip, loss_name
+from ..model import Model
+from ..optim import hyperparameters, optimizer_name
+from ..passes.training_graph import (
+    LossSpec,
+    OptimizerSpec,
+    StepConfig,
+    functional_step,
+    signature_model,
+)
+from ..train import TrainConfig, select_trainable
+from ..train.config import check_loss_output, output_index, training_reduction
+from ..train.numerics import training_numerics
+
+PACKAGINGS = ("functional", "signatures")
+_PLACEMENT_OF = {"adam": None, "adam_optax": "optax", "adam_onert_micro": "onert_micro"}
+
+
+@dataclass(frozen=True)
+class TrainingExport:
+    """An exported training step: the model file's bytes, the initial state as ``.wof``
+    bytes (functional packaging; None for signatures, whose file initialises its variables),
+    the names of subgraph 0's inputs and outputs in order, and the initial state (state
+    name -> value, in the graph's order)."""
+
+    model: bytes
+    wof: bytes | None
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    state: dict[str, np.ndarray]
+
+
+def export_training_graph(model: Model, config: TrainConfig | None = None, *,
+                          params: Mapping[str, Any] | None = None,
+                          packaging: str = "functional", file_format: str = "tflite",
+                          **overrides: Any) -> TrainingExport:
+    """``model``'s training step as builtin operators (module docstring), its state
+    initialised from ``params`` (default: the model's). ``config`` with ``overrides``
+    (`TrainConfig` fields: ``loss``, ``optimizer``, ``learning_rate``, ``batch_size``,
+    ``trainable``, ``reduction``, ``from_logits``, ``loss_output``, ``optimizer_kwargs``,
+    ``numerics``) is resolved as ``fit`` resolves it; ``file_format`` "tflite" or "circle"."""
+    if packaging not in PACKAGINGS:
+        raise ConfigError(f"unknown training-graph packaging {packaging!r}: expected one of "
+                          f"{', '.join(PACKAGINGS)}")
+    params = {k: np.asarray(v) for k, v in (model.params if params is None else params).items()}
+    step = step_config(model, config, **overrides)
+    built = functional_step(model.ir, step, params)
+    if packaging == "signatures":
+        try:
+            packed = signature_model(model.ir, step, built)
+        except ValueError as e:
+            raise ConfigError(str(e)) from None
+        sg = packed.main
+        return TrainingExport(write_model(packed, file_format), None,
+                              tuple(sg.tensors[i].name for i in sg.inputs),
+                              tuple(sg.tensors[i].name for i in sg.outputs),
+                              {name: value for name, value in built.state})
+    sg = built.model.main
+    buffers: list[np.ndarray | None] = [None] * len(sg.tensors)
+    for (_, value), i in zip(built.state, built.state_inputs):
+        buffers[i] = value
+    return TrainingExport(write_model(built.model, file_format), encode_wof(buffers),
+                          tuple(sg.tensors[i].name for i in sg.inputs),
+                          tuple(sg.tensors[i].name for i in sg.outputs),
+                          {name: value for name, value in built.state})
+
+
+def step_config(model: Model, config: TrainConfig | None = None, **overrides: Any
+                ) -> StepConfig:
+    """The `StepConfig` of ``model`` trained with ``config`` and ``overrides`` (see
+    `export_training_graph`); ConfigError (one line) for what the step cannot take."""
+    cfg = (config or TrainConfig())
+    if overrides:
+        from dataclasses import replace
+
+        cfg = replace(cfg, **overrides)
+    cfg = cfg.with_defaults(model)
+    for field, default in (("accumulate", 1), ("loss_scale", "none"), ("precision", None),
+                           ("ignore_index", None)):
+        if getattr(cfg, field) != default:
+            raise ConfigError(f"the exported training step does not take {field}="
+                              f"{getattr(cfg, field)!r}")
+    loss, opt = loss_name(cfg.loss), optimizer_name(cfg.optimizer)
+    output = output_index(model, cfg.loss_output)
+    check_loss_output(model, cfg, output)
+    reduction = training_reduction(cfg.reduction)
+    num = training_numerics(model, loss, opt, cfg.numerics, cfg.from_logits, cfg.clip,
+                            dict(cfg.optimizer_kwargs), output=output)
+    if num.optimizers != "keras":
+        raise ConfigError(f"the exported training step takes the keras optimizer family; the "
+                          f"numerics profile {num.numerics.name!r} takes {num.optimizers}'s")
+    loss_spec = _loss_spec(loss, reduction.value, num)
+    opt_spec = _optimizer_spec(opt, float(cfg.learning_rate), num.optimizer_kwargs,
+                               float(cfg.batch_size) if num.sum_gradients else 1.0)
+    names = select_trainable(model, cfg.trainable)
+    if not names:
+        raise ConfigError("nothing trains: the trainable set is empty (expected "
+                          "--num_of_trainable_ops -1 or N > 0, or params named)")
+    keys = model.param_keys
+    outside = sorted(n for n in names if keys[n][0] != 0)
+    if outside:
+        raise ConfigError(f"trainable params outside subgraph 0 cannot be exported: {outside}")
+    trainable = tuple((n, keys[n][1]) for n in sorted(names, key=lambda n: keys[n][1]))
+    reads = num.logits_of[0] if num.logits_of else model.ir.main.outputs[output]
+    return StepConfig(loss_spec, opt_spec, reads, trainable,
+                      _batch_shapes(model, int(cfg.batch_size)))
+
+
+def _loss_spec(loss: str, reduction: str, num: Any) -> LossSpec:
+    beta = num.logits_of[1] if num.logits_of else 1.0
+    if loss == "mean_squared_error" or num.from_logits:
+        return LossSpec(loss, reduction, num.from_logits, beta)
+    clip = get_clip(num.clip)
+    if clip.normalize or clip.eps_max is not None:
+        raise ConfigError("the exported training step clips probabilities below only "
+                          f"(onert's max(p, eps)); the clip {num.clip!r} also normalises or "
+                          "clips above: use the onert numerics or from_logits")
+    return LossSpec(loss, reduction, False, beta, clip.eps_min)
+
+
+def _optimizer_spec(name: str, lr: float, kwargs: Mapping[str, Any], grad_scale: float
+                    ) -> OptimizerSpec:
+    if name == "sgd":
+        if kwargs.get("momentum"):
+            raise ConfigError("the exported training step takes SGD without momentum")
+        hyperparameters(name, **kwargs)  # refuses keywords SGD does not take
+        return OptimizerSpec("sgd", lr)
+    if name not in _PLACEMENT_OF:
+        raise ConfigError(f"the exported training step takes sgd or adam, not {name!r}")
+    kwargs = dict(kwargs)
+    placement = _PLACEMENT_OF[name] or kwargs.pop("eps_placement", "tf")
+    hyper = hyperparameters(name, **kwargs)
+    return OptimizerSpec("adam", lr, float(hyper["beta1"]), float(hyper["beta2"]),
+                         float(hyper["epsilon"]), placement, grad_scale)
+
+
+def _batch_shapes(model: Model, batch: int) -> dict[int, tuple[int, ...]]:
+    """Every tensor's shape of subgraph 0 at ``batch`` samples (circle-jax's own shape
+    propagation); refused when the graph does not follow the batch."""
+    declared = model.inputs[0].shape[0] if model.inputs and model.inputs[0].shape else None
+    if batch != declared and model.batch_blocker is not None:
+        raise ConfigError(f"batch size {batch}: the graph does not follow the batch "
+                          f"({model.batch_blocker}); export at its declared batch {declared}")
+    specs = [jax.ShapeDtypeStruct((batch, *s.shape[1:]), np.dtype(s.dtype))
+             for s in model.inputs]
+    _, tensors = jax.eval_shape(lambda *xs: model.tensors(model.params, *xs), *specs)
+    shapes = {i: tuple(t.shape) for i, t in tensors.items()}
+    for i, s in zip(model.ir.main.inputs, specs):
+        shapes[i] = s.shape
+    return shapes

@@ -1,0 +1,291 @@
+"""The training step as builtin operators (circle_jax.passes.training_graph, issue 56).
+
+Each backward rule: its builtin-operator graph, run by LiteRT, equals ``jax.vjp`` of
+circle-jax's reference operator on random shapes and options. The exported functional step
+(circle_jax.ondevice): LiteRT runs it 20 steps, feeding each step's state into the next, with
+the same per-step losses and final weights as circle-jax's ``fit``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import jax
+import numpy as np
+import pytest
+
+import circle_jax as cj
+from circle_jax.build import Builder
+from circle_jax.errors import ConfigError, UnsupportedOperatorError
+from circle_jax.formats.reader import read_model
+from circle_jax.formats.wof import decode_wof
+from circle_jax.formats.writer import write_model
+from circle_jax.graph import ir
+from circle_jax.ondevice import export_training_graph
+from circle_jax.passes.training_graph import RULES
+from circle_jax.passes.training_graph.emit import Emitter
+from circle_jax.passes.training_graph.rule import Backward
+from tests.conformance import ATOL, RTOL, Const, one_op_model, run_litert
+from tests.paths import REPO_ROOT, shared_model
+
+RNG = np.random.default_rng(56)
+
+
+def _normal(*shape: int, scale: float = 1.0) -> np.ndarray:
+    return (RNG.standard_normal(shape) * scale).astype(np.float32)
+
+
+def rule_graph(forward: bytes) -> tuple[bytes, list[int]]:
+    """A model computing the cotangents of the one operator of ``forward`` by its rule:
+    inputs the forward's inputs then the output's cotangent, outputs the cotangent of each
+    graph input (in order); and the positions of those inputs in the operator."""
+    model = read_model(forward)
+    sg = model.main
+    op = sg.operators[0]
+    e = Emitter([replace(t, origin=None, buffer=ir.NEW_BUFFER if t.is_constant else 0)
+                 for t in sg.tensors], [replace(op, origin=None)])
+    g = e.tensor("g", e.shape(op.outputs[0]))
+    positions = [p for p, i in enumerate(op.inputs) if i in sg.inputs]
+    cot = RULES[op.key].backward(Backward(e, op, g, frozenset(positions)))
+    graph = ir.Subgraph(0, "vjp", tuple(e.tensors), tuple(e.operators), (*sg.inputs, g),
+                        tuple(cot[p] for p in positions))
+    return write_model(ir.Model((graph,), "TFL3", 3, "rule", {}), "tflite"), positions
+
+
+RULE_CASES = [
+    ("FULLY_CONNECTED", [_normal(3, 5), _normal(4, 5), _normal(4)], {}),
+    ("FULLY_CONNECTED", [_normal(3, 5, scale=3), _normal(4, 5), _normal(4)],
+     {"fused_activation_function": "RELU"}),
+    ("FULLY_CONNECTED", [_normal(3, 5, scale=4), _normal(4, 5), _normal(4)],
+     {"fused_activation_function": "RELU6"}),
+    ("FULLY_CONNECTED", [_normal(3, 5), _normal(4, 5), _normal(4)],
+     {"fused_activation_function": "RELU_N1_TO_1"}),
+    ("FULLY_CONNECTED", [_normal(2, 3, 5), _normal(4, 5), None], {"keep_num_dims": True}),
+    ("FULLY_CONNECTED", [_normal(2, 3, 5), _normal(6, 5), _normal(6)], {}),
+    ("BATCH_MATMUL", [_normal(3, 4), _normal(4, 5)], {}),
+    ("BATCH_MATMUL", [_normal(4, 3), _normal(5, 4)], {"adjoint_lhs": True, "adjoint_rhs": True}),
+    ("BATCH_MATMUL", [_normal(3, 4), _normal(5, 4)], {"adjoint_rhs": True}),
+    ("ADD", [_normal(2, 3, 4), _normal(3, 1)], {}),
+    ("ADD", [_normal(1, 4), _normal(2, 3, 4)], {"fused_activation_function": "RELU"}),
+    ("SUB", [_normal(2, 3, 4), _normal(4)], {"fused_activation_function": "RELU6"}),
+    ("MUL", [_normal(2, 1, 4), _normal(3, 1)], {}),
+    ("DIV", [_normal(2, 3), _normal(3) + 3.0], {}),
+    ("RELU", [_normal(3, 7)], {}),
+    ("RELU6", [_normal(3, 7, scale=5)], {}),
+    ("RELU_N1_TO_1", [_normal(3, 7, scale=2)], {}),
+    ("LOGISTIC", [_normal(3, 7)], {}),
+    ("TANH", [_normal(3, 7)], {}),
+    ("LEAKY_RELU", [_normal(3, 7)], {"alpha": 0.2}),
+    ("SOFTMAX", [_normal(3, 6)], {"beta": 1.0}),
+    ("SOFTMAX", [_normal(2, 3, 6)], {"beta": 0.5}),
+    ("RESHAPE", [_normal(2, 6), Const([3, 4], "int32")], {"new_shape": [3, 4]}),
+    ("SQUEEZE", [_normal(2, 1, 3)], {"squeeze_dims": [1]}),
+    ("EXPAND_DIMS", [_normal(2, 3), Const(1, "int32")], {}),
+    ("TRANSPOSE", [_normal(2, 3, 4), Const([2, 0, 1], "int32")], {}),
+    ("MEAN", [_normal(2, 3, 4), Const([1], "int32")], {"keep_dims": False}),
+    ("MEAN", [_normal(2, 3, 4), Const([0, 2], "int32")], {"keep_dims": True}),
+    ("SUM", [_normal(2, 3, 4), Const([-1], "int32")], {"keep_dims": False}),
+    ("CONV_2D", [_normal(2, 7, 6, 3), _normal(4, 3, 3, 3), _normal(4)],
+     {"padding": "SAME", "stride_h": 1, "stride_w": 1}),
+    ("CONV_2D", [_normal(2, 7, 6, 3), _normal(4, 3, 2, 3), _normal(4)],
+     {"padding": "SAME", "stride_h": 2, "stride_w": 2, "fused_activation_function": "RELU"}),
+    ("CONV_2D", [_normal(1, 8, 7, 2), _normal(3, 3, 3, 2), _normal(3)],
+     {"padding": "VALID", "stride_h": 2, "stride_w": 3}),
+    ("CONV_2D", [_normal(2, 6, 6, 2), _normal(3, 1, 1, 2), _normal(3)],
+     {"padding": "VALID", "stride_h": 1, "stride_w": 1}),
+    ("DEPTHWISE_CONV_2D", [_normal(2, 7, 6, 3), _normal(1, 3, 3, 3), _normal(3)],
+     {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1}),
+    ("DEPTHWISE_CONV_2D", [_normal(2, 7, 6, 2), _normal(1, 3, 3, 4), _normal(4)],
+     {"padding": "SAME", "stride_h": 2, "stride_w": 2, "depth_multiplier": 2,
+      "fused_activation_function": "RELU6"}),
+    ("DEPTHWISE_CONV_2D", [_normal(1, 9, 8, 3), _normal(1, 3, 2, 3), _normal(3)],
+     {"padding": "VALID", "stride_h": 2, "stride_w": 2, "depth_multiplier": 1}),
+    ("AVERAGE_POOL_2D", [_normal(2, 7, 6, 3)], {"padding": "SAME", "stride_h": 2,
+                                                "stride_w": 2, "filter_height": 3,
+                                                "filter_width": 3}),
+    ("AVERAGE_POOL_2D", [_normal(2, 4, 4, 3)], {"padding": "VALID", "stride_h": 1,
+                                                "stride_w": 1, "filter_height": 4,
+                                                "filter_width": 4,
+                                                "fused_activation_function": "RELU"}),
+    ("MAX_POOL_2D", [_normal(2, 7, 6, 3)], {"padding": "SAME", "stride_h": 2, "stride_w": 2,
+                                            "filter_height": 2, "filter_width": 2}),
+    ("MAX_POOL_2D", [_normal(1, 6, 9, 2)], {"padding": "VALID", "stride_h": 3, "stride_w": 3,
+                                            "filter_height": 3, "filter_width": 3}),
+]
+
+
+@pytest.mark.parametrize("op_type,inputs,options", RULE_CASES,
+                         ids=[f"{c[0]}-{k}" for k, c in enumerate(RULE_CASES)])
+def test_rule_is_the_vjp_of_the_reference_operator(op_type, inputs, options) -> None:
+    b, feeds = one_op_model(op_type, inputs, options)
+    forward = b.to_bytes("tflite")
+    model = cj.load(forward, lowering="reference")
+    y, vjp = jax.vjp(lambda *xs: model.apply(model.params, *xs)[0], *feeds)
+    g = _normal(*y.shape)
+    expected = vjp(g)
+    graph, positions = rule_graph(forward)
+    assert len(positions) == len(feeds)
+    got = run_litert(graph, [*feeds, g])
+    for k, (mine, ref) in enumerate(zip(got, expected)):
+        np.testing.assert_allclose(mine, np.asarray(ref), rtol=RTOL, atol=ATOL,
+                                   err_msg=f"{op_type} input {positions[k]}")
+
+
+def _steps(export, feeds: list[np.ndarray], steps: int) -> tuple[list[float], dict]:
+    """LiteRT runs the functional step ``steps`` times, each step's new state fed to the
+    next; the per-step losses and the final state by name."""
+    from ai_edge_litert import interpreter as litert
+
+    interp = litert.Interpreter(model_content=export.model)
+    interp.allocate_tensors()
+    ins, outs = interp.get_input_details(), interp.get_output_details()
+    assert [d["name"] for d in ins] == list(export.inputs)
+    state = list(export.state.values())
+    losses = []
+    for _ in range(steps):
+        for d, v in zip(ins, [*feeds, *state]):
+            interp.set_tensor(d["index"], np.asarray(v, d["dtype"]))
+        interp.invoke()
+        losses.append(float(interp.get_tensor(outs[0]["index"])))
+        state = [interp.get_tensor(d["index"]).copy() for d in outs[1:]]
+    return losses, dict(zip(export.state, state))
+
+
+MODELS = {
+    "torch_mlp": ("tests/data/torch/mlp.tflite", "mse"),
+    "planestrike": ("tfexamples_planestrike_mlp.tflite", "cce"),
+    # CONV_2D, MAX_POOL_2D, RESHAPE, FULLY_CONNECTED, SOFTMAX
+    "onert_micro_mnist": ("onert_micro_simple_mnist_model.circle", "cce"),
+    # two convolution branches joined by ADD, pooling, a head
+    "keras_branching_cnn": ("tests/data/keras/branching_cnn.tflite", "cce"),
+}
+
+
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("name", sorted(MODELS))
+def test_litert_trains_the_exported_step_as_fit_does(name: str, optimizer: str) -> None:
+    path, loss = MODELS[name]
+    model = cj.load(f"{REPO_ROOT}/{path}" if path.startswith("tests/") else shared_model(path))
+    batch, steps = 32, 20
+    rng = np.random.default_rng(1)
+    x = rng.uniform(-1, 1, (batch, *model.inputs[0].shape[1:])).astype(np.float32)
+    classes = model.outputs[0].shape[-1]
+    y = (np.eye(classes, dtype=np.float32)[rng.integers(0, classes, batch)] if loss == "cce"
+         else rng.standard_normal((batch, classes)).astype(np.float32))
+    config = dict(loss=loss, optimizer=optimizer, learning_rate=0.001, batch_size=batch)
+    export = export_training_graph(model, **config)
+    losses, state = _steps(export, [x, y], steps)
+    ref = cj.fit(model, x, y, epochs=steps, **config)
+    np.testing.assert_allclose(losses, ref.history.loss, rtol=1e-5)
+    assert set(model.trainable_params) <= set(state)
+    for param in model.trainable_params:
+        w, w_ref = state[param], np.asarray(ref.params[param])
+        assert np.max(np.abs(w - w_ref)) <= 1e-5 * np.max(np.abs(w_ref)), param
+        assert not np.array_equal(w, np.asarray(model.params[param])), f"{param} did not train"
+    assert losses[-1] < losses[0]
+
+
+@pytest.mark.slow
+def test_litert_trains_a_mobilenet_step_as_fit_does() -> None:
+    """MLPerf Tiny's visual wake words MobileNet (CONV_2D, DEPTHWISE_CONV_2D, AVERAGE_POOL_2D,
+    RESHAPE, SOFTMAX), every weight training, SGD at batch 4."""
+    model = cj.load(shared_model("mlperftiny_vww_96_mobilenet_float.tflite"))
+    rng = np.random.default_rng(0)
+    x = rng.uniform(-1, 1, (4, *model.inputs[0].shape[1:])).astype(np.float32)
+    y = np.eye(2, dtype=np.float32)[rng.integers(0, 2, 4)]
+    config = dict(loss="cce", optimizer="sgd", learning_rate=0.001, batch_size=4)
+    losses, state = _steps(export_training_graph(model, **config), [x, y], 20)
+    ref = cj.fit(model, x, y, epochs=20, **config)
+    np.testing.assert_allclose(losses, ref.history.loss, rtol=1e-5)
+    for param in model.trainable_params:
+        w_ref = np.asarray(ref.params[param])
+        assert np.max(np.abs(state[param] - w_ref)) <= 1e-5 * np.max(np.abs(w_ref)), param
+
+
+def test_the_wof_holds_the_initial_state_at_its_tensors() -> None:
+    model = cj.load(f"{REPO_ROOT}/tests/data/torch/mlp.tflite")
+    export = export_training_graph(model, optimizer="adam", batch_size=4)
+    graph = read_model(export.model).main
+    buffers = decode_wof(export.wof, len(graph.tensors))
+    by_name = {t.name: t.index for t in graph.tensors}
+    for name, value in export.state.items():
+        raw = buffers[by_name[name]]
+        assert raw is not None and raw.tobytes() == np.ascontiguousarray(value).tobytes(), name
+    assert sum(b is not None for b in buffers) == len(export.state)
+    assert export.inputs[:2] == (model.inputs[0].name, "target")
+    assert export.outputs == ("loss", *(f"new/{n}" for n in export.state))
+    assert list(export.state)[-1] == "adam/step" and graph.tensors[by_name["adam/step"]].dtype \
+        == "int32"
+
+
+def _chain(first: str, second: str) -> bytes:
+    """x -> ``first`` -> FULLY_CONNECTED (trainable) -> ``second`` -> output."""
+    b = Builder()
+    x = b.input("x", (1, 6))
+    h = b.op(first, [x])
+    w = b.constant("w", _normal(6, 6))
+    y = b.op("FULLY_CONNECTED", [h, w, b.constant("bias", _normal(6))])
+    b.output(b.op(second, [y]))
+    return b.to_bytes("tflite")
+
+
+def test_operators_without_a_rule_on_the_path_are_refused_in_one_line() -> None:
+    model = cj.load(_chain("HARD_SWISH", "HARD_SWISH"))
+    with pytest.raises(UnsupportedOperatorError) as e:
+        export_training_graph(model, batch_size=2)
+    message = str(e.value)
+    assert "\n" not in message and "HARD_SWISH #2" in message
+    assert "HARD_SWISH #0" not in message  # the frozen prefix needs no rule
+
+
+def test_a_frozen_prefix_needs_no_rule() -> None:
+    model = cj.load(_chain("HARD_SWISH", "TANH"))
+    export = export_training_graph(model, batch_size=2, learning_rate=0.1)
+    x = _normal(2, 6)
+    y = _normal(2, 6)
+    losses, _ = _steps(export, [x, y], 3)
+    ref = cj.fit(model, x, y, epochs=3, batch_size=2, learning_rate=0.1)
+    np.testing.assert_allclose(losses, ref.history.loss, rtol=1e-5)
+
+
+def test_what_the_step_cannot_take_is_refused() -> None:
+    model = cj.load(f"{REPO_ROOT}/tests/data/torch/mlp.tflite")
+    with pytest.raises(ConfigError, match="sgd or adam"):
+        export_training_graph(model, optimizer="rmsprop")
+    with pytest.raises(ConfigError, match="momentum"):
+        export_training_graph(model, optimizer="sgd", optimizer_kwargs={"momentum": 0.9})
+    with pytest.raises(ConfigError, match="nothing trains"):
+        export_training_graph(model, trainable=0)
+
+
+def test_litert_trains_the_signatures_packaging_as_fit_does() -> None:
+    """Resource variables through CALL_ONCE: ``train`` 20 times = fit; ``save`` returns the
+    trained weights, ``infer`` computes with them, ``restore`` puts the initial state back
+    (the next ``train`` gives the first step's loss again)."""
+    from ai_edge_litert import interpreter as litert
+
+    model = cj.load(shared_model("tfexamples_planestrike_mlp.tflite"))
+    rng = np.random.default_rng(2)
+    x = rng.uniform(-1, 1, (16, 8, 8)).astype(np.float32)
+    y = np.eye(64, dtype=np.float32)[rng.integers(0, 64, 16)]
+    config = dict(loss="cce", optimizer="adam", learning_rate=0.001, batch_size=16)
+    export = export_training_graph(model, packaging="signatures", **config)
+    assert export.wof is None
+    interp = litert.Interpreter(model_content=export.model)
+    assert set(interp.get_signature_list()) == {"train", "infer", "save", "restore"}
+    names = {op.type for sg in read_model(export.model).subgraphs for op in sg.operators}
+    assert {"CALL_ONCE", "VAR_HANDLE", "READ_VARIABLE", "ASSIGN_VARIABLE"} <= names
+    assert not any(n == "CUSTOM" for n in names)
+    train = interp.get_signature_runner("train")
+    losses = [float(train(flatten_input=x, target=y)["loss"]) for _ in range(20)]
+    ref = cj.fit(model, x, y, epochs=20, **config)
+    np.testing.assert_allclose(losses, ref.history.loss, rtol=1e-5)
+    saved = interp.get_signature_runner("save")()
+    assert set(saved) == set(export.state)
+    for param in model.trainable_params:
+        w_ref = np.asarray(ref.params[param])
+        assert np.max(np.abs(saved[param] - w_ref)) <= 1e-5 * np.max(np.abs(w_ref)), param
+    (out,) = interp.get_signature_runner("infer")(flatten_input=x[:1]).values()
+    np.testing.assert_allclose(out, model.apply(ref.params, x[:1])[0], rtol=RTOL, atol=ATOL)
+    interp.get_signature_runner("restore")(**export.state)
+    assert float(train(flatten_input=x, target=y)["loss"]) == pytest.approx(losses[0], rel=1e-6)
