@@ -15,6 +15,13 @@ test):
 Loss is the categorical cross-entropy of the softmax output (probabilities clipped to
 [1e-7, 1]), accuracy the argmax's. Run: ``python benchmarks/bench_qat.py [--epochs 10]``.
 
+``--tfmot``: instead, circle-jax's QAT against TF's (tfmot's, recorded by
+``scripts/qat_tfmot_reference.py`` in ``qat_reference.json``, same data split, order, batch,
+optimizers and 10 epochs): per-epoch training losses and test accuracy (the simulation's
+argmax on digits 1536-1796) of :data:`TFMOT_RUNS` on tfmot's start file
+(``qat_cnn_tfmot.tflite``) and on the converter's PTQ file of the same model
+(``qat_cnn_ptq.tflite``), beside tfmot's QAT and Keras's float training.
+
 ``--step_time``: instead, the time of a training step (batch 32, Adam) of each QAT forward
 (``qat_forward="integer"`` and ``"fake_quant"``) and of float training, the median of
 ``--rounds`` compiled epochs of 44 steps after a first one that compiles.
@@ -23,6 +30,7 @@ Loss is the categorical cross-entropy of the softmax output (probabilities clipp
 from __future__ import annotations
 
 import argparse
+import json
 import statistics
 import time
 from pathlib import Path
@@ -40,6 +48,40 @@ DATA = ROOT / "tests" / "data" / "quantized"
 RUNS = {"QAT, exported (LiteRT)": dict(qat=True),
         "QAT, moving ranges, exported (LiteRT)": dict(qat=True, qat_ranges="ema"),
         "float (circle-jax)": dict(qat=False)}
+
+
+#: ``--tfmot``'s runs: (file, load options) by name
+TFMOT_RUNS = {
+    "float (qat=False)": ("qat_cnn_tfmot", dict(qat=False)),
+    "QAT integer, file ranges": ("qat_cnn_tfmot", dict(qat=True)),
+    "QAT fake_quant, ema 0.999": ("qat_cnn_tfmot", dict(qat=True, qat_ranges="ema")),
+    "PTQ file: QAT integer, file ranges": ("qat_cnn_ptq", dict(qat=True)),
+    "PTQ file: QAT fake_quant, ema 0.999": ("qat_cnn_ptq", dict(qat=True, qat_ranges="ema")),
+    "PTQ file: QAT fake_quant, ema 0.9": ("qat_cnn_ptq", dict(qat=True, qat_ranges="ema",
+                                                              qat_range_decay=0.9)),
+}
+
+
+def tfmot_table() -> None:
+    """Per-epoch losses and test accuracy against tfmot's (see the module docstring)."""
+    ref = json.loads((DATA / "qat_reference.json").read_text())
+    x, y = digits()
+    n = ref["train"]
+    for opt, spec in ref["optimizers"].items():
+        print(f"\n{spec['name']} lr {spec['learning_rate']}: loss per epoch (1-10), test "
+              "accuracy\n\n| run | losses | test acc. |\n|---|---|---|")
+        rows = {"tfmot QAT (TF)": ref[opt]["tfmot_qat"], "float (Keras)": ref[opt]["float"]}
+        for name, row in rows.items():
+            print(f"| {name} | {' '.join(f'{v:.4f}' for v in row['loss'])} | "
+                  f"{row['test_accuracy']:.4f} |", flush=True)
+        for name, (file, options) in TFMOT_RUNS.items():
+            model = cj.load(DATA / f"{file}.tflite", **options)
+            r = cj.fit(model, x[:n], y[:n], epochs=ref["epochs"], batch_size=ref["batch_size"],
+                       loss="cce", optimizer=opt, learning_rate=spec["learning_rate"])
+            acc = np.mean(np.asarray(model.apply(r.params, x[n:])).argmax(-1)
+                          == y[n:].argmax(-1))
+            print(f"| {name} | {' '.join(f'{v:.4f}' for v in r.history.loss)} | {acc:.4f} |",
+                  flush=True)
 
 
 def digits() -> tuple[np.ndarray, np.ndarray]:
@@ -105,7 +147,11 @@ def main() -> None:
                                                     "int16x8"])
     p.add_argument("--step_time", action="store_true")
     p.add_argument("--rounds", type=int, default=5)
+    p.add_argument("--tfmot", action="store_true")
     args = p.parse_args()
+    if args.tfmot:
+        tfmot_table()
+        return
     if args.step_time:
         step_times(args.models, args.rounds)
         return

@@ -52,7 +52,7 @@ from .passes.fake_quant import (
     moving_ranges,
     quantized_activations,
 )
-from .passes.qat import QatSettings, integer_model
+from .passes.qat import QAT_SOFTMAX_CCE, QatSettings, integer_model
 
 
 @dataclass(frozen=True)
@@ -473,7 +473,10 @@ def load(
     ``lora_alpha`` / ``lora_targets`` without ``lora`` are refused before the file is read;
     so are ``dequantize=True`` with ``qat=True`` and ``qat_range_decay`` without
     ``qat_ranges="ema"``; ``qat_forward`` / ``qat_ranges`` / ``qat_range_decay`` given for
-    a model that does not load for QAT are refused once it is read.
+    a model that does not load for QAT are refused once it is read. A QAT model's
+    cross-entropy on a SOFTMAX output reads the SOFTMAX's input logits
+    (``softmax_cce=QAT_SOFTMAX_CCE`` in a profile given by name; a
+    :class:`~circle_jax.numerics.Numerics` given is used as it is).
     """
     check_lora_options(lora, lora_alpha, lora_targets)
     q = QatSettings.of(qat, dequantize, qat_forward, qat_ranges, qat_range_decay)
@@ -504,6 +507,8 @@ def load(
     simulate = quantized_activations(original)
     q.check_applies(simulate)
     if qat and simulate:
+        if not isinstance(numerics, Numerics):  # a profile by name: see QAT_SOFTMAX_CCE
+            prof = prof.with_overrides(softmax_cce=QAT_SOFTMAX_CCE)
         loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original,
                        qat_forward=qat_forward, qat_ranges=qat_ranges,
                        qat_range_decay=qat_range_decay)

@@ -38,6 +38,14 @@ from .fake_quant import FakeQuantPlan
 QAT_FORWARDS = ("integer", "fake_quant")
 #: Where a QAT model's activation ranges come from (``load(qat_ranges=...)``).
 QAT_RANGES = ("file", "ema")
+#: How a QAT model's cross-entropy reads a SOFTMAX output (`circle_jax.numerics`'s
+#: ``softmax_cce``): from the SOFTMAX's input logits, the integer model's own values. Its
+#: quantized probabilities (int8: steps of 1/256, 0 below 1/512) would give a loss that moves
+#: only when a probability crosses a step, coarse gradients ``-1 / p`` through the rounding
+#: and none where the true class's probability rounds to 0 (``-log max(p, 1e-20)``: 46 per
+#: sample). TF's QAT does the same: tfmot leaves a Softmax's output unquantized and Keras
+#: computes the loss from its logits.
+QAT_SOFTMAX_CCE = "logits"
 
 
 @dataclass(frozen=True)
