@@ -9,7 +9,7 @@ import inspect
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jax
@@ -151,7 +151,8 @@ def fit(
     check_integer("initial_step", initial_step, 0)
     trainer.progress = progress
     cfg = trainer.config
-    epochs = cfg.epochs if epochs is None else replace(cfg, epochs=epochs).epochs  # checked
+    check_integer("TrainConfig.epochs", epochs, 0)  # as TrainConfig checks it
+    epochs = cfg.epochs if epochs is None else epochs
     # freed host memory kept for the next compiled call while training, as the command
     # line keeps it for good (see memory); the process-wide setting is undone on leaving
     with host_memory_kept() if trainer.platform == "cpu" else contextlib.nullcontext():
@@ -367,7 +368,8 @@ def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tu
             and all(a is b for a, b in zip(kept[0], given)):
         return kept[1]
     prepared = _prepared_data(trainer, x, y)
-    trainer.prepared_data = (given, prepared) if device else None
+    if device:
+        trainer.prepared_data = (given, prepared)
     return prepared
 
 

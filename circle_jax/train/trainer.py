@@ -139,6 +139,9 @@ class Trainer(Scoring, AheadOfTime):
         self._last_init: tuple[dict, tuple[TrainState, dict]] | None = None
         #: the last state `packed` packed, and its packed form
         self._last_packed: tuple[TrainState, TrainState] | None = None
+        #: the last `epochs_runner`'s arguments (state, count, the frozen params' and the
+        #: samples' arrays) and its runner
+        self._last_runner: tuple[tuple, Callable[..., Any]] | None = None
         #: the device-array samples `circle_jax.train.prepare_data` last prepared for this
         #: trainer, and what it made of them (the next call on the same arrays reuses it)
         self.prepared_data: tuple[tuple, tuple] | None = None
@@ -163,10 +166,9 @@ class Trainer(Scoring, AheadOfTime):
         kept = self._last_packed  # the same state again (a fresh state `init` kept)
         if kept is not None and kept[0] is state:
             return kept[1]
-        if isinstance(state.params, Packed) or self.placement is not None \
-                or self.row_squares or not packable(state.params, state.opt_state):
-            return state
-        packed = state._replace(params=Packed.pack(state.params))
+        packed = state if isinstance(state.params, Packed) or self.placement is not None \
+            or self.row_squares or not packable(state.params, state.opt_state) \
+            else state._replace(params=Packed.pack(state.params))
         self._last_packed = (state, packed)
         return packed
 
@@ -468,9 +470,14 @@ class Trainer(Scoring, AheadOfTime):
         name) and per epoch (the `summarize_epoch` values, the validation (loss, accuracy)
         over ``val`` or None): one transfer to the host, or with ``read=False`` none (the
         summaries on the device, for `host_rows`)."""
-        initial = [state, self.packed(state)]  # packed once, for the first call only
-        packs = isinstance(initial[1].params, Packed)  # as for every state of this layout
-        args = self._epochs_arguments(initial[1], frozen, x, y, val)
+        given = (state, count, *frozen.values(), *x, y, *(() if val is None else
+                                                          (*val[0], val[1])))
+        kept = self._last_runner  # the same arguments as the last call's: its runner
+        if kept is not None and len(kept[0]) == len(given) \
+                and all(a is b for a, b in zip(kept[0], given)):
+            return kept[1]
+        packs = isinstance(self.packed(state).params, Packed)  # as every state of this layout
+        args = self._epochs_arguments(self.packed(state), frozen, x, y, val)
         compiled = self._compiled_epochs(args, count)
         fixed = args[1:-2]  # all but the state, the first epoch and the epochs' count
 
@@ -478,11 +485,11 @@ class Trainer(Scoring, AheadOfTime):
                    ) -> tuple[TrainState, Any]:
             if not 1 <= n <= count:
                 raise ValueError(f"this runner trains 1 to {count} epochs a call, not {n}")
-            s = initial[1] if initial and s is initial[0] else self.packed(s) if packs else s
-            initial.clear()
-            s, summaries = compiled(s, *fixed, np.int32(first_epoch), np.int32(n))
+            s, summaries = compiled(self.packed(s) if packs else s, *fixed,
+                                    np.int32(first_epoch), np.int32(n))
             return s, host_rows(summaries, n) if read else summaries
 
+        self._last_runner = (given, runner)
         return runner
 
     def _epochs_arguments(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
