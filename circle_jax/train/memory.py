@@ -16,7 +16,7 @@ process already does: on leaving it sets glibc's default limits again and hands 
 free memory back (``malloc_trim``), so a notebook holds no more memory after ``fit`` than
 before it (when the heap grew by more than `TRIM_ABOVE` inside: less is what glibc's own
 limits keep anyway, and walking a heap of a few dozen MiB to return its free pages cost a
-small model's ``fit`` a third of a millisecond a call, measured in benchmarks/README.md).
+small model's ``fit`` a third of a millisecond a call: benchmarks/README.md, "Whole calls").
 Rule: the library never leaves a process-wide setting changed that the caller did not ask
 for.
 
