@@ -42,6 +42,14 @@ trainable, sequential batches, trailing partial batch dropped.
   onert's first epoch left out) and the
   median and range of the per-block ratios of medians. No memory figures (one process
   holds both).
+- calls: whole calls in one process, in turns (runtime ``calls``): `CALL_ROUNDS` rounds,
+  each a ``fit(trainer=..., epochs=E)`` on device-array samples (``jax.device_put`` once, as
+  onert's ``DataLoader`` is built once), the same on numpy samples (checked and moved every
+  call), a ``fit`` of 0 epochs (its fixed cost alone) and onert's
+  ``TrainSession.train(loader, epochs=E)`` (its experimental Python API; the session's
+  first call, before the rounds, pays its warm-up: every timed one is a second call or
+  later). Both sides in the notebook's process settings, after one untimed call each.
+  Reported: median ms of each, the per-round ratios (onert / fit on device arrays).
 - memory: the peak resident set (RSS high-water mark) of the worker process, ``VmHWM`` of
   ``/proc/self/status``. It covers the whole process, the runtime's own libraries included;
   "delta" subtracts the same figure read right after importing the runtime and numpy,
@@ -209,7 +217,7 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
     import numpy as np
 
     # no process settings: JAX's and glibc's defaults
-    notebook = runtime in ("library", "paired")
+    notebook = runtime in ("library", "paired", "calls")
     if runtime != "onert":
         import jax
 
@@ -235,6 +243,8 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
         return fit(cj.load(path), x, y, epochs=epochs + 1, batch_size=batch,
                    learning_rate=LEARNING_RATE, loss=2, optimizer=1, on_epoch=on_epoch)
 
+    if runtime == "calls":
+        return _calls(name, path, x, y, batch, epochs)
     if runtime == "paired":  # blocks of epochs, the library's and onert's in turn
         epoch = _onert_epochs(path, x, y, batch)
         first = library_fit(lambda i, h: None)  # compiled; its epochs as `library` times
@@ -298,6 +308,77 @@ def worker(runtime: str, name: str, batch: int, epochs: int, files: list[str],
 
 #: how many blocks of epochs of each runtime ``paired`` runs in turn
 PAIRED_BLOCKS = 5
+#: how many rounds of whole calls ``calls`` times, the runtimes in turn
+CALL_ROUNDS = 9
+
+
+def _calls(name: str, path: str, x, y, batch: int, epochs: int) -> dict:
+    """The ``calls`` runtime (see the module docstring): whole ``fit`` calls and onert's
+    whole ``TrainSession.train`` calls in turns, in ms."""
+    import contextlib
+    import io
+
+    import jax
+    import numpy as np
+    from onert.experimental.train import DataLoader, losses, optimizer, session
+
+    import circle_jax as cj
+    from circle_jax.train import fit
+
+    model = cj.load(path)
+    first = fit(model, x, y, epochs=epochs, batch_size=batch, learning_rate=LEARNING_RATE,
+                loss=2, optimizer=1)
+    trainer = first.trainer
+    xd, yd = jax.device_put((x, y))
+    fit(model, xd, yd, trainer=trainer, epochs=epochs)  # untimed: these arrays' first call
+    sess = session(path)
+    loader = DataLoader([np.ascontiguousarray(x, np.float32)],
+                        [np.ascontiguousarray(y, np.float32)], batch)
+    quiet = io.StringIO()  # onert prints a line an epoch
+    with contextlib.redirect_stdout(quiet):
+        sess.compile(optimizer=optimizer.SGD(LEARNING_RATE),
+                     loss=losses.CategoricalCrossentropy(), batch_size=batch)
+        sess.train(loader, epochs=epochs)  # its first call, untimed
+
+    def ms(call) -> float:
+        t = time.perf_counter()
+        call()
+        return (time.perf_counter() - t) * 1000
+
+    device, host, fixed, theirs = [], [], [], []
+    for _ in range(CALL_ROUNDS):
+        device.append(ms(lambda: fit(model, xd, yd, trainer=trainer, epochs=epochs)))
+        host.append(ms(lambda: fit(model, x, y, trainer=trainer, epochs=epochs)))
+        fixed.append(ms(lambda: fit(model, xd, yd, trainer=trainer, epochs=0)))
+        quiet.seek(0)
+        quiet.truncate()
+        with contextlib.redirect_stdout(quiet):
+            theirs.append(ms(lambda: sess.train(loader, epochs=epochs)))
+    steps = len(y) // batch
+    return {"runtime": "calls", "model": name, "batch": batch, "epochs": epochs,
+            "steps": steps, "fit_device_ms": device, "fit_host_ms": host,
+            "fit_zero_epochs_ms": fixed, "onert_train_ms": theirs,
+            "ms_per_step": statistics.median(device) / (epochs * steps),
+            "onert_ms_per_step": statistics.median(theirs) / (epochs * steps),
+            "loss": first.history.loss}
+
+
+def _calls_table(results: list[dict]) -> str:
+    """The ``calls`` runs: median ms of each kind of whole call, the ratios of medians and
+    the range of the per-round ratios (onert / fit on device arrays)."""
+    rows = ["| model | batch | epochs | fit, device arrays (ms) | fit, numpy (ms) | "
+            "fit, 0 epochs (ms) | onert train() (ms) | speed-up (per-round range) |",
+            "|---|---|---|---|---|---|---|---|"]
+    for r in results:
+        med = {k: statistics.median(r[k]) for k in
+               ("fit_device_ms", "fit_host_ms", "fit_zero_epochs_ms", "onert_train_ms")}
+        ratios = [o / d for o, d in zip(r["onert_train_ms"], r["fit_device_ms"])]
+        rows.append(f"| {r['model']} | {r['batch']} | {r['epochs']} | "
+                    f"{med['fit_device_ms']:.2f} | {med['fit_host_ms']:.2f} | "
+                    f"{med['fit_zero_epochs_ms']:.3f} | {med['onert_train_ms']:.2f} | "
+                    f"{med['onert_train_ms'] / med['fit_device_ms']:.2f}x "
+                    f"({min(ratios):.2f}-{max(ratios):.2f}) |")
+    return "\n".join(rows)
 
 
 def _onert_epochs(path: str, x, y, batch: int):
@@ -501,7 +582,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--runtimes", default="onert,circle-jax,library",
                     help="onert; circle-jax (with the command line's process settings); "
                          "library (fit with on_epoch in a process without them); paired "
-                         "(the library and onert in one process, epoch for epoch)")
+                         "(the library and onert in one process, epoch for epoch); calls "
+                         "(whole fit calls and onert's whole train calls, in turns)")
     ap.add_argument("--rounds", type=int, default=1,
                     help="repeat every (model, batch) this many times, the runtimes "
                          "alternating; the table shows medians and the per-round ratios' range")
@@ -538,9 +620,12 @@ def main(argv: list[str] | None = None) -> int:
         print(f"- float32 matmul peak through XLA on this machine: {peak:.1f} GFLOP/s "
               "(1024x1024 products, best of 20)")
     runtimes = args.runtimes.split(",")
-    if set(runtimes) - {"paired"}:
+    if set(runtimes) - {"paired", "calls"}:
         print()
-        print(_table([r for r in results if r["runtime"] != "paired"], peak))
+        print(_table([r for r in results if r["runtime"] not in ("paired", "calls")], peak))
+    if "calls" in runtimes:
+        print()
+        print(_calls_table([r for r in results if r["runtime"] == "calls"]))
     if "paired" in runtimes:
         print()
         print(_paired_table(results))

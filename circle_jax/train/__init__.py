@@ -3,7 +3,8 @@ and ``fit``, the one loop around them.
 
 Modules: `config` (what a run is, resolved once), `state` (the values passed around),
 `data` (checks, validation split, batches), `trainer` (the step, its data flow, and the
-compiled epochs), `loop` (``fit``: epochs, chunks, callbacks, resumption), `programs`
+compiled epochs), `step` (``make_train_step``: that step as pure ``init`` and ``step``),
+`loop` (``fit``: epochs, chunks, callbacks, resumption), `programs`
 (compiled programs kept on disk between runs), `dispatch` (CPU programs run on the calling
 thread), `memory` (freed host memory kept for the next call).
 
@@ -26,6 +27,7 @@ if TYPE_CHECKING:
     from .memory import retain_host_memory
     from .programs import CLASSIC_EMITTERS, ProgramCache, cpu_compiler_options
     from .state import History, StepMetrics, TrainState
+    from .step import StepState, TrainStep, make_train_step
     from .trainer import Trainer
 
 # public name -> the module that defines it
@@ -39,6 +41,7 @@ _LAZY = {
     "CLASSIC_EMITTERS": ".programs", "ProgramCache": ".programs",
     "cpu_compiler_options": ".programs",
     "History": ".state", "StepMetrics": ".state", "TrainState": ".state",
+    "StepState": ".step", "TrainStep": ".step", "make_train_step": ".step",
     "Trainer": ".trainer",
 }
 
@@ -58,8 +61,8 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CLASSIC_EMITTERS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",
-    "TrainConfig",
+    "StepState", "TrainConfig", "TrainStep",
     "TrainState", "Trainer", "batched", "cpu_compiler_options", "fit", "inline_cpu_dispatch",
-    "prepare_data",
+    "make_train_step", "prepare_data",
     "record_epoch", "retain_host_memory", "select_trainable", "split_validation",
 ]

@@ -9,7 +9,7 @@ import inspect
 import time
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import jax
@@ -131,7 +131,7 @@ def fit(
     """
     started = time.perf_counter()
     check_lora_options(lora, lora_alpha, lora_targets)
-    check_overrides(overrides, tuple(inspect.signature(fit).parameters)[3:-1])  # fit's own
+    check_overrides(overrides, _FIT_KEYWORDS)
     epochs = overrides.get("epochs")
     if new_head is not None or lora is not None:
         if trainer is not None:
@@ -151,7 +151,8 @@ def fit(
     check_integer("initial_step", initial_step, 0)
     trainer.progress = progress
     cfg = trainer.config
-    epochs = cfg.epochs if epochs is None else replace(cfg, epochs=epochs).epochs  # checked
+    check_integer("TrainConfig.epochs", epochs, 0)  # as TrainConfig checks it
+    epochs = cfg.epochs if epochs is None else epochs
     # freed host memory kept for the next compiled call while training, as the command
     # line keeps it for good (see memory); the process-wide setting is undone on leaving
     with host_memory_kept() if trainer.platform == "cpu" else contextlib.nullcontext():
@@ -223,6 +224,10 @@ def fit(
                 on_epoch(i, hist)
     state, frozen = local((trainer.unpacked(state), frozen))
     return FitResult(trainer.merge(state, frozen), state, hist, trainer)
+
+
+#: ``fit``'s own keywords (besides model, x, y and the TrainConfig overrides)
+_FIT_KEYWORDS = tuple(inspect.signature(fit).parameters)[3:-1]
 
 
 def check_trains(trainer: Trainer) -> None:
@@ -353,7 +358,22 @@ def warn_if_stuck(trainer: Trainer, hist: History, state: TrainState, frozen: di
 
 
 def prepare_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:
-    """(train inputs, train targets, (validation inputs, validation targets)) on device."""
+    """(train inputs, train targets, (validation inputs, validation targets)) on device.
+    Samples given as device arrays (``jax.Array``: immutable), the same objects as the last
+    call's on this trainer, are checked, split and placed once: the last call's result."""
+    given = (*(x if isinstance(x, (list, tuple)) else (x,)), y)
+    device = all(isinstance(a, jax.Array) for a in given)
+    kept = trainer.prepared_data
+    if device and kept is not None and len(kept[0]) == len(given) \
+            and all(a is b for a, b in zip(kept[0], given)):
+        return kept[1]
+    prepared = _prepared_data(trainer, x, y)
+    if device:
+        trainer.prepared_data = (given, prepared)
+    return prepared
+
+
+def _prepared_data(trainer: Trainer, x: Any, y: Any) -> tuple[tuple, jax.Array, tuple]:
     cfg = trainer.config
     xs, ys = trainer.checked_samples(x, y)
     # split on the host, then one transfer for all four

@@ -135,6 +135,16 @@ class Trainer(Scoring, AheadOfTime):
         ) for in_loop in (False, True)}
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
+        #: the last `init`'s params (device arrays: immutable) and its result
+        self._last_init: tuple[dict, tuple[TrainState, dict]] | None = None
+        #: the last state `packed` packed, and its packed form
+        self._last_packed: tuple[TrainState, TrainState] | None = None
+        #: the last `epochs_runner`'s arguments (state, count, the frozen params' and the
+        #: samples' arrays) and its runner
+        self._last_runner: tuple[tuple, Callable[..., Any]] | None = None
+        #: the device-array samples `circle_jax.train.prepare_data` last prepared for this
+        #: trainer, and what it made of them (the next call on the same arrays reuses it)
+        self.prepared_data: tuple[tuple, tuple] | None = None
         self._summary = jax.jit(epoch_summary)
         self._cut = jax.jit(batched, static_argnums=(2, 3))
 
@@ -153,10 +163,14 @@ class Trainer(Scoring, AheadOfTime):
         vector weights in one vector), as `epochs_runner`'s programs carry them where that
         is exact (`circle_jax.optim.flat.packable`, on one device, no Keras sparse-gradient
         Adam); else (or packed already) as it is."""
-        if isinstance(state.params, Packed) or self.placement is not None \
-                or self.row_squares or not packable(state.params, state.opt_state):
-            return state
-        return state._replace(params=Packed.pack(state.params))
+        kept = self._last_packed  # the same state again (a fresh state `init` kept)
+        if kept is not None and kept[0] is state:
+            return kept[1]
+        packed = state if isinstance(state.params, Packed) or self.placement is not None \
+            or self.row_squares or not packable(state.params, state.opt_state) \
+            else state._replace(params=Packed.pack(state.params))
+        self._last_packed = (state, packed)
+        return packed
 
     @staticmethod
     def unpacked(state: TrainState) -> TrainState:
@@ -178,14 +192,24 @@ class Trainer(Scoring, AheadOfTime):
     def init(self, params: Mapping[str, Any] | None = None) -> tuple[TrainState, dict]:
         """A fresh state and the frozen params for ``params`` (default: the model's): one
         compiled call (kept like the epochs, see `_compiled_for`) and one transfer,
-        whatever the number of params."""
-        params = self.model.params if params is None else checked_params(self.model, params)
+        whatever the number of params. Params that are all device arrays (immutable, as a
+        loaded model's are) and the same objects as the last call's give that call's state
+        again (checked, moved and computed once: a repeated ``fit`` pays nothing here)."""
+        given = self.model.params if params is None else params
+        kept = self._last_init
+        if kept is not None and _same_arrays(kept[0], given):
+            state, frozen = kept[1]
+            return state, dict(frozen)
+        params = given if params is None else checked_params(self.model, params)
         trainable, frozen = jax.device_put((
             {k: v for k, v in params.items() if k in self.trainable},
             {k: v for k, v in params.items() if k not in self.trainable}))
         fresh = self._compiled_for(self._fresh_state, "fresh", (trainable,))
         state = fresh(trainable)  # moving ranges given in the params (`merge`) continue
-        return (state._replace(stats=frozen.pop(RANGES)) if RANGES in frozen else state), frozen
+        state = state._replace(stats=frozen.pop(RANGES)) if RANGES in frozen else state
+        if all(isinstance(v, jax.Array) for v in given.values()):
+            self._last_init = (dict(given), (state, dict(frozen)))
+        return state, frozen
 
     def _fresh_state(self, trainable: dict) -> TrainState:
         trainable = self.split_params(trainable)[0]
@@ -215,7 +239,8 @@ class Trainer(Scoring, AheadOfTime):
         """All params in the model's own dtypes (for ``model.apply`` and export), with a QAT
         model's moving activation ranges (`circle_jax.lowering.interpreter.RANGES`)."""
         stored = {k: v.dtype for k, v in self.model.params.items()}
-        out = {k: jnp.asarray(v, stored[k]) for k, v in self.unpacked(state).params.items()}
+        out = {k: v if v.dtype == stored[k] else jnp.asarray(v, stored[k])
+               for k, v in self.unpacked(state).params.items()}
         out.update(frozen)
         return {**out, RANGES: state.stats} if state.stats else out
 
@@ -445,9 +470,14 @@ class Trainer(Scoring, AheadOfTime):
         name) and per epoch (the `summarize_epoch` values, the validation (loss, accuracy)
         over ``val`` or None): one transfer to the host, or with ``read=False`` none (the
         summaries on the device, for `host_rows`)."""
-        initial = [state, self.packed(state)]  # packed once, for the first call only
-        packs = isinstance(initial[1].params, Packed)  # as for every state of this layout
-        args = self._epochs_arguments(initial[1], frozen, x, y, val)
+        given = (state, count, *frozen.values(), *x, y, *(() if val is None else
+                                                          (*val[0], val[1])))
+        kept = self._last_runner  # the same arguments as the last call's: its runner
+        if kept is not None and len(kept[0]) == len(given) \
+                and all(a is b for a, b in zip(kept[0], given)):
+            return kept[1]
+        packs = isinstance(self.packed(state).params, Packed)  # as every state of this layout
+        args = self._epochs_arguments(self.packed(state), frozen, x, y, val)
         compiled = self._compiled_epochs(args, count)
         fixed = args[1:-2]  # all but the state, the first epoch and the epochs' count
 
@@ -455,11 +485,11 @@ class Trainer(Scoring, AheadOfTime):
                    ) -> tuple[TrainState, Any]:
             if not 1 <= n <= count:
                 raise ValueError(f"this runner trains 1 to {count} epochs a call, not {n}")
-            s = initial[1] if initial and s is initial[0] else self.packed(s) if packs else s
-            initial.clear()
-            s, summaries = compiled(s, *fixed, np.int32(first_epoch), np.int32(n))
+            s, summaries = compiled(self.packed(s) if packs else s, *fixed,
+                                    np.int32(first_epoch), np.int32(n))
             return s, host_rows(summaries, n) if read else summaries
 
+        self._last_runner = (given, runner)
         return runner
 
     def _epochs_arguments(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
@@ -577,6 +607,12 @@ class Trainer(Scoring, AheadOfTime):
         measured apart from steady-state steps."""
         return self._compiled_for(self._shuffled_epoch_impl if shuffled else self._epoch_impl,
                                   f"epoch shuffled={shuffled}", args)
+
+
+def _same_arrays(kept: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
+    """Whether ``given`` holds the same names and the very same (device array) objects as
+    ``kept``."""
+    return kept.keys() == given.keys() and all(kept[k] is v for k, v in given.items())
 
 
 def _epoch_metrics(parts: list[StepMetrics], tail: bool) -> StepMetrics:
