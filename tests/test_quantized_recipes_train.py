@@ -31,8 +31,10 @@ import circle_jax as cj
 from circle_jax.cli import main
 from circle_jax.errors import ConfigError, UnsupportedOperatorError
 from circle_jax.formats.reader import read_model
+from circle_jax.formats.writer import write_model
 from circle_jax.graph import ir
 from circle_jax.passes.dequantize import dequantized_values, is_quantized, requantized_weight
+from circle_jax.passes.edit import add_operator, add_tensor, replace_subgraph
 from tests.aeq_files import quantized, quantized_path
 from tests.test_ai_edge_quantizer import CELLS, MODELS, agrees_with_litert
 
@@ -217,3 +219,36 @@ def test_cli_trains_and_exports_a_dynamic_wi4_file(tmp_path, capsys) -> None:
     assert _layout(read_model(data), m.rewrites.untied) == _layout(read_model(path))
     assert data != open(path, "rb").read()
     agrees_with_litert(data, "torch_mlp", "dynamic_wi4_afp32")
+
+
+def test_untied_copies_of_a_blockwise_weight_get_scales_of_their_own() -> None:
+    """The torch MLP's blockwise fc2 weight (and bias) read by a second FULLY_CONNECTED too,
+    whose output the loss does not read: untied at load, one trains and the other keeps
+    the file's values; both are written blockwise, the trained one's integers and float16
+    scales recomputed in a scales tensor of its own, the other's the file's; LiteRT runs
+    the export as circle-jax does."""
+    source = read_model(quantized(MODELS["torch_mlp"], "dynamic_wi4b32_afp32"))
+    fc2 = source.main.operators[1]
+    hidden, weight, bias = fc2.inputs
+    model, out = add_tensor(source, 0, "second", source.main.tensors[fc2.outputs[0]].shape)
+    model = add_operator(model, 0, "FULLY_CONNECTED", (hidden, weight, bias), (out,),
+                         dict(fc2.options))
+    model = replace_subgraph(model, 0, outputs=(*model.main.outputs, out))
+    m = cj.load(write_model(model))
+    assert set(m.rewrites.untied.values()) >= {source.main.tensors[weight].name}
+    x, y = _data(m)
+    r = cj.fit(m, x[0], y[0], epochs=3, batch_size=4, loss="mse", optimizer="adam",
+               learning_rate=1e-2)
+    data = m.export(r.params, file_format="tflite")
+    sg = read_model(data).main
+    read = [sg.tensors[op.inputs[1]] for op in sg.operators[1:]]
+    scales = [t.quantization.blockwise.scales for t in read]
+    assert [t.dtype for t in read] == ["int4", "int4"] and len(set(scales)) == 2
+    assert all(sg.tensors[s].dtype == "float16" and sg.tensors[s].shape == (10, 1)
+               for s in scales)
+    before = source.main.tensors
+    kept = [t.data.tobytes() == before[weight].data.tobytes() and sg.tensors[s].data.tobytes()
+            == before[before[weight].quantization.blockwise.scales].data.tobytes()
+            for t, s in zip(read, scales)]
+    assert sorted(kept) == [False, True]
+    agrees_with_litert(data, "torch_mlp", "dynamic_wi4b32_afp32")
