@@ -283,9 +283,11 @@ class Model:
         written instead (nothing was trained apart). LoRA adapters (`circle_jax.passes.lora`)
         are merged into their base weights (``W + s * B A``, the original graph) unless
         ``merge_adapters`` is False, which writes the graph with the adapter operators.
-        A weight-only quantized model (dynamic-range int8 or float16 weights, dequantized at
-        load) is written in its own layout: changed int8 weights requantized per channel
-        with symmetric scales, float16 ones rounded (`circle_jax.passes.requantize_weights`).
+        A weight-only quantized model (int8, int4 or int2 weights of hybrid operators or
+        read by DEQUANTIZE, per channel or blockwise; float16 weights; dequantized at load)
+        is written in its own layout: changed weights requantized into their own type with
+        symmetric scales (blockwise ones per block, their float16 scales recomputed),
+        float16 ones rounded (`circle_jax.passes.requantize_weights`).
         """
         params = self.params if params is None else params
         unknown = sorted(set(params) - set(self.param_keys) - {RANGES})

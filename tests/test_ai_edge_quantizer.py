@@ -103,9 +103,10 @@ def _blockwise_without_activation(data: bytes) -> bytes:
 CELLS = [(m, r) for m in MODELS for r in RECIPES if (m, r) not in QUANTIZER_REFUSES]
 
 
-@pytest.mark.parametrize("model, recipe", CELLS)
-def test_recipe_output_agrees_with_litert(model: str, recipe: str) -> None:
-    data = quantized(MODELS[model], recipe)
+def agrees_with_litert(data: bytes, model: str, recipe: str) -> None:
+    """Assert circle-jax's outputs on ``data`` (a file of ``recipe`` on ``model``, or its
+    export) agree with LiteRT's as the module docstring says, the cell's LiteRT fault
+    pinned where it has one."""
     feeds = _feeds(data)
     ref = run_litert(data, feeds)
     fault = LITERT_FAULTS.get((model, recipe))
@@ -121,6 +122,11 @@ def test_recipe_output_agrees_with_litert(model: str, recipe: str) -> None:
             "LiteRT's blockwise kernel now applies the fused activation"
         recipe = "dynamic_blockwise"
     _agree(_circle_jax(data, feeds), ref, recipe)
+
+
+@pytest.mark.parametrize("model, recipe", CELLS)
+def test_recipe_output_agrees_with_litert(model: str, recipe: str) -> None:
+    agrees_with_litert(quantized(MODELS[model], recipe), model, recipe)
 
 
 @pytest.mark.parametrize("model, recipe", sorted(QUANTIZER_REFUSES))

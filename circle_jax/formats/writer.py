@@ -205,7 +205,8 @@ def _quantization(q: ir.Quantization | None, identifier: bytes) -> Any:
     if q.other_details:
         raise ValueError(f"cannot write {q.other_details} quantization details")
     obj = schema.QuantizationParameters.QuantizationParametersT()
-    obj.scale, obj.zeroPoint = list(q.scale), list(q.zero_point)
+    # empty vectors are left out, as a blockwise tensor's are in the quantizer's files
+    obj.scale, obj.zeroPoint = list(q.scale) or None, list(q.zero_point) or None
     obj.quantizedDimension = q.quantized_dimension
     if q.blockwise is not None:
         details = schema.BlockwiseQuantization.BlockwiseQuantizationT()

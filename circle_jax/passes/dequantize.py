@@ -20,9 +20,10 @@ without quantization parameters (shapes, indices) and float tensors are left as 
 The record maps each changed tensor to its former type and quantization (``int8 per-channel
 16@0``: 16 scales along dimension 0) and each removed operator to ``removed``.
 
-:func:`requantize_weights` is the inverse for weight-only quantized models (dynamic-range
-int8 weights with float activations; float16 weights): it writes float32 weights back in the
-layout the source model had, so a model trained in float exports as the file it was.
+:func:`requantize_weights` is the inverse for weight-only quantized models (int8, int4,
+int2 weights, per channel or blockwise, of hybrid operators or read by DEQUANTIZE; float16
+weights): it writes float32 weights back in the layout the source model had, so a model
+trained in float exports as the file it was.
 """
 
 from __future__ import annotations
@@ -78,15 +79,20 @@ def dequantized_values(t: ir.Tensor, sg: ir.Subgraph | None = None) -> np.ndarra
     return dequantize(t.data, q.scale, q.zero_point, q.quantized_dimension).astype(np.float32)
 
 
-def _float16_weights(sg: ir.Subgraph) -> set[int]:
-    """Float16 constants every reader of which is a DEQUANTIZE."""
+def _read_by_dequantize(sg: ir.Subgraph) -> set[int]:
+    """Constants every reader of which is a DEQUANTIZE (weight-only files' weights)."""
     readers: dict[int, set[str]] = {}
     for op in sg.operators:
         for i in op.inputs:
             if i >= 0:
                 readers.setdefault(i, set()).add(op.type)
-    return {t.index for t in sg.tensors if t.dtype == "float16" and t.is_constant
+    return {t.index for t in sg.tensors if t.is_constant
             and readers.get(t.index) == {"DEQUANTIZE"}}
+
+
+def _float16_weights(sg: ir.Subgraph) -> set[int]:
+    """Float16 constants every reader of which is a DEQUANTIZE."""
+    return {i for i in _read_by_dequantize(sg) if sg.tensors[i].dtype == "float16"}
 
 
 def weight_only(model: ir.Model) -> bool:
@@ -193,22 +199,26 @@ def requantize_weights(model: ir.Model, source: ir.Model,
     """``model`` (float32, from ``dequantize_model(source)`` and maybe later passes) with every
     weight that was quantized or float16 in ``source`` written back in that layout: a weight
     still equal to its dequantized source is the source tensor again, bit for bit; a changed
-    int8 weight is requantized symmetrically (zero point 0, ``scale = max|w| / 127`` per
-    tensor or per index of the source's quantized dimension, ``q = round(w / scale)`` in
-    float32 by `circle_jax.graph.quantization`'s rule, ties away from zero); a changed
-    float16 weight is rounded to float16; float16 weights are read through a DEQUANTIZE
-    again. ``copies`` maps tensors a later pass copied from a
-    source weight (untied copies: ``copy name -> source name``) to it; they get the
-    source's layout."""
+    one is requantized into its own type by :func:`requantized_weight` (the rule
+    ai-edge-quantizer writes: symmetric, per tensor, per channel or per block); a changed
+    float16 weight is rounded to float16. Weights the source read through a DEQUANTIZE
+    (weight-only files: float16, int8, int4 constants) are read through it again, the
+    source's operator and output tensor; weights of hybrid operators are read directly, as
+    in the source. ``copies`` maps tensors a later pass copied from a source weight (untied
+    copies: ``copy name -> source name``) to it; they get the source's layout (a copy of a
+    blockwise weight a scales tensor of its own)."""
     copies = dict(copies or {})
     changes: dict[str, str] = {}
     for k, (sg, before) in enumerate(zip(model.subgraphs, source.subgraphs)):
         by_name = {t.name: t for t in before.tensors}
         half = _float16_weights(before)
+        through = {i for i in _read_by_dequantize(before)
+                   if i in half or is_quantized(before.tensors[i])}
         dq_out = {op.inputs[0]: op for op in before.operators if op.type == "DEQUANTIZE"
-                  and op.inputs and op.inputs[0] in half}
+                  and op.inputs and op.inputs[0] in through}
         tensors = list(sg.tensors)
-        float16: list[tuple[int, ir.Operator | None]] = []
+        dequantized: list[tuple[int, ir.Operator | None]] = []
+        scales: list[tuple[int, np.ndarray]] = []
         for t in sg.tensors:
             was = by_name.get(copies.get(t.name, t.name))
             if not t.is_constant or t.dtype != "float32" or was is None or not (
@@ -216,40 +226,105 @@ def requantize_weights(model: ir.Model, source: ir.Model,
                 continue
             unchanged = np.array_equal(
                 t.data, was.data.astype(np.float32) if was.index in half
-                else dequantized_values(was))
-            new = _requantized(t, was, unchanged)
+                else dequantized_values(was, before))
+            if unchanged:
+                new = replace(t, dtype=was.dtype, data=was.data, quantization=was.quantization)
+            elif was.index in half:
+                data = t.data.astype(np.float16)
+                data.flags.writeable = False
+                new = replace(t, dtype="float16", data=data, quantization=None)
+            else:
+                new, block_scales = requantized_weight(t, was, before)
+                if block_scales is not None:
+                    scales.append((t.index, block_scales))
             tensors[t.index] = new
             changes[_where(model, sg, t.name)] = describe_quantization(new) + (
                 "" if unchanged else " (requantized)")
-            if was.index in half:
+            if was.index in through:
                 ref = dq_out.get(was.index) if t.name == was.name else None
-                float16.append((t.index, ref))
+                dequantized.append((t.index, ref))
         model = replace_subgraph(model, k, tensors=tuple(tensors))
-        float16.sort(key=lambda e: (e[1] is None, e[1].index if e[1] else 0, e[0]))
-        for i, ref in float16:
+        for i, values in scales:
+            model = _with_block_scales(model, k, i, values)
+        dequantized.sort(key=lambda e: (e[1] is None, e[1].index if e[1] else 0, e[0]))
+        for i, ref in dequantized:
             model = _read_through_dequantize(model, k, i, ref)
     return record(model, "requantize_weights", changes, "tensor: written as")
 
 
-def _requantized(t: ir.Tensor, was: ir.Tensor, unchanged: bool) -> ir.Tensor:
-    """``t`` (float32 constant) in the layout of source tensor ``was``."""
-    if unchanged:
-        return replace(t, dtype=was.dtype, data=was.data, quantization=was.quantization)
-    if was.dtype == "float16":
-        data = t.data.astype(np.float16)
-        data.flags.writeable = False
-        return replace(t, dtype="float16", data=data, quantization=None)
+def integer_range(dtype: str) -> tuple[int, int]:
+    """(qmin, qmax) ai-edge-quantizer's symmetric weights of signed ``dtype`` take: the
+    narrow range ``[-qmax, qmax]`` for 8 bits and more (int8: -127..127), the type's whole
+    range below (int4: -8..7, int2: -2..1); ``qmax = 2**(bits - 1) - 1`` sets the scale."""
+    bits = ir.PACKED_BITS.get(dtype) or np.iinfo(dtype).bits
+    qmax = 2 ** (bits - 1) - 1
+    return (-qmax if bits >= 8 else -qmax - 1), qmax
+
+
+def requantized_weight(t: ir.Tensor, was: ir.Tensor,
+                       source: ir.Subgraph) -> tuple[ir.Tensor, np.ndarray | None]:
+    """(float32 constant ``t`` quantized in the layout of tensor ``was`` of subgraph
+    ``source``, the new float16 block scales when ``was`` is blockwise, else None):
+    symmetric with zero point 0 in ``was``'s signed type (an unsigned one's weights become
+    int8), as ai-edge-quantizer writes them (:func:`integer_range`): per tensor or per
+    index of the source's quantized dimension ``scale = max|w| / qmax`` in float32; per
+    block of ``block_size`` values along the last axis ``scale = max|w_block| / qmax``
+    rounded to bfloat16's 8 significant bits, stored as float16 (exactly); then
+    ``q = clip(round(w / scale), qmin, qmax)`` (`circle_jax.graph.quantization.quantize`'s
+    rule, ties away from zero). An all-zero channel or block keeps its source scale (its
+    integers are 0)."""
+    import ml_dtypes
+
     q = was.quantization
     assert q is not None
+    dtype = "int8" if was.dtype.startswith("u") else was.dtype
+    qmin, qmax = integer_range(dtype)
     w = np.asarray(t.data, np.float32)
+    if q.blockwise is not None:
+        b = q.blockwise.block_size
+        blocks = w.reshape(*w.shape[:-1], w.shape[-1] // b, b)
+        old = source.tensors[q.blockwise.scales].data.astype(np.float32)
+        peak = np.max(np.abs(blocks), axis=-1)
+        scale = np.where(peak > 0, (peak / np.float32(qmax)).astype(ml_dtypes.bfloat16)
+                         .astype(np.float32), old).astype(np.float16)
+        per_value = np.repeat(scale.astype(np.float32), b, axis=-1)
+        data = quantize(w, per_value, 0, qmin, qmax).astype(np.int8)
+        data = data.astype(ir.as_numpy_dtype(dtype))
+        data.flags.writeable = False
+        scale.flags.writeable = False
+        return replace(t, dtype=dtype, data=data, quantization=q), scale
     axis = q.quantized_dimension if len(q.scale) > 1 else None
     other = tuple(d for d in range(w.ndim) if d != axis)
     peak = np.max(np.abs(w), axis=other, keepdims=True) if w.size else np.zeros(1, np.float32)
-    scale = np.where(peak > 0, peak / np.float32(127), np.float32(q.scale[0]))
-    data = quantize(w, scale, 0, -127, 127).astype(np.int8)
+    old = np.asarray(q.scale, np.float32).reshape(peak.shape if axis is not None else ())
+    scale = np.where(peak > 0, peak / np.float32(qmax), old)
+    data = quantize(w, scale, 0, qmin, qmax).astype(np.int8).astype(ir.as_numpy_dtype(dtype))
     data.flags.writeable = False
-    written = QParams("int8", tuple(scale.reshape(-1).tolist()), 0, q.quantized_dimension)
-    return replace(t, dtype="int8", data=data, quantization=written.quantization())
+    written = QParams(dtype, tuple(scale.reshape(-1).tolist()), 0, q.quantized_dimension)
+    return replace(t, dtype=dtype, data=data, quantization=written.quantization()), None
+
+
+def _with_block_scales(model: ir.Model, k: int, i: int, values: np.ndarray) -> ir.Model:
+    """``model`` with blockwise weight ``i``'s scales tensor holding ``values``: its own
+    scales tensor when no other tensor's quantization names it, else (an untied copy and
+    its source) a new float16 tensor ``<weight>_scales``, which ``i`` then names."""
+    sg = model.subgraphs[k]
+    q = sg.tensors[i].quantization
+    assert q is not None and q.blockwise is not None
+    s = q.blockwise.scales
+    shared = any(t.index != i and t.quantization is not None
+                 and t.quantization.blockwise is not None
+                 and t.quantization.blockwise.scales == s for t in sg.tensors)
+    if not shared:
+        tensors = list(sg.tensors)
+        tensors[s] = replace(tensors[s], data=values)
+        return replace_subgraph(model, k, tensors=tuple(tensors))
+    model, s = add_tensor(model, k, f"{sg.tensors[i].name}_scales", values.shape, "float16",
+                          data=values)
+    tensors = list(model.subgraphs[k].tensors)
+    tensors[i] = replace(tensors[i], quantization=replace(
+        q, blockwise=replace(q.blockwise, scales=s)))
+    return replace_subgraph(model, k, tensors=tuple(tensors))
 
 
 def _read_through_dequantize(model: ir.Model, k: int, i: int,

@@ -20,6 +20,7 @@ from ..errors import ConfigError, DataError, LossScaleWarning, TrainingError
 from ..model import Model
 from ..optim import NoLossScale
 from ..passes import check_lora_options
+from ..passes.fake_quant import quantized_activations
 from .config import TrainConfig, asks_none, check_integer, check_overrides
 from .data import split_validation
 from .diagnose import first_non_finite
@@ -231,14 +232,22 @@ _FIT_KEYWORDS = tuple(inspect.signature(fit).parameters)[3:-1]
 
 
 def check_trains(trainer: Trainer) -> None:
-    """ConfigError (one line) when the run would train no param unasked: a model without
-    trainable weights (`Model.param_roles` says why each is frozen), or a ``trainable``
+    """ConfigError (one line) when the run would train no param unasked: a fully quantized
+    model loaded to run its integer kernels (the line names ``qat=True`` and
+    ``dequantize=True``), a model without trainable weights (`Model.param_roles` says why
+    each is frozen), or a ``trainable``
     spec that selects none of them (last operators without weights, names of frozen
     params). Asking for none (``"none"``, 0: onert_train's ``--num_of_trainable_ops 0``,
     the loss of the model as it is) is no mistake and runs."""
     model, spec = trainer.model, trainer.config.trainable
     if trainer.trainable or asks_none(spec):
         return
+    if not model.trainable_params and model.simulated is None \
+            and quantized_activations(model.ir):
+        raise ConfigError("the model is fully quantized (integer activations and weights): "
+                          "it has no float weights to train; load it with qat=True to train "
+                          "it by quantization-aware training (export writes the integer "
+                          "model), or dequantize=True to train its float model")
     if not model.trainable_params:
         raise ConfigError(f"the model has no trainable weights ({len(model.params)} params, "
                           "none trainable; Model.param_roles says why): nothing would train; "
