@@ -3,10 +3,13 @@ history and what ``fit`` returns."""
 
 from __future__ import annotations
 
+import functools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any, NamedTuple
 
 import jax
+import jax.numpy as jnp
 
 from ..optim import LossScale
 
@@ -65,3 +68,25 @@ class History:
     #: tensor of the step turned non-finite first (`circle_jax.train.diagnose`); ``fit``
     #: also warns it (`circle_jax.LossScaleWarning`)
     overflow: str | None = None
+
+
+def epoch_metrics(parts: list[StepMetrics], tail: bool) -> StepMetrics:
+    """An epoch's metrics from its programs' (`Trainer.run_epoch`): its chunks' (a steps
+    axis each) and, with ``tail``, the trailing partial batch's step's (the last part); a
+    whole epoch's as they are, else `_joined`."""
+    return parts[0] if len(parts) == 1 and not tail else _joined(parts, tail)
+
+
+@functools.partial(jax.jit, static_argnums=1)
+def _joined(parts: list[StepMetrics], tail: bool) -> StepMetrics:
+    """`epoch_metrics` joined on the steps axis in one compiled call, compiled once per
+    epoch layout (`Trainer.compile_epoch` runs it first)."""
+    if tail:
+        parts = [*parts[:-1], jax.tree.map(lambda a: a[None], parts[-1])]
+    return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
+
+
+def same_arrays(kept: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
+    """Whether ``given`` holds the same names and the very same (device array) objects as
+    ``kept``."""
+    return kept.keys() == given.keys() and all(kept[k] is v for k, v in given.items())

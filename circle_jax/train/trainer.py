@@ -1,13 +1,5 @@
 """`Trainer`: the pure training step and the compiled epoch (one ``lax.scan``) of one model
-and configuration.
-
-Data flow per step: trainable params (masters: float32, or float64 under a float64 policy)
-→ cast to the variable then compute dtype → ``model.apply`` → loss in float32 (float64
-under a float64 output dtype) → scaled gradients (optionally accumulated over
-micro-batches inside the step) → unscaled, finiteness-checked → optax update (optionally
-accumulated across steps) → new state, or the old state on a skipped overflow step.
-Frozen params are a separate argument that is never differentiated.
-"""
+and configuration (its data flow per step: docs/architecture.md, "The training step")."""
 
 from __future__ import annotations
 
@@ -54,7 +46,7 @@ from .hoisting import split_step
 from .numerics import training_numerics
 from .programs import AheadOfTime, ProgramCache, cpu_compiler_options
 from .scoring import Scoring
-from .state import StepMetrics, TrainState
+from .state import StepMetrics, TrainState, epoch_metrics, same_arrays
 from .summary import SUMMARY_SIZE, epoch_summary, host_rows, host_summary
 
 
@@ -179,7 +171,6 @@ class Trainer(Scoring, AheadOfTime):
             return state
         return state._replace(params=state.params.unpack())
 
-    # -- state -------------------------------------------------------------------------
     def split_params(self, params: Mapping[str, Any]) -> tuple[dict, dict]:
         """(trainable masters in ``master_dtype``, frozen params as stored)."""
         trainable = {k: jnp.asarray(v, self.master_dtype) if jnp.issubdtype(
@@ -197,7 +188,7 @@ class Trainer(Scoring, AheadOfTime):
         again (checked, moved and computed once: a repeated ``fit`` pays nothing here)."""
         given = self.model.params if params is None else params
         kept = self._last_init
-        if kept is not None and _same_arrays(kept[0], given):
+        if kept is not None and same_arrays(kept[0], given):
             state, frozen = kept[1]
             return state, dict(frozen)
         params = given if params is None else checked_params(self.model, params)
@@ -459,7 +450,7 @@ class Trainer(Scoring, AheadOfTime):
             rest = self.placed(trailing(x, y, b, steps))
             state, metrics = self._compiled_tail(state, frozen, rest)(state, frozen, rest)
             parts.append(metrics)
-        return state, _epoch_metrics(parts, tail)
+        return state, epoch_metrics(parts, tail)
 
     def epochs_runner(self, state: TrainState, frozen: dict, x: Sequence[jax.Array],
                       y: jax.Array, count: int, val: tuple[tuple, jax.Array] | None = None
@@ -588,7 +579,7 @@ class Trainer(Scoring, AheadOfTime):
         # an epoch's metrics as `run_epoch` joins them (zeros), and their summary
         parts = [jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), compiled.out_info[1])
                  for compiled in programs]
-        self.summarize_epoch(self.placed(_epoch_metrics(parts, tail)), state)
+        self.summarize_epoch(self.placed(epoch_metrics(parts, tail)), state)
 
     def _compiled_permutation(self, *args: Any) -> Callable[..., tuple[tuple, jax.Array]]:
         """`_permuted` (the samples in an epoch's order, for the steps `run_epoch` runs
@@ -607,25 +598,3 @@ class Trainer(Scoring, AheadOfTime):
         measured apart from steady-state steps."""
         return self._compiled_for(self._shuffled_epoch_impl if shuffled else self._epoch_impl,
                                   f"epoch shuffled={shuffled}", args)
-
-
-def _same_arrays(kept: Mapping[str, Any], given: Mapping[str, Any]) -> bool:
-    """Whether ``given`` holds the same names and the very same (device array) objects as
-    ``kept``."""
-    return kept.keys() == given.keys() and all(kept[k] is v for k, v in given.items())
-
-
-def _epoch_metrics(parts: list[StepMetrics], tail: bool) -> StepMetrics:
-    """An epoch's metrics from its programs' (`Trainer.run_epoch`): its chunks' (a steps
-    axis each) and, with ``tail``, the trailing partial batch's step's (the last part); a
-    whole epoch's as they are, else `_joined`."""
-    return parts[0] if len(parts) == 1 and not tail else _joined(parts, tail)
-
-
-@functools.partial(jax.jit, static_argnums=1)
-def _joined(parts: list[StepMetrics], tail: bool) -> StepMetrics:
-    """`_epoch_metrics` joined on the steps axis in one compiled call, compiled once per
-    epoch layout (`Trainer.compile_epoch` runs it first)."""
-    if tail:
-        parts = [*parts[:-1], jax.tree.map(lambda a: a[None], parts[-1])]
-    return jax.tree.map(lambda *a: jnp.concatenate(a), *parts)
