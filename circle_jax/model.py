@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -17,13 +17,12 @@ from .errors import (
     CircleJaxError,
     ConfigError,
     TrainingError,
-    UnsupportedOperatorError,
 )
 from .formats.reader import MAX_TENSOR_ELEMENTS, parse_model, read_bytes
 from .formats.writer import with_weights, write_model
 from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
-from .graph.checks import check_graph, check_tensor_quantization
+from .graph.checks import check_graph
 from .graph.params_policy import CONTROL_FLOW, ParamRole, classify_params, describe_roles
 from .graph.quantization import QParams, stored_integers
 from .lowering import LoweringOptions
@@ -34,25 +33,19 @@ from .passes import (
     adapter_names,
     bias_selection,
     check_lora_options,
-    keep_reachable,
     merge_lora,
     personal_params,
     personalize,
-    pipeline,
-    read_variables_as_constants,
+    pipeline_stages,
+    ran,
     requantize_weights,
     run,
-    uses_variables,
-    weight_only,
+    run_stages,
 )
 from .passes.dequantize import describe_quantization, is_quantized
-from .passes.fake_quant import (
-    fake_quant_plan,
-    fake_quantize,
-    moving_ranges,
-    quantized_activations,
-)
+from .passes.fake_quant import fake_quant_plan, moving_ranges
 from .passes.qat import QAT_SOFTMAX_CCE, QatSettings, integer_model
+from .passes.stages import dequantized_in_layout
 
 
 @dataclass(frozen=True)
@@ -183,21 +176,22 @@ class Model:
         """The options the operators were lowered with."""
         return self._lowered.options
 
-    def lower_graph(self, graph: ir.Model, lowering: LoweringOptions | None = None
-                    ) -> Lowered:
-        """``graph`` (this model's IR, or a variant of it with the same tensors, e.g. other
-        outputs) lowered as this model is: with ``lowering`` (default: the model's) and a
-        QAT model's fake quantization and forward."""
-        integer = self.simulated if self.qat_forward == "integer" else None
-        return Lowered(graph, lowering or self.lowering, self.fake_quant, integer)
+    def view(self, outputs: Sequence[int] | None = None, **changes: Any) -> Lowered:
+        """The model's one lowering seen with ``changes`` to :attr:`lowering` (e.g.
+        ``in_loop=True``) and/or other main-subgraph ``outputs`` (tensor indices, e.g. a
+        SOFTMAX's input logits): `Lowered.with_options` / `Lowered.with_outputs`, kept per
+        argument; no operator is lowered again."""
+        key = (None if outputs is None else tuple(outputs), tuple(sorted(changes.items())))
+        if key not in self._variants:
+            view = self._lowered if outputs is None else self._lowered.with_outputs(outputs)
+            self._variants[key] = view.with_options(**changes) if changes else view
+        return self._variants[key]
 
     def lowered(self, **changes: Any) -> Callable[..., tuple[jax.Array, ...]]:
         """``apply`` lowered with ``changes`` to :attr:`lowering`, e.g. ``in_loop=True`` for a
-        model traced inside a compiled loop body (a ``lax.scan`` over batches)."""
-        key = tuple(sorted(changes.items()))
-        if key not in self._variants:
-            self._variants[key] = self._lowered.with_options(**changes)
-        variant = self._variants[key]
+        model traced inside a compiled loop body (a ``lax.scan`` over batches); a
+        :meth:`view` of the one lowering."""
+        variant = self.view(**changes)
 
         def apply(params: Mapping[str, Any], *inputs: Any, **observed: Any
                   ) -> tuple[jax.Array, ...]:
@@ -328,18 +322,15 @@ class Model:
         """This model with a new ``new_head``-way classifier head on output ``output`` and/or
         rank-``lora`` adapters (`circle_jax.passes.personalize`), same lowering and numerics;
         its :attr:`personal_params` train by default. Refusals are one ValueError line."""
-        if self.simulated is not None:
-            raise ValueError("a new head or LoRA adapters on a quantization-aware training "
-                             "model are not supported; load it with qat=False (--qat off: the "
-                             "dequantized float model)")
+        _personalizable(self.ir)
         index = _output_index(self, output)
         model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets))
         out = Model(model, self.lowering, self.numerics, quantized=self._quantized,
                     stored=self._stored)
         if self.digest is not None:
-            extra = (new_head, seed, index, lora, lora_alpha, str(lora_targets))
-            out.digest = hashlib.sha256((self.digest + repr(extra)).encode()).hexdigest()
+            out.digest = _personal_digest(self.digest, new_head, seed, index, lora, lora_alpha,
+                                          lora_targets)
         return out
 
     @property
@@ -482,53 +473,62 @@ def load(
     """
     check_lora_options(lora, lora_alpha, lora_targets)
     q = QatSettings.of(qat, dequantize, qat_forward, qat_ranges, qat_range_decay)
-    qat_forward, qat_ranges, qat_range_decay = q.forward, q.ranges, q.range_decay
     prof = get_numerics(numerics).with_overrides(
         tie_shared_weights=tie_shared_weights,
         add_missing_bias=None if add_missing_bias is None else bias_selection(add_missing_bias),
         trainable_policy=trainable_policy)
+    personal = new_head is not None or lora is not None
+    stages = pipeline_stages(
+        signature=signature, dequantize=dequantize, qat=q, untie=not prof.tie_shared_weights,
+        add_bias=prof.add_missing_bias, policy=prof.trainable_policy,
+        personal=personalize(new_head=new_head, seed=seed, lora=lora, lora_alpha=lora_alpha,
+                             lora_targets=lora_targets) if personal else (),
+        personal_check=_personalizable)
     data, where = read_bytes(source)
     parsed = parse_model(data, where, max_elements=max_elements)
     refusals = check_graph(parsed)
     if refusals:  # before the passes, which walk the graph
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
-    selected = run(parsed, pipeline(signature=signature))
-    if uses_variables(selected):  # an on-device training file: its variables as params
-        selected = run(selected, [read_variables_as_constants, keep_reachable])
-    if qat is False and dequantize is None:
-        dequantize = quantized_activations(selected)
-    dq = weight_only(selected) if dequantize is None else dequantize
-    if dq:  # the pass reads the parameters: refuse bad ones as lowering would
-        malformed, unsupported = check_tensor_quantization(selected)
-        if malformed or unsupported:
-            error = CircleFormatError if malformed else UnsupportedOperatorError
-            raise error(f"{len(malformed + unsupported)} invalid tensor quantization(s): "
-                        + "; ".join(malformed + unsupported)[:1000])
-    original = run(selected, pipeline(dequantize=dq, keep_hybrid=dequantize is None))
-    simulate = quantized_activations(original)
-    q.check_applies(simulate)
-    if qat and simulate:
+    stage = run_stages(parsed, stages)
+    selected, original, model = stage["selected"], stage["float"], stage[stages[-1].name]
+    dq = ran(original, "dequantize")
+    if ran(model, "fake_quantize"):
         if not isinstance(numerics, Numerics):  # a profile by name: see QAT_SOFTMAX_CCE
             prof = prof.with_overrides(softmax_cce=QAT_SOFTMAX_CCE)
-        loaded = Model(run(original, [fake_quantize]), lowering, prof, simulated=original,
-                       qat_forward=qat_forward, qat_ranges=qat_ranges,
-                       qat_range_decay=qat_range_decay)
+        loaded = Model(model, lowering, prof, simulated=original, qat_forward=q.forward,
+                       qat_ranges=q.ranges, qat_range_decay=q.range_decay)
     else:
-        model = run(original, pipeline(untie=not prof.tie_shared_weights,
-                                       add_bias=prof.add_missing_bias,
-                                       policy=prof.trainable_policy))
-        loaded = Model(model, lowering, prof, original,
-                       quantized=selected if dq and dequantize is None else None,
+        in_layout = dq and dequantized_in_layout(dequantize, qat)
+        loaded = Model(model, lowering, prof, None if personal else original,
+                       quantized=selected if in_layout else None,
                        stored=selected if dq else None)
     digest = hashlib.sha256(data)
     digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat,
-                        loaded.qat_forward, loaded.qat_ranges, qat_range_decay)).encode())
+                        loaded.qat_forward, loaded.qat_ranges, q.range_decay)).encode())
     loaded.digest = digest.hexdigest()
-    if new_head is not None or lora is not None:
-        loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
-                                    lora_alpha=lora_alpha, lora_targets=lora_targets)
+    if personal:  # as Model.personalize's digest
+        loaded.digest = _personal_digest(loaded.digest, new_head, seed, 0, lora, lora_alpha,
+                                         lora_targets)
     return loaded
+
+
+def _personalizable(model: ir.Model, output: int = 0) -> None:
+    """ValueError (one line) for a new head or adapters on a QAT model; ConfigError for an
+    output the model lacks."""
+    if ran(model, "fake_quantize"):
+        raise ValueError("a new head or LoRA adapters on a quantization-aware training "
+                         "model are not supported; load it with qat=False (--qat off: the "
+                         "dequantized float model)")
+    if not 0 <= output < len(model.main.outputs):
+        names = [model.main.tensors[i].name for i in model.main.outputs]
+        raise ConfigError(f"no model output {output!r}; the outputs are {names}")
+
+
+def _personal_digest(digest: str, *extra: Any) -> str:
+    """A personalized model's digest: its base's and the personalizing options."""
+    *head, targets = extra
+    return hashlib.sha256((digest + repr((*head, str(targets)))).encode()).hexdigest()
 
 
 def _output_index(model: Model, spec: int | str) -> int:

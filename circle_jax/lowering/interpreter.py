@@ -36,6 +36,7 @@ from ..passes.dequantize import is_quantized
 from ..passes.fake_quant import FakeQuantPlan
 from ..passes.qat import moving_parameters
 from . import LoweringOptions, as_options, implementation
+from .half import float32_weight_grads, in_float32, traced_float32
 
 ParamKey = tuple[int, int]  # (subgraph index, tensor index)
 
@@ -143,60 +144,40 @@ class Lowered:
         self.options = as_options(lowering)
         self.params = param_table(model)
         self._param_name = {key: name for name, key in self.params.items()}
-        self._ops = self._parse()
+        self._ops = operator_table(model, self.options)
         self.integer = None if integer is None else _integer_forward(integer, fake_quant,
                                                                      self.options)
         #: None when a batch runs as one batched graph; else why it does not follow the batch
         self.batch_blocker: str | None = batch_blocker(model)
 
-    def _parse(self) -> dict[tuple[int, int], tuple[OpDef, Callable[..., Any], OpContext]]:
-        """Every operator's definition, implementation and static context, after its checks;
-        one error lists every refusal (UnsupportedOperatorError if any is unsupported)."""
-        malformed, refused, refused_ops = check_quantization(self.model, runs_integer)
-        parsed, refusals = {}, check_graph(self.model) + malformed + refused
-        unsupported = bool(refused)
-        multi = len(self.model.subgraphs) > 1
-        for sg in self.model.subgraphs:
-            for op in sg.operators:
-                if (sg.index, op.index) in refused_ops:
-                    continue
-                where = f"{op.key} (code {op.code}) at {f'subgraph {sg.index} ' if multi else ''}" \
-                    f"operator {op.index}"
-                ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)
-                outs = tuple(sg.tensors[i] for i in op.outputs)
-                d = definition(op.key, runs_integer(op.key, ins, outs),
-                               hybrid_weight(op.key, ins) is not None)
-                if d is None:
-                    refusals.append(where)
-                    unsupported = True
-                    continue
-                ctx = OpContext(op, ins, outs, _no_subgraph, self.options)
-                try:
-                    check_arity(op, d.fn)
-                    _check_common(op)
-                    if d.check is not None:
-                        d.check(ctx)
-                except (ValueError, TypeError, NotImplementedError) as e:
-                    refusals.append(f"{where}: {e}")
-                    unsupported |= isinstance(e, NotImplementedError)
-                    continue
-                parsed[(sg.index, op.index)] = (d, _implementation(d, op.key, self.options), ctx)
-        if refusals:
-            error = UnsupportedOperatorError if unsupported else CircleFormatError
-            what = "unsupported operator(s)" if unsupported else "invalid operator(s)"
-            raise error(f"{len(refusals)} {what}: " + _first_refusals(refusals)
-                        + (" (see circle_jax.supported_operators())" if unsupported else ""))
-        return parsed
-
     def with_options(self, **changes: Any) -> Lowered:
-        """The same model lowered with ``changes`` to its options (e.g. ``in_loop=True``)."""
-        new = object.__new__(Lowered)
-        new.model, new.params, new._param_name = self.model, self.params, self._param_name
-        new.fake_quant, new.integer = self.fake_quant, self.integer
-        new.options, new.batch_blocker = replace(self.options, **changes), self.batch_blocker
+        """A view of this lowering with ``changes`` to its options (e.g. ``in_loop=True``):
+        the same checked operators, each given the implementation the new options choose;
+        nothing is lowered again."""
+        new = self._view(self.model)
+        new.options = replace(self.options, **changes)
         new._ops = {key: (d, _implementation(d, ctx.op.key, new.options),
                           replace(ctx, lowering=new.options))
                     for key, (d, _, ctx) in self._ops.items()}
+        return new
+
+    def with_outputs(self, outputs: Sequence[int]) -> Lowered:
+        """A view of this lowering whose main subgraph's outputs are the tensors
+        ``outputs`` (indices; e.g. a SOFTMAX's input logits in place of its output): the
+        same operators, nothing lowered again. Tensors of ``outputs`` must exist."""
+        sg = self.model.main
+        bad = [i for i in outputs if not 0 <= i < len(sg.tensors)]
+        if bad:
+            raise ValueError(f"no tensor {bad[0]} in the main subgraph "
+                             f"({len(sg.tensors)} tensors)")
+        return self._view(replace(self.model, subgraphs=(
+            replace(sg, outputs=tuple(outputs)), *self.model.subgraphs[1:])))
+
+    def _view(self, model: ir.Model) -> Lowered:
+        """This lowering over ``model`` (the same operators and tensors)."""
+        new = object.__new__(Lowered)
+        new.__dict__.update(self.__dict__)
+        new.model = model
         return new
 
     def apply(self, params: Mapping[str, Any], *inputs: Any,
@@ -358,10 +339,10 @@ class Lowered:
                         out = fn(ctx, *args)
                     out = jax.tree.map(np.asarray, out)
                 elif op.key in self.options.float32_ops:
-                    out = _in_float32(fn, ctx, args, [k == 0 and i in sg.outputs
+                    out = in_float32(fn, ctx, args, [k == 0 and i in sg.outputs
                                                       for i in op.outputs])
-                elif self.options.half_weights and any(_traced_float32(a) for a in args):
-                    out = _float32_weight_grads(fn, ctx, args, self.options.half_weights)
+                elif self.options.half_weights and any(traced_float32(a) for a in args):
+                    out = float32_weight_grads(fn, ctx, args, self.options.half_weights)
                 else:
                     out = fn(ctx, *args)
             except CircleJaxError:
@@ -454,6 +435,48 @@ class _IntegerForward:
             env[i] = fq.straight_through(real, env[i])
 
 
+def operator_table(model: ir.Model, options: LoweringOptions
+               ) -> dict[tuple[int, int], tuple[OpDef, Callable[..., Any], OpContext]]:
+    """Every operator's definition, implementation and static context, after its checks:
+    the lowering of ``model``'s operators (`Lowered` builds it once per IR; its views share
+    it). One error lists every refusal (UnsupportedOperatorError if any is unsupported)."""
+    malformed, refused, refused_ops = check_quantization(model, runs_integer)
+    parsed, refusals = {}, check_graph(model) + malformed + refused
+    unsupported = bool(refused)
+    multi = len(model.subgraphs) > 1
+    for sg in model.subgraphs:
+        for op in sg.operators:
+            if (sg.index, op.index) in refused_ops:
+                continue
+            where = f"{op.key} (code {op.code}) at {f'subgraph {sg.index} ' if multi else ''}" \
+                f"operator {op.index}"
+            ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)
+            outs = tuple(sg.tensors[i] for i in op.outputs)
+            d = definition(op.key, runs_integer(op.key, ins, outs),
+                           hybrid_weight(op.key, ins) is not None)
+            if d is None:
+                refusals.append(where)
+                unsupported = True
+                continue
+            ctx = OpContext(op, ins, outs, _no_subgraph, options)
+            try:
+                check_arity(op, d.fn)
+                _check_common(op)
+                if d.check is not None:
+                    d.check(ctx)
+            except (ValueError, TypeError, NotImplementedError) as e:
+                refusals.append(f"{where}: {e}")
+                unsupported |= isinstance(e, NotImplementedError)
+                continue
+            parsed[(sg.index, op.index)] = (d, _implementation(d, op.key, options), ctx)
+    if refusals:
+        error = UnsupportedOperatorError if unsupported else CircleFormatError
+        what = "unsupported operator(s)" if unsupported else "invalid operator(s)"
+        raise error(f"{len(refusals)} {what}: " + _first_refusals(refusals)
+                    + (" (see circle_jax.supported_operators())" if unsupported else ""))
+    return parsed
+
+
 def _integer_forward(source: ir.Model, plan: FakeQuantPlan | None,
                      options: LoweringOptions) -> _IntegerForward:
     """The integer forward of ``source`` (refusals: one line)."""
@@ -469,7 +492,7 @@ def _integer_forward(source: ir.Model, plan: FakeQuantPlan | None,
                     f"{sg.tensors[i].name[:60]!r}: the integer QAT forward re-quantizes only "
                     "weights of CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED, TRANSPOSE_CONV "
                     "(qat_forward='fake_quant' runs it)")
-    return _IntegerForward(source, plan, Lowered(source, options)._ops)
+    return _IntegerForward(source, plan, operator_table(source, options))
 
 
 MAX_MESSAGE = 1000
@@ -513,71 +536,6 @@ def _implementation(d: OpDef, key: str, options: LoweringOptions) -> Callable[..
 
 def _no_subgraph(j: int, args: Sequence[Any]) -> tuple[Any, ...]:
     raise RuntimeError("subgraphs run only while the model is applied")
-
-
-def _in_float32(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any],
-                keep: Sequence[bool]) -> Any:
-    """``fn(ctx, *args)`` computed in float32 when an argument is a half float: those
-    arguments cast up, float32 outputs cast back to the (first) half dtype, except where
-    ``keep`` is set (the main subgraph's outputs, which the loss reads in float32)."""
-    half = next((a.dtype for a in args if _half(a)), None)
-    if half is None:
-        return fn(ctx, *args)
-    out = fn(ctx, *(a.astype(np.float32) if _half(a) else a for a in args))
-    many = isinstance(out, (tuple, list))
-    outs = tuple(out) if many else (out,)
-    if len(outs) != len(keep):  # the caller reports the count
-        return out
-    outs = tuple(o if kept or getattr(o, "dtype", None) != np.float32 else o.astype(half)
-                 for o, kept in zip(outs, keep))
-    return outs if many else outs[0]
-
-
-def _float32_weight_grads(fn: Callable[..., Any], ctx: OpContext, args: Sequence[Any],
-                          half: str) -> Any:
-    """``fn(ctx, *args)`` with its traced float arguments rounded to ``half`` (the float32
-    weights; the activations already are), whose backward runs in float32: each argument's
-    gradient comes back in that argument's dtype, so a float32 weight's gradient is
-    accumulated and kept in float32 (`LoweringOptions.half_weights`)."""
-    dtype = np.dtype(half)
-    where = [j for j, a in enumerate(args) if isinstance(a, jax.Array)]
-
-    def call(values: Sequence[Any]) -> Any:
-        full = list(args)
-        for j, v in zip(where, values):
-            full[j] = v
-        return fn(ctx, *full)
-
-    def floating(a: Any) -> bool:
-        return jnp.issubdtype(a.dtype, jnp.floating)
-
-    def rounded(a: jax.Array) -> jax.Array:  # float32, the value rounded to half
-        if not floating(a):
-            return a
-        up = a.astype(np.float32)
-        return up + jax.lax.stop_gradient(a.astype(dtype).astype(np.float32) - up)
-
-    @jax.custom_vjp
-    def op(*values: jax.Array) -> Any:
-        return call([v.astype(dtype) if floating(v) else v for v in values])
-
-    def fwd(*values: jax.Array) -> tuple[Any, tuple]:
-        return op(*values), values
-
-    def bwd(values: tuple, g: Any) -> tuple:
-        _, vjp = jax.vjp(lambda *v: call([rounded(a) for a in v]), *values)
-        return vjp(jax.tree.map(lambda c: c.astype(np.float32) if floating(c) else c, g))
-
-    op.defvjp(fwd, bwd)
-    return op(*(args[j] for j in where))
-
-
-def _traced_float32(x: Any) -> bool:
-    return isinstance(x, jax.Array) and x.dtype == np.float32
-
-
-def _half(x: Any) -> bool:
-    return getattr(x, "dtype", None) in (np.float16, jnp.bfloat16)
 
 
 def _static(x: Any) -> bool:

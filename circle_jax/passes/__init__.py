@@ -3,8 +3,9 @@
 A pass is a function ``ir.Model -> ir.Model`` that returns a new model and appends a
 :class:`~circle_jax.graph.ir.PassRecord` of what it changed to ``model.passes``; it never reads
 or writes bytes (the reader parsed the file once; `circle_jax.formats.writer.write_model`
-writes any pass's output). `circle_jax.load` runs :func:`pipeline` of its options; every
-pass is also usable alone:
+writes any pass's output). `circle_jax.load` builds its whole pipeline once from its options
+(:func:`pipeline_stages`, `.stages`) and runs it once (:func:`run_stages`); every pass is
+also usable alone:
 
     model = read_model("m.tflite")
     model = run(model, [partial(select_signature, key="decode"), untie_shared_constants])
@@ -57,6 +58,7 @@ from .signature import (
     select_subgraph,
     signature_keys,
 )
+from .stages import Stage, When, pipeline_stages, ran, run_stages
 from .untie import untie_shared_constants
 from .variables import read_variables_as_constants, uses_variables
 
@@ -73,7 +75,8 @@ def run(model: ir.Model, passes: Iterable[Pass]) -> ir.Model:
 def pipeline(*, signature: str | None = None, dequantize: bool = False,
              keep_hybrid: bool = False, untie: bool = False, add_bias: bool | str = False,
              policy: str = "weights") -> list[Pass]:
-    """The passes `circle_jax.load` runs for its options, in order: shapeless conversion
+    """The passes of a load's options, in order (`circle_jax.load` runs them as stages of
+    :func:`pipeline_stages`, which adds those that depend on the model): shapeless conversion
     outputs shaped (`fill_conversion_shapes`), QDQ pairs as fake quantizations
     (`fake_quantize_pairs`), the signature's
     subgraph made the main one, then every quantized tensor made float32 (``keep_hybrid``:
@@ -138,8 +141,9 @@ __all__ = [
     "dequantize_model", "fake_quantize_pairs", "fill_conversion_shapes",
     "fake_quant_plan", "fake_quantize", "keep_reachable", "lora_frozen", "lora_targets",
     "merge_lora",
-    "personal_params", "personalize", "pipeline", "reachable", "read_variables_as_constants",
-    "record", "replace_head", "replace_inputs", "replace_subgraph", "requantize_weights", "run",
+    "personal_params", "personalize", "pipeline", "pipeline_stages", "ran", "reachable",
+    "read_variables_as_constants", "record", "replace_head", "replace_inputs",
+    "replace_subgraph", "requantize_weights", "run", "run_stages", "Stage", "When",
     "select_signature", "select_subgraph", "set_inputs", "set_outputs", "signature_keys",
     "untie_shared_constants", "uses_variables", "weight_only",
 ]

@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 import jax
@@ -73,9 +73,9 @@ def first_non_finite(trainer: Trainer, params: dict, frozen: dict, x: Sequence[A
 
 
 def _lowered(trainer: Trainer) -> Lowered:
-    """The model lowered as the trainer's forward is (its lowering changes)."""
-    model = trainer.model
-    return model.lower_graph(model.ir, replace(model.lowering, **trainer.lowering_changes))
+    """The model's lowering as the trainer's forward sees it (its lowering changes): a view
+    (`Model.view`), nothing lowered again."""
+    return trainer.model.view(**trainer.lowering_changes)
 
 
 def _finite_flags(trainer: Trainer, lowered: Lowered, trainable: dict, frozen: dict,

@@ -9,7 +9,7 @@ only the training fields apply, and only where the configuration leaves them uns
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any
 
 from ..graph.params_policy import embedding_tables
@@ -72,19 +72,15 @@ def softmax_logits_apply(model: Model, output: int = 0, **changes: Any
                          ) -> Callable[..., tuple[Any, ...]] | None:
     """``apply`` whose output ``output`` is the logits of the SOFTMAX producing it (times
     its beta), or None when that output is not a SOFTMAX's output; ``changes`` go to the
-    lowering options (``in_loop=True``)."""
+    lowering options (``in_loop=True``). A view of the model's lowering (`Model.view`):
+    nothing is lowered again."""
     source = softmax_input(model, output)
     if source is None:
         return None
     logits, beta = source
-    sg = model.ir.main
-    outputs = list(sg.outputs)
+    outputs = list(model.ir.main.outputs)
     outputs[output] = logits
-    variant = replace(model.ir, subgraphs=(replace(sg, outputs=tuple(outputs)),
-                                           *model.ir.subgraphs[1:]))
-    lowered = model.lower_graph(variant)
-    if changes:
-        lowered = lowered.with_options(**changes)
+    lowered = model.view(outputs, **changes)  # the model's one lowering, other outputs
 
     def apply(params: Any, *inputs: Any, **observed: Any) -> tuple[Any, ...]:
         outs = list(lowered.apply(params, *inputs, **observed))
