@@ -421,7 +421,7 @@ def load(
 
     ``numerics`` names the profile ("onert", the default; "keras"; "onert-micro"; see
     `circle_jax.numerics`); the other keywords override its fields. They choose the graph
-    passes run on the parsed model (`circle_jax.passes.pipeline`, recorded in
+    passes run on the parsed model (`circle_jax.passes.pipeline_stages`, recorded in
     ``Model.passes``): ``signature`` picks a SignatureDef by key, whose subgraph becomes the
     model's main one (default: subgraph 0); unless tied, a trainable constant read by
     several operators becomes one param per reader; ``add_missing_bias`` ("all" or True,
@@ -433,9 +433,11 @@ def load(
     (dynamic-range int8 weights with float activations, float16 weights), which train as
     float32 and export in their own layout, and runs full-integer models with integer
     kernels; ``False`` never does. ``trainable_policy`` is "weights" (default), "all_float"
-    or "fc_conv" (onert-micro's). The file is parsed once; nothing is serialized.
+    or "fc_conv" (onert-micro's). The file is parsed once, the passes run once, the result is
+    lowered once; nothing is serialized.
 
-    Personalizing (`Model.personalize`, run last): ``new_head=K`` replaces the classifier
+    Personalizing (the pipeline's last stage: what `Model.personalize` does, in the one
+    lowering): ``new_head=K`` replaces the classifier
     head of output 0 by a fresh K-way one; ``lora=R`` adds rank-R adapters scaled by
     ``lora_alpha / R`` on ``lora_targets`` ("all", "fc", "conv", "matmul" or weight names
     and aliases); ``seed`` seeds their initial values.

@@ -6,6 +6,7 @@ newest bindings read every Circle version and every TFLite file.
 
 from __future__ import annotations
 
+import functools
 import re
 
 import numpy as np
@@ -115,6 +116,7 @@ def options_class(tag: int) -> type:
     return getattr(getattr(schema, name), name + "T")
 
 
+@functools.cache  # a few hundred schema field names, converted per operator at every load
 def snake_case(name: str) -> str:
     """``fusedActivationFunction`` -> ``fused_activation_function``; ``strideW`` -> ``stride_w``."""
     name = re.sub(r"(?<=[A-Z])([A-Z])(?=[a-z])", r"_\1", name)
