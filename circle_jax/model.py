@@ -436,11 +436,10 @@ def load(
     or "fc_conv" (onert-micro's). The file is parsed once, the passes run once, the result is
     lowered once; nothing is serialized.
 
-    Personalizing (the pipeline's last stage: what `Model.personalize` does, in the one
-    lowering): ``new_head=K`` replaces the classifier
-    head of output 0 by a fresh K-way one; ``lora=R`` adds rank-R adapters scaled by
-    ``lora_alpha / R`` on ``lora_targets`` ("all", "fc", "conv", "matmul" or weight names
-    and aliases); ``seed`` seeds their initial values.
+    Personalizing (the pipeline's last stage, as `Model.personalize` would, inside the one
+    lowering): ``new_head=K`` replaces the classifier head of output 0 by a fresh K-way one;
+    ``lora=R`` adds rank-R adapters scaled by ``lora_alpha / R`` on ``lora_targets`` ("all",
+    "fc", "conv", "matmul" or weight names and aliases); ``seed`` seeds their initial values.
 
     ``qat=True``: a fully quantized model (quantized activations) loads as its
     quantization-aware training model: the float model that simulates it by fake
