@@ -170,3 +170,11 @@ def test_the_counters_count(counts: Counter) -> None:
     assert counts["lowered"] == 2 and counts["parse"] == 1
     passes.run(read_model(MLP), passes.pipeline())  # a pipeline outside load
     assert counts["first pass"] == 2 and counts["parse"] == 2
+
+
+def test_the_stages_follow_the_options_and_refuse_before_the_file_is_read() -> None:
+    assert [s.name for s in passes.pipeline_stages()] == ["selected", "float", "trained"]
+    built = passes.pipeline_stages(personal=passes.personalize(new_head=2))
+    assert [s.name for s in built] == ["selected", "float", "trained", "personal"]
+    with pytest.raises(cj.ConfigError, match="seed must be an integer"):
+        cj.load(DATA / "no such file.tflite", new_head=2, seed=0.5)  # options first
