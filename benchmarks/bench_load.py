@@ -8,7 +8,8 @@ Per model and configuration (``default``: the onert profile, which unties shared
 ``--repeat`` loads from the file's bytes in this process after one warm-up load (the
 fastest: the run least disturbed by other processes; nothing is traced: ``load`` parses,
 checks and plans the lowering), and the fastest run of the load's graph passes alone on
-the parsed model (``circle_jax.passes.pipeline``; "-" for code without it). Also counts
+the parsed model (``circle_jax.passes.pipeline_stages``, or ``pipeline`` for older code;
+"-" for code without it). Also counts
 the FlatBuffer parses (``ModelT.InitFromBuf``) and serializations
 (``flatbuffers.Builder.Finish``) of one load.
 
@@ -96,13 +97,25 @@ def _passes_ms(data: bytes, options: dict[str, Any], repeat: int = 5) -> str:
 
     prof = get_numerics(options.get("numerics")).with_overrides(
         tie_shared_weights=options.get("tie_shared_weights"))
-    todo = passes.pipeline(signature=options.get("signature"), untie=not prof.tie_shared_weights,
-                           add_bias=prof.add_missing_bias, policy=prof.trainable_policy)
+    if hasattr(passes, "pipeline_stages"):  # load's one pipeline, all its stages
+        stages = passes.pipeline_stages(
+            signature=options.get("signature"), untie=not prof.tie_shared_weights,
+            add_bias=prof.add_missing_bias, policy=prof.trainable_policy)
+
+        def todo(m: Any) -> Any:
+            return passes.run_stages(m, stages)
+    else:
+        steps = passes.pipeline(signature=options.get("signature"),
+                                untie=not prof.tie_shared_weights,
+                                add_bias=prof.add_missing_bias, policy=prof.trainable_policy)
+
+        def todo(m: Any) -> Any:
+            return passes.run(m, steps)
     parsed = cj.read_model(data)
     times = []
     for _ in range(repeat):
         t0 = time.perf_counter()
-        passes.run(parsed, todo)
+        todo(parsed)
         times.append(time.perf_counter() - t0)
     return f"{1000 * min(times):.1f}"
 
