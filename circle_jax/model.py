@@ -530,7 +530,8 @@ def load(
     digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat,
                         loaded.qat_forward, loaded.qat_ranges, qat_range_decay)).encode())
     loaded.digest = digest.hexdigest()
-    loaded.ondevice = file
+    if file is not None:  # an on-device file: only its variables train; export writes it
+        file.attach(loaded)
     if new_head is not None or lora is not None:
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
                                     lora_alpha=lora_alpha, lora_targets=lora_targets)

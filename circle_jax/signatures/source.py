@@ -26,8 +26,15 @@ import numpy as np
 from ..errors import ConfigError
 from ..formats.writer import write_model
 from ..graph import ir
-from ..graph.variables import variables
-from ..passes import keep_reachable, read_variables_as_constants, run, uses_variables
+from ..graph.params_policy import ParamRole
+from ..graph.variables import init_subgraphs, variables
+from ..passes import (
+    keep_reachable,
+    reachable,
+    read_variables_as_constants,
+    run,
+    uses_variables,
+)
 from .initialisers import with_initial_values
 from .program import Program
 from .restore import restored_variables
@@ -41,6 +48,29 @@ class OnDeviceFile:
     model: ir.Model
     state: Mapping[str, np.ndarray] = field(repr=False)
     checkpoint: str | None = None
+
+    def attach(self, loaded: Any) -> None:
+        """Make ``loaded`` (the model of a signature of this file) export the file, and
+        train what the file's own ``train`` signature trains: a param is trainable when it is
+        a float variable that signature assigns (every float variable when the file has no
+        ``train``); others are frozen (a variable ``train`` keeps, such as a frozen feature
+        extractor's; a constant of the signature's subgraph, such as the zero bias TF's
+        converter gives CONV_2D)."""
+        loaded.ondevice = self
+        known = variables(self.model)
+        train = next((s for s in self.model.signature_defs if s.key == "train"), None)
+        within = None if train is None else (reachable(self.model, train.subgraph_index)
+                                             - set(init_subgraphs(self.model)))
+        for name in loaded.param_roles:
+            var = known.get(loaded.rewrites.untied.get(name, name))
+            if var is None:
+                role = ParamRole(False, "a constant of the file, no variable")
+            elif within is not None and not any(k in within for k, _ in var.assigns):
+                role = ParamRole(False, "a variable the file's train does not assign")
+            else:
+                role = ParamRole(var.dtype.startswith("float"), "a variable "
+                                 + ("the file's train assigns" if within else "of the file"))
+            loaded.param_roles[name] = role
 
     def export(self, loaded: Any, params: Mapping[str, Any], file_format: str | None = None,
                metadata: Mapping[str, bytes | None] | None = None) -> bytes:
@@ -57,6 +87,12 @@ class OnDeviceFile:
                 raise ConfigError(f"param {bias!r} is an added bias, no variable of the file: "
                                   "load with add_missing_bias='none' to export the file")
         known = variables(self.model)
+        for name, value in values.items():
+            if loaded.rewrites.untied.get(name, name) not in known and np.asarray(
+                    value).tobytes() != np.asarray(loaded.params[name]).tobytes():
+                raise ConfigError(f"param {name!r} is a constant of the file, no variable, "
+                                  "and was trained: the file's signatures hold it apart; "
+                                  "train only the variables (the default)")
         initial = {**self.state, **{n: np.asarray(v) for n, v in values.items() if n in known}}
         return write_model(with_initial_values(self.model, initial), file_format, metadata)
 
