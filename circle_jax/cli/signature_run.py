@@ -109,8 +109,11 @@ def run_signature(args: argparse.Namespace) -> int:
                        f"of {', '.join(map(repr, keys)) or 'none'}")
     runner = it.get_signature_runner(args.signature)
     if args.restore:
-        from circle_jax.signatures.restore import check_checkpoint, restore_map, \
-            restore_signature
+        from circle_jax.signatures.restore import (
+            check_checkpoint,
+            restore_map,
+            restore_signature,
+        )
 
         key = restore_signature(it.program.model)
         check_checkpoint(args.restore, restore_map(it.program.model, key))
