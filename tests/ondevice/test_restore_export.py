@@ -224,3 +224,35 @@ def test_cli_train_with_restore_reaches_tensorflows_weights(tmp_path) -> None:
     it = cj.Interpreter(model_path=out)
     np.testing.assert_allclose(it.get_signature_runner("infer")(x=d["x"])["output"],
                                d["infer_after"], rtol=1e-5, atol=1e-5)
+
+
+# ------------------------------------------------------------------- int64 without x64
+
+def test_int64_variables_are_exact_or_refused_in_one_line(tmp_path) -> None:
+    """Keras's step counter is int64; JAX (no x64) computes it in int32: a value that fits
+    is exact (2**31 - 1 restores and reads back as int64), one that does not is refused in
+    one line, from a checkpoint or set by hand."""
+    import jax
+
+    if jax.config.jax_enable_x64:
+        pytest.skip("64-bit mode computes int64 exactly")
+    d = recorded("tutorial_cnn")
+    tensors = read_checkpoint(path("tutorial_cnn", ".init.ckpt"))
+    tensors["sgd/iteration"] = np.array(2**31 - 1, np.int64)
+    edge = str(tmp_path / "edge.ckpt")
+    write_checkpoint(edge, tensors)
+    it = cj.Interpreter(model_path=path("tutorial_cnn"))
+    it.get_signature_runner("restore")(checkpoint_path=np.array(edge))
+    assert it.variables["sgd/iteration"].dtype == np.int64
+    assert int(it.variables["sgd/iteration"]) == 2**31 - 1
+    tensors["sgd/iteration"] = np.array(2**33, np.int64)
+    big = str(tmp_path / "big.ckpt")
+    write_checkpoint(big, tensors)
+    with pytest.raises(DataError, match=r"tensor 'sgd/iteration' \(int64\) holds 8589934592, "
+                       "which JAX computes as int32 without 64-bit mode") as e:
+        cj.load(path("tutorial_cnn"), signature="infer", restore=big)
+    assert "\n" not in str(e.value)
+    it.set_variables({"sgd/iteration": np.array(-2**40, np.int64)})
+    with pytest.raises(VariableError, match=r"variable 'sgd/iteration' \(int64\) holds "
+                       r"-1099511627776"):
+        it.get_signature_runner("train")(x=d["x"], y=d["y"])
