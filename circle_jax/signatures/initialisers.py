@@ -2,13 +2,14 @@
 
 :func:`with_initial_values` gives named variables new initial values, every signature of the
 file kept as it is: where the init subgraph (CALL_ONCE's) assigns a variable a constant of
-its own, that constant takes the value; any other variable gets a VAR_HANDLE and an
-ASSIGN_VARIABLE of a new constant appended to the init subgraph (a later assign wins, as
-the subgraph runs in order). A file without an init subgraph (TF's converter dropped every
-initialiser) gets one, and every signature's subgraph that does not run it gets a
-CALL_ONCE of it as its first operator, as TF's converter writes them. Values are stored in
-the variable's own dtype; a value of another shape than the variable's is refused in one
-line, as is one that its dtype cannot hold exactly (an integer out of range, NaN).
+its own (one no other variable is assigned from), that constant takes the value; any other
+variable gets a VAR_HANDLE and an ASSIGN_VARIABLE of a new constant appended to the init
+subgraph (a later assign wins, as the subgraph runs in order). A file without an init
+subgraph (TF's converter dropped every initialiser) gets one, and every signature's
+subgraph gets a CALL_ONCE of it as its first operator, as TF's converter writes them.
+Values are stored in the variable's own dtype; refused in one line: a value of another
+shape than the variable's, an integer its dtype cannot hold exactly, a float NaN or
+infinity.
 """
 
 from __future__ import annotations
@@ -70,12 +71,13 @@ def with_initial_values(model: ir.Model, values: Mapping[str, Any]) -> ir.Model:
     stored = {n: _stored(n, v, known[n].dtype or np.asarray(v).dtype.name,
                          known[n].shape if known[n].dtype else np.shape(v))
               for n, v in values.items()}
-    claimed: dict[int, str] = {}
+    readers: dict[int, set[str]] = {}  # a constant -> the variables assigned from it
     for op in sg.operators:
         if op.type == "ASSIGN_VARIABLE" and len(op.inputs) == 2 and op.inputs[0] in names:
-            name, i = names[op.inputs[0]], op.inputs[1]
-            if name in stored and sg.tensors[i].data is not None and i not in claimed:
-                claimed[i] = name
+            readers.setdefault(op.inputs[1], set()).add(names[op.inputs[0]])
+    # a constant takes the value only when it initialises that variable alone
+    claimed = {i: next(iter(n)) for i, n in readers.items() if len(n) == 1
+               and next(iter(n)) in stored and sg.tensors[i].data is not None}
     tensors, ops = list(sg.tensors), list(sg.operators)
     for name, value in stored.items():
         if name in claimed.values():

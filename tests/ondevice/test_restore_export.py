@@ -256,3 +256,28 @@ def test_int64_variables_are_exact_or_refused_in_one_line(tmp_path) -> None:
     with pytest.raises(VariableError, match=r"variable 'sgd/iteration' \(int64\) holds "
                        r"-1099511627776"):
         it.get_signature_runner("train")(x=d["x"], y=d["y"])
+
+
+def test_initial_values_change_only_the_variables_named() -> None:
+    """mlp_adam's init subgraph: new values for m_w1 and step leave every other variable's
+    initial value as the file had it; bad values are one line."""
+    from circle_jax.formats import write_model
+    from circle_jax.signatures import Program
+    from circle_jax.signatures.initialisers import with_initial_values
+
+    model = cj.read_model(path("mlp_adam"))
+    before = Program(model).initial_variables()
+    out = with_initial_values(model, {"m_w1": np.ones((8, 16), np.float32),
+                                      "step": np.float32(3)})
+    after = Program(write_model(out, "tflite")).initial_variables()
+    assert sorted(after) == sorted(before)
+    np.testing.assert_array_equal(after["m_w1"], np.ones((8, 16), np.float32))
+    assert float(after["step"]) == 3.0
+    for k in set(before) - {"m_w1", "step"}:
+        np.testing.assert_array_equal(after[k], before[k], err_msg=k)
+    for values, match in [({"w9": 0}, r"no variable 'w9'"),
+                          ({"w1": np.zeros((16, 8))}, r"variable 'w1' is float32\[8, 16\]; "
+                           r"its value has shape \[16, 8\]"),
+                          ({"b1": np.full(16, np.nan)}, r"variable 'b1' holds NaN")]:
+        with pytest.raises(DataError, match=match):
+            with_initial_values(model, values)
