@@ -50,6 +50,7 @@ from .passes.fake_quant import (
     quantized_activations,
 )
 from .passes.qat import QAT_SOFTMAX_CCE, QatSettings, integer_model
+from .signatures.source import variables_as_params
 
 
 @dataclass(frozen=True)
@@ -498,9 +499,8 @@ def load(
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
     selected = run(parsed, pipeline(signature=signature))
-    from .signatures.source import variables_as_params  # an on-device training file's
-
-    selected, file = variables_as_params(parsed, selected, restore)  # variables as params
+    # an on-device training file: its variables as params, the file kept for export
+    selected, file = variables_as_params(parsed, selected, restore)
     if qat is False and dequantize is None:
         dequantize = quantized_activations(selected)
     dq = weight_only(selected) if dequantize is None else dequantize
