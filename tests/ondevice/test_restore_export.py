@@ -36,6 +36,9 @@ def recorded(name: str) -> dict[str, np.ndarray]:
 CONFIGS = {
     "mlp_sgd": dict(learning_rate=0.1, loss="mse", optimizer="sgd"),
     "tutorial_cnn": dict(learning_rate=0.1, loss="cce", from_logits=True, optimizer="sgd"),
+    "mlp_adam": dict(learning_rate=0.01, loss="cce", from_logits=True, optimizer="adam",
+                     optimizer_kwargs={"eps": 1e-7}),
+    "frozen_head": dict(learning_rate=0.5, loss="cce", from_logits=True, optimizer="sgd"),
 }
 
 
@@ -119,12 +122,13 @@ def test_restore_refusals_are_one_line(call, error, match) -> None:
     assert "\n" not in str(e.value)
 
 
-@pytest.mark.parametrize("name", ["mlp_sgd", "tutorial_cnn"])
+@pytest.mark.parametrize("name", ["mlp_sgd", "mlp_adam", "frozen_head", "tutorial_cnn"])
 def test_export_keeps_every_signature_and_its_train_goes_on(name: str) -> None:
     """fit on infer (TF's train-signature losses, 1e-4), export: LiteRT's and circle-jax's
     infer on the export = circle-jax's output at the trained params (1e-5; measured 4.8e-7),
     the export's train starts at the loss of those params (1e-5 relative: float32 sums)
-    and goes down; its save writes the trained values. The tutorial's file had no
+    and goes down (LiteRT's own train too on the builtin-only files). frozen_head trains
+    hw, hb alone by default (what its train assigns). The tutorial's file had no
     initialisers: the export gains an init subgraph that LiteRT runs."""
     from ai_edge_litert.interpreter import Interpreter as LiteRT
 
@@ -149,7 +153,7 @@ def test_export_keeps_every_signature_and_its_train_goes_on(name: str) -> None:
     first = float(train(x=d["x"], y=d["y"])["loss"])
     np.testing.assert_allclose(first, file_loss(name, ours, d["y"]), rtol=1e-5)
     assert float(train(x=d["x"], y=d["y"])["loss"]) < first
-    if name == "mlp_sgd":  # builtin-only: LiteRT's own train goes on from there too
+    if name != "tutorial_cnn":  # builtin-only: LiteRT's own train goes on from there too
         np.testing.assert_allclose(
             litert.get_signature_runner("train")(x=d["x"], y=d["y"])["loss"], first, rtol=1e-5)
 
