@@ -34,15 +34,12 @@ from .passes import (
     adapter_names,
     bias_selection,
     check_lora_options,
-    keep_reachable,
     merge_lora,
     personal_params,
     personalize,
     pipeline,
-    read_variables_as_constants,
     requantize_weights,
     run,
-    uses_variables,
     weight_only,
 )
 from .passes.dequantize import describe_quantization, is_quantized
@@ -53,6 +50,7 @@ from .passes.fake_quant import (
     quantized_activations,
 )
 from .passes.qat import QAT_SOFTMAX_CCE, QatSettings, integer_model
+from .signatures.source import variables_as_params
 
 
 @dataclass(frozen=True)
@@ -136,6 +134,8 @@ class Model:
         #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
         #: the model's traced programs depend on besides their arguments
         self.digest: str | None = None
+        #: the on-device training file loaded from (`circle_jax.signatures.source`) or None
+        self.ondevice: Any = None
         self.param_keys: dict[str, ParamKey] = dict(self._lowered.params)
         # one transfer for all of them (an eager op per param would compile per shape)
         self.params: dict[str, jax.Array] = jax.device_put({
@@ -293,6 +293,8 @@ class Model:
         unknown = sorted(set(params) - set(self.param_keys) - {RANGES})
         if unknown:
             raise ValueError(f"unknown param name(s) {unknown}")
+        if self.ondevice is not None:  # every signature kept, params as initial values
+            return self.ondevice.export(self, params, file_format, metadata)
         if self.simulated is not None:
             names = {key: name for name, key in self.param_keys.items()}
             floats = {name: _finite(name, np.asarray(v)) for name, v in params.items()
@@ -416,6 +418,7 @@ def load(
     qat_forward: str | None = None,
     qat_ranges: str | None = None,
     qat_range_decay: float | None = None,
+    restore: str | os.PathLike | None = None,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -479,6 +482,8 @@ def load(
     cross-entropy on a SOFTMAX output reads the SOFTMAX's input logits
     (``softmax_cce=QAT_SOFTMAX_CCE`` in a profile given by name; a
     :class:`~circle_jax.numerics.Numerics` given is used as it is).
+    An on-device training file's signature: see `circle_jax.signatures.source` (``restore``
+    a TF V1 checkpoint its restore signature reads; export keeps every signature).
     """
     check_lora_options(lora, lora_alpha, lora_targets)
     q = QatSettings.of(qat, dequantize, qat_forward, qat_ranges, qat_range_decay)
@@ -494,8 +499,8 @@ def load(
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
     selected = run(parsed, pipeline(signature=signature))
-    if uses_variables(selected):  # an on-device training file: its variables as params
-        selected = run(selected, [read_variables_as_constants, keep_reachable])
+    # an on-device training file: its variables as params, the file kept for export
+    selected, file = variables_as_params(parsed, selected, restore)
     if qat is False and dequantize is None:
         dequantize = quantized_activations(selected)
     dq = weight_only(selected) if dequantize is None else dequantize
@@ -525,6 +530,8 @@ def load(
     digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat,
                         loaded.qat_forward, loaded.qat_ranges, qat_range_decay)).encode())
     loaded.digest = digest.hexdigest()
+    if file is not None:  # an on-device file: only its variables train; export writes it
+        file.attach(loaded)
     if new_head is not None or lora is not None:
         loaded = loaded.personalize(new_head=new_head, seed=seed, lora=lora,
                                     lora_alpha=lora_alpha, lora_targets=lora_targets)
