@@ -33,6 +33,7 @@ from .passes import (
     adapter_names,
     bias_selection,
     check_lora_options,
+    check_personalizable,
     merge_lora,
     personal_params,
     personalize,
@@ -46,6 +47,7 @@ from .passes.dequantize import describe_quantization, is_quantized
 from .passes.fake_quant import fake_quant_plan, moving_ranges
 from .passes.qat import QAT_SOFTMAX_CCE, QatSettings, integer_model
 from .passes.stages import dequantized_in_layout
+from .signatures.source import OnDeviceFile, restored_values
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,8 @@ class Model:
         #: SHA-256 of the file and the load options (set by `load`; None otherwise): what
         #: the model's traced programs depend on besides their arguments
         self.digest: str | None = None
+        #: the on-device training file loaded from (`circle_jax.signatures.source`) or None
+        self.ondevice: Any = None
         self.param_keys: dict[str, ParamKey] = dict(self._lowered.params)
         # one transfer for all of them (an eager op per param would compile per shape)
         self.params: dict[str, jax.Array] = jax.device_put({
@@ -287,6 +291,8 @@ class Model:
         unknown = sorted(set(params) - set(self.param_keys) - {RANGES})
         if unknown:
             raise ValueError(f"unknown param name(s) {unknown}")
+        if self.ondevice is not None:  # every signature kept, params as initial values
+            return self.ondevice.export(self, params, file_format, metadata)
         if self.simulated is not None:
             names = {key: name for name, key in self.param_keys.items()}
             floats = {name: _finite(name, np.asarray(v)) for name, v in params.items()
@@ -322,7 +328,7 @@ class Model:
         """This model with a new ``new_head``-way classifier head on output ``output`` and/or
         rank-``lora`` adapters (`circle_jax.passes.personalize`), same lowering and numerics;
         its :attr:`personal_params` train by default. Refusals are one ValueError line."""
-        _personalizable(self.ir)
+        check_personalizable(self.ir)
         index = _output_index(self, output)
         model = run(self.ir, personalize(new_head=new_head, seed=seed, output=index, lora=lora,
                                          lora_alpha=lora_alpha, lora_targets=lora_targets))
@@ -407,6 +413,7 @@ def load(
     qat_forward: str | None = None,
     qat_ranges: str | None = None,
     qat_range_decay: float | None = None,
+    restore: str | os.PathLike | None = None,
 ) -> Model:
     """Load a .circle or .tflite model (a path or the file's bytes).
 
@@ -471,6 +478,8 @@ def load(
     cross-entropy on a SOFTMAX output reads the SOFTMAX's input logits
     (``softmax_cce=QAT_SOFTMAX_CCE`` in a profile given by name; a
     :class:`~circle_jax.numerics.Numerics` given is used as it is).
+    An on-device training file's signature: see `circle_jax.signatures.source` (``restore``
+    a TF V1 checkpoint its restore signature reads; export keeps every signature).
     """
     check_lora_options(lora, lora_alpha, lora_targets)
     q = QatSettings.of(qat, dequantize, qat_forward, qat_ranges, qat_range_decay)
@@ -479,18 +488,20 @@ def load(
         add_missing_bias=None if add_missing_bias is None else bias_selection(add_missing_bias),
         trainable_policy=trainable_policy)
     personal = new_head is not None or lora is not None
-    stages = pipeline_stages(
-        signature=signature, dequantize=dequantize, qat=q, untie=not prof.tie_shared_weights,
-        add_bias=prof.add_missing_bias, policy=prof.trainable_policy,
-        personal=personalize(new_head=new_head, seed=seed, lora=lora, lora_alpha=lora_alpha,
-                             lora_targets=lora_targets) if personal else (),
-        personal_check=_personalizable)
+    personalizing = personalize(new_head=new_head, seed=seed, lora=lora,
+                                lora_alpha=lora_alpha, lora_targets=lora_targets) \
+        if personal else ()
     data, where = read_bytes(source)
     parsed = parse_model(data, where, max_elements=max_elements)
     refusals = check_graph(parsed)
     if refusals:  # before the passes, which walk the graph
         raise CircleFormatError(f"{len(refusals)} invalid graph element(s): "
                                 + "; ".join(refusals)[:1000])
+    restored = restored_values(parsed, signature, restore)  # on-device: restore's variables
+    stages = pipeline_stages(
+        signature=signature, dequantize=dequantize, qat=q, untie=not prof.tie_shared_weights,
+        add_bias=prof.add_missing_bias, policy=prof.trainable_policy, variables=restored,
+        personal=personalizing, personal_check=check_personalizable)
     stage = run_stages(parsed, stages)
     selected, original, model = stage["selected"], stage["float"], stage[stages[-1].name]
     dq = ran(original, "dequantize")
@@ -508,22 +519,14 @@ def load(
     digest.update(repr((loaded.lowering, prof, signature, dq, max_elements, qat,
                         loaded.qat_forward, loaded.qat_ranges, q.range_decay)).encode())
     loaded.digest = digest.hexdigest()
+    if ran(selected, "read_variables_as_constants") and not personal:
+        # an on-device file: only its variables train; export writes the file (a
+        # personalized model, a graph the file does not hold, exports as a model)
+        OnDeviceFile(parsed, restored, restore).attach(loaded)
     if personal:  # as Model.personalize's digest
         loaded.digest = _personal_digest(loaded.digest, new_head, seed, 0, lora, lora_alpha,
                                          lora_targets)
     return loaded
-
-
-def _personalizable(model: ir.Model, output: int = 0) -> None:
-    """ValueError (one line) for a new head or adapters on a QAT model; ConfigError for an
-    output the model lacks."""
-    if ran(model, "fake_quantize"):
-        raise ValueError("a new head or LoRA adapters on a quantization-aware training "
-                         "model are not supported; load it with qat=False (--qat off: the "
-                         "dequantized float model)")
-    if not 0 <= output < len(model.main.outputs):
-        names = [model.main.tensors[i].name for i in model.main.outputs]
-        raise ConfigError(f"no model output {output!r}; the outputs are {names}")
 
 
 def _personal_digest(digest: str, *extra: Any) -> str:

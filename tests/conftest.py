@@ -106,8 +106,8 @@ def keras_data() -> Path:
 
 @pytest.fixture(scope="session")
 def cpu_kernels() -> None:
-    """The hand-written CPU kernels, built where a C++ compiler is (always in CI, where
-    `.ci/run` runs: there their absence fails instead of skipping)."""
+    """The hand-written CPU kernels, which the install builds where a C++ compiler is
+    (always in CI, where `.ci/run` runs: there their absence fails instead of skipping)."""
     from circle_jax.lowering import cpu_kernels
 
     if not cpu_kernels.available():

@@ -1,4 +1,7 @@
 """``compare``: train with onert and with circle-jax step by step and say where they part.
+``--with file``: an on-device training file's own ``train`` signature is the peer
+(`circle_jax.oracle.ondevice`: its gradients and updates against circle-jax's autodiff of
+``--signature`` (default ``infer``) under the flags' loss and optimizer).
 
 Exit status: 0 the runtimes agree, 1 they disagree, 2 the peer cannot run the case (its
 own message quoted), 3 circle-jax cannot (one ``E:`` line, as every command).
@@ -25,8 +28,10 @@ USAGE_STATUS = FAILED
 def add_arguments(p: argparse.ArgumentParser) -> None:
     train.add_arguments(p)
     g = p.add_argument_group("compare")
-    g.add_argument("--with", dest="peer", choices=["onert"], default="onert",
-                   help="the peer runtime: the onert wheel's train backend (default: onert)")
+    g.add_argument("--with", dest="peer", choices=["onert", "file"], default="onert",
+                   help="the peer: the onert wheel's train backend, or an on-device training "
+                   "file's own train signature (file; --rtol its relative tolerance on "
+                   "gradients and updates) (default: onert)")
     g.add_argument("--steps", type=int, metavar="N",
                    help="steps to compare (default: --epoch epochs, one when not given)")
     g.add_argument("--report", metavar="FILE", help="write the report as JSON (default: none)")
@@ -35,10 +40,12 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    "--overlay FILE` shows it; needs circle-jax[explorer]) (default: none)")
     g.add_argument("--arbiter", choices=["float64"],
                    help="also train in float64 and say which runtime is nearer (default: off)")
-    g.add_argument("--atol", type=float, default=1e-5, metavar="F",
-                   help="absolute tolerance on weights and losses, >= 0 (default: 1e-05)")
-    g.add_argument("--rtol", type=float, default=1e-4, metavar="F",
-                   help="tolerance relative to onert's value, >= 0 (default: 0.0001)")
+    g.add_argument("--atol", type=float, metavar="F",
+                   help="absolute tolerance on weights and losses, >= 0 (default: 1e-05; "
+                   "--with file: 1e-07)")
+    g.add_argument("--rtol", type=float, metavar="F",
+                   help="tolerance relative to the peer's value, >= 0 (default: 0.0001; "
+                   "--with file: 1e-05)")
 
 
 def _check_numbers(ns: argparse.Namespace) -> None:
@@ -48,7 +55,7 @@ def _check_numbers(ns: argparse.Namespace) -> None:
     if ns.steps is not None and ns.steps < 1:
         raise CliError(f"--steps must be >= 1, got {ns.steps}")
     for flag, value in (("--atol", ns.atol), ("--rtol", ns.rtol)):
-        if not value >= 0:  # NaN too
+        if value is not None and not value >= 0:  # NaN too
             raise CliError(f"{flag} must be a number >= 0, got {value}")
 
 
@@ -63,6 +70,8 @@ def run(ns: argparse.Namespace) -> int:
     from .view import check_overlay
 
     try:
+        if ns.peer == "file":
+            ns.signature = ns.signature or "infer"
         cfg = train_run(ns)
         check_outputs({"--report": ns.report, "--overlay": ns.overlay,
                        **cfg.outputs.by_flag()}, cfg.input_files())
@@ -71,10 +80,14 @@ def run(ns: argparse.Namespace) -> int:
             check_overlay(ns.overlay, ns.model)
         model = train.training_model(cfg)
         xs, y = train.training_data(cfg, model)
+        if ns.peer == "file":
+            return _with_file(ns, cfg, xs, y)
         source = cfg.model if not cfg.example else model.export(file_format="circle")
         report = compare_with_onert(
             source, xs, y, TrainConfig(**cfg.train), steps=ns.steps,
-            tolerance=Tolerance(ns.atol, ns.rtol), arbiter=ns.arbiter == "float64",
+            tolerance=Tolerance(1e-5 if ns.atol is None else ns.atol,
+                                1e-4 if ns.rtol is None else ns.rtol),
+            arbiter=ns.arbiter == "float64",
             **cfg.load)
     except PeerRefused as e:
         print(f"onert cannot run this case: {e}", file=sys.stderr)
@@ -95,4 +108,27 @@ def run(ns: argparse.Namespace) -> int:
         from circle_jax.oracle.overlay import compare_overlay, write_overlay
 
         write_overlay(compare_overlay(report, model), ns.overlay)
+    return AGREE if report.agree else DISAGREE
+
+
+def _with_file(ns: argparse.Namespace, cfg: object, xs: list, y: object) -> int:
+    """``--with file``: the file's train signature against circle-jax (module docstring)."""
+    from circle_jax.formats.atomic import atomic_write
+    from circle_jax.oracle.ondevice import compare_train_signature
+    from circle_jax.train import TrainConfig
+
+    from .common import CliError
+
+    if ns.overlay or ns.arbiter:
+        raise CliError("--overlay and --arbiter apply to --with onert")
+    load = dict(cfg.load)  # type: ignore[attr-defined]
+    infer, restore = load.pop("signature"), load.pop("restore", None)
+    report = compare_train_signature(cfg.model, xs, y,  # type: ignore[attr-defined]
+                                     TrainConfig(**cfg.train),  # type: ignore[attr-defined]
+                                     steps=ns.steps or 1, restore=restore, infer=infer,
+                                     rtol=1e-5 if ns.rtol is None else ns.rtol,
+                                     atol=1e-7 if ns.atol is None else ns.atol, **load)
+    print(report.table())
+    if ns.report:
+        atomic_write(ns.report, json.dumps(report.as_json(), indent=1).encode())
     return AGREE if report.agree else DISAGREE

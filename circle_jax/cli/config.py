@@ -105,8 +105,8 @@ def train_run(ns: argparse.Namespace) -> TrainRun:
 
 def load_options(ns: argparse.Namespace, qat: bool | str | None = "auto") -> dict[str, Any]:
     """`circle_jax.load` keywords from --numerics, --tie_shared_weights, --add_missing_bias,
-    --signature, --dequantize, --qat, --qat_forward, --qat_ranges, --qat_range_decay and
-    the personalizing flags
+    --signature, --restore, --dequantize, --qat, --qat_forward, --qat_ranges,
+    --qat_range_decay and the personalizing flags
     (--new_head, --lora, ... with --seed). ``qat`` is the load's ``qat=`` when --qat is not
     given: "auto" (QAT for a fully quantized model) where weights train or come from a QAT
     run, None (the file's integer kernels, exact to LiteRT) to score the file as it is;
@@ -116,6 +116,7 @@ def load_options(ns: argparse.Namespace, qat: bool | str | None = "auto") -> dic
                "tie_shared_weights": True if ns.tie_shared_weights else None,
                "add_missing_bias": ns.add_missing_bias,
                "signature": ns.signature,
+               "restore": getattr(ns, "restore", None),
                "dequantize": True if getattr(ns, "dequantize", False) else None,
                "qat": {"on": True, "off": False}.get(
                    getattr(ns, "qat", None),

@@ -28,6 +28,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--signature", metavar="KEY",
                    help="run this SignatureDef's subgraph (default: subgraph 0; a file with "
                    "variables: its only signature)")
+    p.add_argument("--restore", metavar="CKPT",
+                   help="a file with variables: run its restore signature on this TF V1 "
+                   "checkpoint first (default: the file's initial values)")
     p.add_argument("--steps", type=int, default=1, metavar="N",
                    help="a file with variables: run the signature N times, the variables "
                    "kept between (default: 1)")
@@ -46,13 +49,13 @@ def run(args: argparse.Namespace) -> int:
 
     if os.path.isfile(args.model) and has_variables(args.model):
         return run_signature(args)
-    given = [f for f in ("steps", "variables", "save_variables")
+    given = [f for f in ("steps", "variables", "save_variables", "restore")
              if getattr(args, f) != (1 if f == "steps" else None)]
     if given:
         raise CliError(f"--{given[0]} applies to a file with resource variables; "
                        f"{args.model!r} has none")
     check_output_dir("--output_dir", args.output_dir)
-    model = load_model(args.model, signature=args.signature)
+    model = load_model(args.model, signature=args.signature, restore=args.restore)
     xs = read_inputs(args.input, model)
     outs = jax.jit(model.apply)(model.params, *xs)
     os.makedirs(args.output_dir, exist_ok=True)

@@ -5,7 +5,9 @@ Inputs by the signature's names: ``--input NAME=FILE`` per input (.npy, a one-ar
 raw data, holding the whole tensor; a string input, such as a checkpoint path, is given as
 its text: ``--input checkpoint_path=/tmp/ckpt``), or one ``--input FILE.npz`` holding an
 array per input under its name. ``--variables FILE.npz`` gives variables values first
-(shared_names as keys: a file without initialisers, before its ``restore`` runs),
+(shared_names as keys: a file without initialisers, before its ``restore`` runs);
+``--restore CKPT`` runs the file's restore signature on a TF V1 checkpoint before them
+(`circle_jax.signatures.restore`: its tensor names, shapes and types checked first),
 ``--save_variables FILE.npz`` writes them all after the last step. Every step prints its
 outputs (a scalar's value, else its shape); the last step's are saved as
 ``output_<k>.npy`` in the signature's output order.
@@ -106,6 +108,18 @@ def run_signature(args: argparse.Namespace) -> int:
         raise CliError(f"the model has {len(keys)} signatures; expected --signature KEY, one "
                        f"of {', '.join(map(repr, keys)) or 'none'}")
     runner = it.get_signature_runner(args.signature)
+    if args.restore:
+        from circle_jax.signatures.restore import (
+            check_checkpoint,
+            restore_map,
+            restore_signature,
+        )
+
+        key = restore_signature(it.program.model)
+        check_checkpoint(args.restore, restore_map(it.program.model, key))
+        restore = it.get_signature_runner(key)
+        restore(**{name: np.array(args.restore.encode(), object)
+                   for name in restore.signature.inputs})
     if args.variables:
         it.set_variables(_variables(args.variables))
     inputs = _inputs(args.input, runner.signature)

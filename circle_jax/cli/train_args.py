@@ -210,6 +210,9 @@ def add_load_arguments(g: Any) -> None:
           "none, or those named (op3,op5: operators `circle-jax info` lists as missing one)")
     _flag(g, "--signature", metavar="KEY", default="subgraph 0",
           help="use this SignatureDef's subgraph (`circle-jax info` lists the keys)")
+    _flag(g, "--restore", metavar="CKPT", default="the file's initial values",
+          help="an on-device training file: its variables take what its own restore "
+          "signature reads from this TF V1 checkpoint")
     _flag(g, "--dequantize", action="store_true", default="off (only weight-only quantized "
           "models are, and export in their own layout)",
           help="make every quantized tensor float32: a float model runs, trains and is "

@@ -261,13 +261,15 @@ def _operator(op: ir.Operator, old: ir.Operator | None, obj: Any, codes: _Codes)
 
 def _set_options(op: ir.Operator, old: ir.Operator | None, obj: Any) -> None:
     """Write the IR options that differ into the operator's options table (a new one of the
-    operator's type when it has none)."""
+    operator's type when it has none). A new operator (``old`` None) of a type that has an
+    options table always gets one, defaults included, as TF's converter writes them: onert's
+    loader reads the table of such an operator without checking that it is there."""
     second = obj.builtinOptions is None and obj.builtinOptions2 is not None
     table = copy.copy(obj.builtinOptions2 if second else obj.builtinOptions)
     if table is None:
-        if not op.options:
-            return
         tag = options_tag(op.type)
+        if not op.options and (old is not None or not tag):
+            return
         if not tag:
             raise ValueError(f"operator {op.index} ({op.key}) has options "
                              f"{sorted(op.options)} but {op.type} takes none")

@@ -1,5 +1,5 @@
-"""Hand-written CPU kernels beside the XLA lowerings: built once per machine, used where
-they apply, the XLA form everywhere else.
+"""Hand-written CPU kernels beside the XLA lowerings: built when the package is installed,
+used where they apply, the XLA form everywhere else.
 
 ``cpu/depthwise.cc`` holds the 3x3 depthwise convolution's forward product and weight
 gradient as XLA FFI custom calls (`circle_jax.lowering.depthwise` lowers to them; its
@@ -12,31 +12,31 @@ each (`circle_jax.lowering.clamped`).
 
 The rules:
 
-- **Built on first use** with the machine's C++ compiler (``$CXX``, else ``c++`` or
-  ``g++``; ``-O3 -march=native``, against the FFI headers of the installed jaxlib), 5-13 s
-  once, into ``$CIRCLE_JAX_KERNEL_DIR`` (default ``~/.cache/circle-jax/kernels``,
-  under ``$XDG_CACHE_HOME`` where set) under a name that changes with the source, the
-  jaxlib version, the compiler and the CPU. Processes building at once take turns (a file
-  lock). A compiled program kept on disk registers them before it loads
-  (`circle_jax.train.programs`).
+- **Built at install time** (``setup.py``: ``pip install`` compiles them, nothing compiles
+  at run time), one library per instruction-set level, ``cpu/kernels_<level>``: on x86-64
+  the baseline, ``x86_64_v3`` (AVX2) and ``x86_64_v4`` (AVX-512); elsewhere ``generic``.
+  No ``-march=native``, no fused multiply-adds (``-ffp-contract=off``), no fast math: every
+  level computes the same bits, whichever machine compiled it.
+- **Loaded** on first use: the highest installed level whose instructions this CPU has
+  (`LEVELS`; ``/proc/cpuinfo``'s flags; without them, the baseline only).
+  ``CIRCLE_JAX_CPU_KERNELS=<level>`` asks for one level; ``=0`` turns them off. A compiled
+  program kept on disk registers them before it loads (`circle_jax.train.programs`).
 - **Used** for float32 4-d inputs, a 3x3 kernel, equal strides 1 or 2, dilation 1, in a
   program lowered for the CPU on one device (and, for `few_channels`, 1 to 4 input
   channels); anything else (other dtypes or kernels, GPU,
   a program split over several devices) takes the XLA lowering.
-- **Off** with ``CIRCLE_JAX_CPU_KERNELS=0``, or where no compiler builds them (`status`
-  says why); results then differ from the kernels' only by float32 summation order.
+- **Off** where switched off, where the install built none (no C++ compiler then) or the
+  CPU has none of the installed levels (`status` says which); results then differ from the
+  kernels' only by float32 summation order.
 """
 
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import functools
 import hashlib
+import importlib.machinery
 import os
-import platform
-import shutil
-import subprocess
 import threading
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -46,152 +46,119 @@ import jax
 import numpy as np
 from jax.interpreters import mlir
 
-SOURCE_DIR = Path(__file__).with_name("cpu")
-#: one source file per operator family, compiled in parallel and linked into one library
-SOURCES = ("depthwise.cc", "conv.cc")
-#: the custom-call targets ``SOURCES`` define
+#: where ``setup.py`` puts the libraries (beside their sources)
+LIBRARY_DIR = Path(__file__).with_name("cpu")
+#: the custom-call targets each library defines
 TARGETS = ("circle_jax_depthwise_forward", "circle_jax_depthwise_weight_gradient",
            "circle_jax_depthwise_clamped_forward", "circle_jax_depthwise_masked_gradient",
            "circle_jax_conv3x3_forward", "circle_jax_conv3x3_weight_gradient",
            "circle_jax_conv3x3_clamped_forward", "circle_jax_conv3x3_masked_gradient")
-FLAGS = ("-O3", "-march=native", "-fPIC", "-std=c++17", "-w")
-#: set to "0" to lower everything through XLA
+_V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"})
+#: each level ``setup.py`` builds, best first, and the CPU flags it needs
+LEVELS: dict[str, frozenset[str]] = {
+    "x86_64_v4": _V3 | {"avx512f", "avx512bw", "avx512cd", "avx512dq", "avx512vl"},
+    "x86_64_v3": _V3,
+    "x86_64": frozenset(),
+    "generic": frozenset(),
+}
+#: "0" lowers everything through XLA; a level's name asks for that level
 SWITCH = "CIRCLE_JAX_CPU_KERNELS"
 
 
-def kernel_dir() -> Path:
-    """Where built kernels are kept (see the module docstring)."""
-    if os.environ.get("CIRCLE_JAX_KERNEL_DIR"):
-        return Path(os.environ["CIRCLE_JAX_KERNEL_DIR"])
-    cache = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
-    return Path(cache) / "circle-jax" / "kernels"
-
-
-def _compiler() -> str | None:
-    for name in (os.environ.get("CXX"), "c++", "g++"):
-        found = shutil.which(name) if name else None
-        if found:
-            return found
-    return None
-
-
-def _why_off() -> str | None:
-    """Why the kernels are off whatever is built (the switch, no compiler); None: on."""
-    if os.environ.get(SWITCH, "1") == "0":
-        return f"{SWITCH}=0"
-    return "no C++ compiler ($CXX, c++ or g++) on PATH" if _compiler() is None else None
-
-
 @functools.cache
-def _cpu() -> str:
-    """What ``-march=native`` depends on: the CPU's model name and flags."""
+def _cpu_flags() -> frozenset[str]:
+    """The running CPU's feature flags (empty where ``/proc/cpuinfo`` is not readable)."""
     try:
         with open("/proc/cpuinfo", encoding="utf-8") as f:
-            lines = [ln for ln in f if ln.startswith(("model name", "flags"))]
-        return "".join(sorted(set(lines)))
+            for line in f:
+                if line.startswith(("flags", "Features")):
+                    return frozenset(line.split(":", 1)[1].split())
     except OSError:
-        return platform.processor() or platform.machine()
+        pass
+    return frozenset()
 
 
-@functools.cache
-def _library_path(compiler: str) -> Path:
-    import jaxlib
+def installed() -> dict[str, Path]:
+    """The installed libraries by level, best first."""
+    found = {}
+    for level in LEVELS:
+        for suffix in importlib.machinery.EXTENSION_SUFFIXES:
+            path = LIBRARY_DIR / f"kernels_{level}{suffix}"
+            if path.is_file():
+                found[level] = path
+                break
+    return found
 
-    h = hashlib.sha256()
-    for source in sorted(SOURCE_DIR.iterdir()):
-        h.update(source.name.encode() + source.read_bytes())
-    for part in (jaxlib.__version__, compiler, os.path.getmtime(compiler), FLAGS, _cpu()):
-        h.update(repr(part).encode())
-    return kernel_dir() / f"kernels-{h.hexdigest()[:20]}.so"
 
-
-def _build(path: Path, compiler: str) -> None:
-    """Compile ``SOURCES`` (in parallel) and link them into ``path`` (a temporary file
-    renamed into place, under a lock that other processes building it wait on)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    with open(path.with_suffix(".lock"), "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        if path.exists():
-            return
-        tmp = path.with_suffix(f".{os.getpid()}")
-        objects = [tmp.with_suffix(f".{os.getpid()}.{name}.o") for name in SOURCES]
-        try:
-            compiles = [subprocess.Popen(
-                [compiler, *FLAGS, f"-I{jax.ffi.include_dir()}", "-c", str(SOURCE_DIR / name),
-                 "-o", str(o)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-                for name, o in zip(SOURCES, objects)]
-            try:
-                for c in compiles:
-                    _, err = c.communicate(timeout=300)
-                    if c.returncode:
-                        raise subprocess.CalledProcessError(c.returncode, c.args, stderr=err)
-            finally:
-                for c in compiles:
-                    if c.poll() is None:
-                        c.kill()
-            subprocess.run([compiler, "-shared", *map(str, objects), "-o", str(tmp)],
-                           check=True, capture_output=True, timeout=300)
-            os.replace(tmp, path)
-        finally:
-            for leftover in (tmp, *objects):
-                leftover.unlink(missing_ok=True)
+def _choose() -> tuple[Path | None, str]:
+    """(the library to load, or None, and its level or why none)."""
+    asked = os.environ.get(SWITCH, "1")
+    if asked == "0":
+        return None, f"{SWITCH}=0"
+    libraries = installed()
+    if not libraries:
+        return None, ("not built at install (setup.py builds them where a C++ compiler "
+                      "and jaxlib's headers are present; reinstall to build them)")
+    runnable = [lv for lv in libraries if LEVELS[lv] <= _cpu_flags()]
+    if asked not in ("1", ""):
+        if asked not in libraries:
+            return None, f"{SWITCH}={asked} names no installed level ({', '.join(libraries)})"
+        if asked not in runnable:
+            return None, f"{SWITCH}={asked}: this CPU lacks {sorted(LEVELS[asked] - _cpu_flags())}"
+        return libraries[asked], asked
+    if not runnable:
+        return None, f"this CPU has none of the installed levels ({', '.join(libraries)})"
+    return libraries[runnable[0]], runnable[0]
 
 
 _LOCK = threading.Lock()
-_NOT_BUILT = "not built yet"
-#: (whether the kernels are registered, the library or why not); None: not looked for
+#: (whether the kernels are registered, the library and level or why not); None: not yet
 _state: tuple[bool, str] | None = None
 
 
-def _load(build: bool) -> tuple[bool, str]:
-    """(whether the kernels are registered, the library or why not); ``build``: compile
-    them first where they are not built."""
-    why = _why_off()
-    if why is not None:
-        return False, why
-    compiler = _compiler()
-    path = _library_path(compiler)
-    if not path.exists():
-        if not build:
-            return False, _NOT_BUILT
-        try:
-            _build(path, compiler)
-        except (OSError, subprocess.SubprocessError) as e:
-            err = getattr(e, "stderr", b"") or b""
-            detail = err.decode(errors="replace").strip().splitlines()[:1] or [str(e)]
-            return False, f"building the kernels failed: {detail[0][:200]}"
-    library = ctypes.CDLL(str(path))
+def _load() -> tuple[bool, str]:
+    path, detail = _choose()
+    if path is None:
+        return False, detail
+    try:
+        library = ctypes.CDLL(str(path))
+    except OSError as e:
+        return False, f"{path.name} does not load: {str(e)[:200]}"
     for name in TARGETS:
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, name)),
                                     platform="cpu")
-    return True, str(path)
+    return True, f"{path} ({detail})"
 
 
-def _loaded(build: bool) -> tuple[bool, str]:
+def _loaded() -> tuple[bool, str]:
     global _state
     with _LOCK:
-        if _state is None or (build and _state == (False, _NOT_BUILT)):
-            _state = _load(build)
+        if _state is None:
+            _state = _load()
         return _state
 
 
 def available() -> bool:
-    """Whether the kernels are built (building them now if needed) and registered."""
-    return _loaded(True)[0]
+    """Whether the kernels are installed, runnable here and registered (loading them)."""
+    return _loaded()[0]
 
 
 def status() -> str:
-    """"on: <library>" or "off: <why>" ("not built yet" before the first use), building
-    nothing: what ``circle-jax train -v 2`` reports."""
-    on, detail = _loaded(False)
+    """"on: <library> (<level>)" or "off: <why>": what ``circle-jax train -v 2`` reports."""
+    on, detail = _loaded()
     return f"{'on' if on else 'off'}: {detail}"
+
+
+@functools.cache
+def _digest(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:20]
 
 
 def cache_key() -> str:
     """What a compiled program kept on disk depends on (`circle_jax.train.programs`):
-    the library the kernels are, or would be once built, or why they are off."""
-    why = _why_off()
-    return f"off: {why}" if why is not None else f"on: {_library_path(_compiler()).name}"
+    the library the kernels are (its level and bytes), or why they are off."""
+    path, detail = _choose()
+    return f"off: {detail}" if path is None else f"on: {detail} {_digest(path)}"
 
 
 def on_one_cpu(ctx: mlir.LoweringRuleContext) -> bool:

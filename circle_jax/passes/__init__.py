@@ -127,6 +127,18 @@ def personalize(*, new_head: int | None = None, seed: int = 0, output: int = 0,
     return passes
 
 
+def check_personalizable(model: ir.Model, output: int = 0) -> None:
+    """ValueError (one line) for a new head or adapters on a QAT model (`fake_quantize`
+    rewrote it); ConfigError for an output index the model lacks."""
+    if ran(model, "fake_quantize"):
+        raise ValueError("a new head or LoRA adapters on a quantization-aware training "
+                         "model are not supported; load it with qat=False (--qat off: the "
+                         "dequantized float model)")
+    if not 0 <= output < len(model.main.outputs):
+        names = [model.main.tensors[i].name for i in model.main.outputs]
+        raise ConfigError(f"no model output {output!r}; the outputs are {names}")
+
+
 def personal_params(model: ir.Model) -> frozenset[str]:
     """The params the personalizing passes added (a new head's, the adapters): what trains
     by default."""
@@ -138,6 +150,7 @@ def personal_params(model: ir.Model) -> frozenset[str]:
 __all__ = [
     "Pass", "adapter_names", "add_constant", "add_lora", "add_missing_biases", "add_operator",
     "FakeQuantPlan", "add_tensor", "bias_operators", "bias_selection", "check_lora_options",
+    "check_personalizable",
     "dequantize_model", "fake_quantize_pairs", "fill_conversion_shapes",
     "fake_quant_plan", "fake_quantize", "keep_reachable", "lora_frozen", "lora_targets",
     "merge_lora",

@@ -20,10 +20,12 @@ Rules:
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from functools import partial
 from typing import TYPE_CHECKING
+
+import numpy as np
 
 from ..errors import CircleFormatError, UnsupportedOperatorError
 from ..graph import ir
@@ -124,18 +126,22 @@ def _quantization_check(decide: Callable[[ir.Model], bool]) -> Check:
 def pipeline_stages(*, signature: str | None = None, dequantize: bool | None = None,
                     qat: QatSettings | None = None, untie: bool = False,
                     add_bias: bool | str = False, policy: str = "weights",
+                    variables: Mapping[str, np.ndarray] | None = None,
                     personal: Sequence[Pass] = (), personal_check: Check | None = None
                     ) -> tuple[Stage, ...]:
     """Every stage of a load with these options (see the module docstring): ``qat`` the
     checked QAT settings (`QatSettings.of`: its ``check_applies`` runs before the
     ``trained`` stage); ``untie``, ``add_bias``, ``policy`` the trainable policy's rewrites
-    of a load that does not simulate; ``personal`` the personalizing passes
+    of a load that does not simulate; ``variables`` the values an on-device file's variables
+    take over its initial ones (a restored checkpoint's); ``personal`` the personalizing passes
     (`circle_jax.passes.personalize`), after ``personal_check``."""
     mode = None if qat is None else qat.qat
     first: list[Pass] = [fill_conversion_shapes, fake_quantize_pairs]
     if signature is not None:
         first.append(partial(select_signature, key=signature))
-    first.append(When(uses_variables, (read_variables_as_constants, keep_reachable)))
+    reads = partial(read_variables_as_constants, values=variables) if variables \
+        else read_variables_as_constants
+    first.append(When(uses_variables, (reads, keep_reachable)))
     decide = dequantizes(dequantize, mode)
     keep_hybrid = dequantized_in_layout(dequantize, mode)
     rewrites: list[Pass] = []

@@ -6,15 +6,18 @@ An on-device training file's signature (``infer``) reads its weights from resour
 a constant holding the variable's initial value, named by the variable's shared_name (a
 variable read twice is one constant), and removes the VAR_HANDLE and CALL_ONCE operators left
 without purpose: the signature is then an ordinary model whose params are the variables it
-reads, which `circle_jax.load` trains like any other. Refused in one line each: a variable
-the file does not initialise (naming it; TF's converter drops the initialisers of Keras
-layers built in a module's constructor), an initial value the init subgraph computes rather
-than holds, a subgraph 0 that assigns variables (a training step: `circle_jax.Interpreter`
-runs it) or reads them elsewhere than in subgraph 0.
+reads, which `circle_jax.load` trains like any other. ``values`` (shared_name -> array, e.g.
+what the file's ``restore`` read from a checkpoint: `circle_jax.signatures.restore`) give
+variables their values over the init subgraph's. Refused in one line each: a variable with
+no value (the file does not initialise it and ``values`` lacks it; naming it: TF's converter
+drops the initialisers of Keras layers built in a module's constructor), an initial value
+the init subgraph computes rather than holds, a subgraph 0 that assigns variables (a
+training step: `circle_jax.Interpreter` runs it) or reads them elsewhere than in subgraph 0.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import replace
 
 import numpy as np
@@ -44,15 +47,17 @@ def initial_values(model: ir.Model) -> dict[str, tuple[int, np.ndarray | None]]:
     return found
 
 
-def read_variables_as_constants(model: ir.Model) -> ir.Model:
-    """``model`` with subgraph 0's variable reads as constants (see the module docstring);
-    unchanged (recorded, no change) when subgraph 0 uses no variables."""
+def read_variables_as_constants(model: ir.Model,
+                                values: Mapping[str, np.ndarray] | None = None) -> ir.Model:
+    """``model`` with subgraph 0's variable reads as constants (see the module docstring),
+    ``values`` over the initial ones; unchanged (recorded, no change) when subgraph 0 uses
+    no variables."""
     if not uses_variables(model):
         return record(model, "read_variables_as_constants", {})
     sg = model.main
     names = handles(sg)
     _refuse_other_uses(model)
-    values = initial_values(model)
+    initial, given = initial_values(model), dict(values or {})
     tensors = list(sg.tensors)
     first: dict[str, int] = {}   # shared_name -> the constant tensor standing for it
     moved: dict[int, int] = {}   # a later read's output -> that tensor
@@ -67,13 +72,15 @@ def read_variables_as_constants(model: ir.Model) -> ir.Model:
         if name in first:
             moved[out] = first[name]
             continue
-        k, value = values.get(name, (None, None))
+        k, value = initial.get(name, (None, None))
         where = f"variable {name[:60]!r} (read by operator {op.index} of {_what(model)})"
-        if k is None:
+        if name in given:
+            k, value = "checkpoint", np.asarray(given[name])
+        elif k is None:
             raise VariableError(f"{where} has no initial value in the file (no init subgraph "
-                                "assigns it): its values must come from a checkpoint the "
-                                "file's restore reads, or run it with circle_jax.Interpreter "
-                                "after restore")
+                                "assigns it): give it the values of a checkpoint the file's "
+                                "restore reads (load(..., restore=CHECKPOINT), --restore "
+                                "CKPT)")
         if value is None:
             raise UnsupportedOperatorError(f"{where}: init subgraph {k} computes its initial "
                                            "value (expected a constant it assigns)")
@@ -85,7 +92,8 @@ def read_variables_as_constants(model: ir.Model) -> ir.Model:
         data.flags.writeable = False
         tensors[out] = replace(t, name=name, data=data, buffer=ir.NEW_BUFFER, origin=None)
         first[name] = out
-        changes[name] = f"constant: initial value from init subgraph {k}"
+        changes[name] = ("constant: value restored from the checkpoint" if k == "checkpoint"
+                         else f"constant: initial value from init subgraph {k}")
     dropped = {op.index for op in sg.operators if op.type in VARIABLE_OPERATORS}
     kept = [replace(op, index=n, inputs=tuple(moved.get(i, i) for i in op.inputs))
             for n, op in enumerate(o for o in sg.operators if o.index not in dropped)]

@@ -42,6 +42,7 @@ class SignatureRunner:
         """The outputs by name (numpy); the interpreter's variables are updated."""
         it = self._interpreter
         it._initialise(self.signature.init_subgraphs)
+        self.signature.check_variables(it._variables)  # concrete here, traced under jit
         outputs, it._variables = self._fn(it._variables, inputs)
         return {name: np.asarray(v) for name, v in outputs.items()}
 
@@ -106,9 +107,16 @@ class Interpreter:
 
     @property
     def variables(self) -> dict[str, np.ndarray]:
-        """The variables' values now, by shared_name (numpy copies); a variable nothing has
-        assigned yet is absent."""
-        return {name: np.array(v) for name, v in self._variables.items()}
+        """The variables' values now, by shared_name (numpy copies, in the dtype the file
+        declares: a 64-bit variable JAX computed in 32 bits is widened, exactly); a variable
+        nothing has assigned yet is absent."""
+        known = self._program.variables
+        out = {}
+        for name, v in self._variables.items():
+            a, declared = np.array(v), known[name].dtype if name in known else ""
+            wide = declared in ("int64", "uint64", "float64") and a.dtype.itemsize == 4
+            out[name] = a.astype(declared) if wide and a.dtype.kind == declared[0] else a
+        return out
 
     def set_variables(self, values: Mapping[str, Any]) -> None:
         """Give the named variables these values (a variable the file does not have is

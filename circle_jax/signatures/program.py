@@ -31,7 +31,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from ..errors import CircleFormatError, DataError, UnsupportedOperatorError
+from ..errors import CircleFormatError, DataError, UnsupportedOperatorError, VariableError
 from ..formats.flex import flex_options
 from ..formats.reader import parse_model, read_bytes
 from ..graph import ir
@@ -41,6 +41,26 @@ from ..lowering import LoweringOptions
 from ..lowering.interpreter import Lowered
 from ..ops.registry import definition
 from ..passes import keep_reachable, reachable, run, select_signature, select_subgraph
+
+_NARROW = {"int64": np.int32, "uint64": np.uint32}
+"""What JAX computes 64-bit integers as without ``jax_enable_x64``."""
+
+
+def _check_fits(what: str, value: Any) -> None:
+    """One `VariableError` line when a 64-bit integer ``value`` does not fit the 32 bits JAX
+    computes it in without 64-bit mode (a value that fits is exact)."""
+    if isinstance(value, jax.core.Tracer):  # checked where the values are concrete
+        return
+    a = value if isinstance(value, jax.Array) else np.asarray(value)
+    if jax.config.jax_enable_x64 or a.dtype.kind not in "iu" or a.dtype.itemsize <= 4 \
+            or not a.size:
+        return
+    narrow = np.iinfo(_NARROW[a.dtype.name])
+    lo, hi = int(a.min()), int(a.max())
+    if lo < narrow.min or hi > narrow.max:
+        raise VariableError(f"{what} ({a.dtype.name}) holds {hi if hi > narrow.max else lo}, "
+                            f"which JAX computes as {narrow.dtype.name} without 64-bit mode: "
+                            "enable jax_enable_x64 to run it exactly")
 
 
 def _names(names: Mapping[str, Any] | list[str]) -> str:
@@ -65,18 +85,28 @@ class Signature:
         self._out_position = {name: sg.outputs.index(i) for name, i in sig.outputs.items()}
         self._params = {name: model.subgraphs[k].tensors[i].data
                         for name, (k, i) in self._lowered.params.items()}
+        self._wide = {n for n, v in variables(model).items() if v.dtype in _NARROW}
         #: whether every input is a JAX value (no string): the function can be jitted
         self.jittable = all(t.dtype != "string" for t in self.inputs.values())
 
     def __call__(self, variables: Mapping[str, Any], inputs: Mapping[str, Any]
                  ) -> tuple[dict[str, Any], dict[str, Any]]:
         """(outputs by name, every variable after the run)."""
+        self.check_variables(variables)
         args: list[Any] = [None] * len(self._in_position)
         for name, value in self._checked(inputs).items():
             args[self._in_position[name]] = value
         store = dict(variables)
         outs, _ = self._lowered.run(0, self._params, args, keep=False, variables=store)
         return {name: outs[j] for name, j in self._out_position.items()}, store
+
+    def check_variables(self, variables: Mapping[str, Any]) -> None:
+        """One `VariableError` line for a 64-bit integer variable whose value does not fit
+        the 32 bits JAX computes it in without ``jax_enable_x64`` (Keras's step counter
+        restored from a long run); values that fit are exact. Arithmetic inside a step is
+        in 32 bits then: a counter wraps past 2**31 - 1."""
+        for name in self._wide & set(variables):
+            _check_fits(f"variable {name!r}", variables[name])
 
     def _checked(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         """``inputs`` as the signature's tensors take them; one-line `DataError` for an
@@ -95,6 +125,8 @@ class Signature:
                                      otypes=[object])(np.asarray(value, object))
             elif not isinstance(value, jax.Array):
                 value = np.asarray(value)
+                if t.dtype in _NARROW:
+                    _check_fits(f"signature {self.key!r} input {name!r}", value)
             declared = t.shape_signature or t.shape
             if len(np.shape(value)) != len(declared) or any(
                     d >= 0 and d != g for d, g in zip(declared, np.shape(value))):

@@ -262,7 +262,7 @@ def _deserialized(entry: tuple[bytes, Any, Any] | None
     if entry is None:
         return None
     data, stored_in, out_tree = entry
-    cpu_kernels.available()  # its custom calls registered (built, if the library is gone)
+    cpu_kernels.available()  # its custom calls registered before it loads
     try:
         return serialize_executable.deserialize_and_load(data, stored_in, out_tree), stored_in
     except Exception:  # noqa: BLE001 - damaged, or not for this machine: compile

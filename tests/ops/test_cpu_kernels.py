@@ -186,20 +186,55 @@ print([[t in text for t in cpu_kernels.TARGETS[1:4]] for text in (one, split, wi
     assert p.stdout.strip() == str([[True] * 3, [False] * 3, [False] * 3]), p.stderr[-2000:]
 
 
-@pytest.mark.slow  # a build or float64 AD traces: the slow tier (CI runs it)
-def test_a_fresh_kernel_directory_builds_them_once(tmp_path) -> None:
-    """The build itself (a fresh ``$CIRCLE_JAX_KERNEL_DIR``): one library, named by what it
-    was built from, loaded by the next process without building."""
-    code = ("from circle_jax.lowering import cpu_kernels as k; "
-            "before = k.status(); print(before, k.available(), k.status() != before)")
-    env = {**os.environ, "CIRCLE_JAX_KERNEL_DIR": str(tmp_path)}
-    runs = [subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                           cwd=REPO_ROOT, timeout=600, env=env) for _ in range(2)]
-    built = [f for f in os.listdir(tmp_path) if f.endswith(".so")]
-    assert len(built) == 1 and built[0].startswith("kernels-")
-    assert runs[0].stdout.split() == ["off:", "not", "built", "yet", "True", "True"], \
-        runs[0].stderr[-2000:]
-    assert runs[1].stdout.split() == ["on:", str(tmp_path / built[0]), "True", "False"]
+def test_every_installed_level_is_registered_and_nothing_is_compiled() -> None:
+    """The install built every level ``setup.py`` names for this machine (the kernels' files
+    sit beside their sources), the best one this CPU runs is loaded, and loading compiles
+    nothing: the module runs no compiler."""
+    levels = list(cpu_kernels.installed())
+    want = [lv for lv in cpu_kernels.LEVELS if lv.startswith("x86_64")] \
+        if "x86_64" in levels else ["generic"]
+    assert levels == want
+    assert cpu_kernels.status().startswith("on: ") and cpu_kernels.status().endswith(
+        f"({[lv for lv in levels if cpu_kernels.LEVELS[lv] <= cpu_kernels._cpu_flags()][0]})")
+    source = open(cpu_kernels.__file__, encoding="utf-8").read()
+    assert "subprocess" not in source and "os.system" not in source
+
+
+_LEVEL_RUN = """
+import sys, numpy as np, jax, jax.numpy as jnp
+from circle_jax.lowering import cpu_kernels
+from circle_jax.lowering.depthwise import channelwise
+from circle_jax.lowering.clamped import DEPTHWISE, FEW_CHANNELS
+from circle_jax.lowering.few_channels import few_channels_conv
+from circle_jax.ops.conv import Geometry
+assert cpu_kernels.status().endswith("(" + sys.argv[2] + ")"), cpu_kernels.status()
+g = Geometry((3, 3), (2, 2), (1, 1), ((0, 1), (0, 1)))
+rng = np.random.default_rng(0)
+x, ct = rng.standard_normal((8, 16, 16, 24), np.float32), rng.standard_normal((8, 8, 8, 24))
+w, b = rng.standard_normal((9, 24), np.float32), rng.standard_normal(24, np.float32)
+x3, w3 = x[..., :3], rng.standard_normal((3, 3, 3, 24), np.float32)
+loss = lambda w, b, w3: (jnp.sum(channelwise(x, w, g) * ct) + jnp.sum(DEPTHWISE(x, w, b, g, 3) * ct)
+                         + jnp.sum(few_channels_conv(x3, w3, g) * ct)
+                         + jnp.sum(FEW_CHANNELS(x3, w3, b, g, 3) * ct))
+value, grads = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))(w, b, w3)
+out = jax.jit(lambda x: DEPTHWISE(x, w, b, g, 3) + few_channels_conv(x[..., :3], w3, g))(x)
+np.save(sys.argv[1], np.concatenate([np.ravel(value), *map(np.ravel, grads), np.ravel(out)]))
+"""
+
+
+def test_every_level_computes_the_same_bits(tmp_path) -> None:
+    """No machine-dependent floats: each installed level this CPU runs (``-march`` levels,
+    fused multiply-adds off) gives the same bits for the forward products, the clamped
+    layers and every weight and bias gradient, channel counts of every lane width."""
+    levels = [lv for lv in cpu_kernels.installed()
+              if cpu_kernels.LEVELS[lv] <= cpu_kernels._cpu_flags()]
+    for level in levels:
+        env = {**os.environ, cpu_kernels.SWITCH: level}
+        p = subprocess.run([sys.executable, "-c", _LEVEL_RUN, str(tmp_path / level), level],
+                           capture_output=True, text=True, cwd=REPO_ROOT, timeout=300, env=env)
+        assert p.returncode == 0, p.stderr[-2000:]
+    bits = {lv: np.load(tmp_path / f"{lv}.npy").tobytes() for lv in levels}
+    assert len(set(bits.values())) == 1, "levels differ"
 
 
 def test_the_bits_do_not_depend_on_the_threads(tmp_path) -> None:
@@ -236,9 +271,10 @@ np.save({str(tmp_path)!r} + "/" + str(len(__import__("os").sched_getaffinity(0))
 
 @pytest.mark.parametrize("setting, why", [
     ({cpu_kernels.SWITCH: "0"}, "CIRCLE_JAX_CPU_KERNELS=0"),
-    ({"PATH": "/nonexistent", "CXX": ""}, "no C++ compiler ($CXX, c++ or g++) on PATH"),
-], ids=["switch", "no-compiler"])
-def test_off_where_switched_off_or_no_compiler_builds_them(setting, why, tmp_path) -> None:
+    ({cpu_kernels.SWITCH: "x86_64_v9"},
+     "CIRCLE_JAX_CPU_KERNELS=x86_64_v9 names no installed level"),
+], ids=["switch", "no-such-level"])
+def test_off_where_switched_off_or_not_installed(setting, why, tmp_path) -> None:
     """Off: the XLA forms, the same values (to float32 summation order), and why."""
     code = """
 import numpy as np, jax, jax.numpy as jnp
@@ -253,12 +289,22 @@ assert cpu_kernels.TARGETS[1] not in grad.lower(w).as_text()
 np.testing.assert_array_equal(grad(w), weight_gradient(x, ct, g))
 print(cpu_kernels.available(), cpu_kernels.status(), "|", cpu_kernels.cache_key())
 """
-    env = {**os.environ, "CIRCLE_JAX_KERNEL_DIR": str(tmp_path), **setting}
+    env = {**os.environ, **setting}
     p = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                        cwd=REPO_ROOT, timeout=120, env=env)
-    assert p.stdout.strip().split(" | ")[0] == f"False off: {why}", p.stderr[-2000:]
+    assert p.stdout.strip().split(" | ")[0].startswith(f"False off: {why}"), p.stderr[-2000:]
     assert p.stdout.strip().split(" | ")[1].startswith("off:")
-    assert os.listdir(tmp_path) == []  # nothing built
+
+
+def test_off_where_the_install_built_none(monkeypatch, tmp_path) -> None:
+    """An install without a C++ compiler has no libraries: off, saying so, and a kept
+    program's key says it too."""
+    monkeypatch.setattr(cpu_kernels, "LIBRARY_DIR", tmp_path)
+    monkeypatch.delenv(cpu_kernels.SWITCH, raising=False)
+    assert cpu_kernels.installed() == {}
+    path, why = cpu_kernels._choose()
+    assert path is None and why.startswith("not built at install")
+    assert cpu_kernels.cache_key() == f"off: {why}"
 
 
 @pytest.mark.slow  # a build or float64 AD traces: the slow tier (CI runs it)
@@ -306,8 +352,7 @@ def test_second_derivatives_and_per_sample_gradients() -> None:
 @pytest.mark.slow  # a build or float64 AD traces: the slow tier (CI runs it)
 def test_a_kept_program_with_kernels_runs_in_a_fresh_process(tmp_path) -> None:
     """Two runs of the command line with one compile cache: the second loads the kept
-    epoch and trains the same bits, its kernels' library gone (a fresh
-    ``$CIRCLE_JAX_KERNEL_DIR``): loading a kept program builds and registers them first."""
+    epoch and trains the same bits: loading a kept program registers the kernels first."""
     b = cj.Builder("depthwise")
     rng = np.random.default_rng(0)
     x = b.input("x", (1, 8, 8, 4))
@@ -328,13 +373,10 @@ def test_a_kept_program_with_kernels_runs_in_a_fresh_process(tmp_path) -> None:
                 "--load_input", str(tmp_path / "x.npy"), "--load_expected",
                 str(tmp_path / "y.npy"), "--epoch", "2", "--batch_size", "4",
                 "--compile_cache", str(tmp_path / "cache"), "--export_circle", str(out)]
-        env = {**os.environ, "CIRCLE_JAX_KERNEL_DIR": str(tmp_path / "kernels")} if run \
-            else None
         p = subprocess.run([*argv, "-v", "1"], capture_output=True, text=True, cwd=tmp_path,
-                           timeout=600, env=env)
+                           timeout=600)
         assert p.returncode == 0, p.stderr[-2000:]
         outputs.append(out.read_bytes())
     assert "loading the compiled training epoch from the cache" in p.stdout + p.stderr
-    assert any(f.endswith(".so") for f in os.listdir(tmp_path / "kernels"))
     assert outputs[0] == outputs[1]
     assert any(f.endswith(".jaxexec") for f in os.listdir(tmp_path / "cache" / "programs"))

@@ -1,5 +1,5 @@
 // circle-jax's CPU kernels for a 3x3 convolution of few input channels (an image's first
-// layer), as XLA FFI custom calls (circle_jax/lowering/cpu_kernels.py builds them; the
+// layer), as XLA FFI custom calls (setup.py builds them, circle_jax/lowering/cpu_kernels.py loads them; the
 // readable reference is circle_jax/lowering/few_channels.py's im2col form).
 //
 // Layout NHWC, filter [3, 3, I, O] (ky, kx, input channel, output channel), stride 1 or 2

@@ -1,5 +1,5 @@
 // circle-jax's CPU kernels for the 3x3 depthwise convolution, as XLA FFI custom calls
-// (circle_jax/lowering/cpu_kernels.py builds, loads and registers them; the readable
+// (setup.py builds them, circle_jax/lowering/cpu_kernels.py loads and registers them; the readable
 // reference they are tested against is circle_jax/lowering/depthwise.py).
 //
 // Layout NHWC, one weight per (tap, channel), stride 1 or 2 in both directions, dilation
@@ -18,7 +18,7 @@
 //                                          not written where it is given empty.
 //
 // float32 only; vectorized over the channels (the contiguous axis) with GCC vector
-// extensions, built with -march=native.
+// extensions, built per instruction-set level without fused multiply-adds (setup.py).
 //
 // Threads: the samples are cut into chunks that XLA's intra-op thread pool and the calling
 // thread take from a shared counter. The weight gradient sums each chunk's partial sums in

@@ -80,4 +80,18 @@ def restore(attrs: dict, file_pattern: Any, tensor_name: Any) -> np.ndarray:
     if dt is not None and a.dtype != numpy_dtype(dt):
         raise DataError(f"checkpoint {path!r}: tensor {name!r} is {a.dtype.name}, Restore "
                         f"expects {dt}")
+    narrow = {np.dtype(np.int64): np.int32, np.dtype(np.uint64): np.uint32}.get(a.dtype)
+    if narrow is not None and a.size and not _wide_ints() and (
+            a.min() < np.iinfo(narrow).min or a.max() > np.iinfo(narrow).max):
+        raise DataError(f"checkpoint {path!r}: tensor {name!r} ({a.dtype.name}) holds "
+                        f"{a.max() if a.max() > np.iinfo(narrow).max else a.min()}, which "
+                        f"JAX computes as {np.dtype(narrow).name} without 64-bit mode: "
+                        "enable jax_enable_x64 to run it exactly")
     return a
+
+
+def _wide_ints() -> bool:
+    """Whether JAX computes 64-bit integers (``jax_enable_x64``)."""
+    import jax
+
+    return bool(jax.config.jax_enable_x64)
