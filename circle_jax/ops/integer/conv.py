@@ -53,6 +53,7 @@ from ..conv import (
     transpose_geometry,
 )
 from ..registry import OpContext, register
+from .double_requant import requantize_double, split_scale
 from .fixed_point import (
     i64_add,
     i64_from_i32,
@@ -131,6 +132,15 @@ def check_weighted(ctx: OpContext) -> None:
                                   f"{ctx.op.key} takes {'/'.join(allowed)} (LiteRT's 16x8 "
                                   "convolutions read their bias as int64)")
     wt = ctx.inputs[_ROLES[ctx.op.key][1]]
+    if _double_path(ctx, x):
+        bound = _accumulator_bound(ctx, wt, bias)
+        if bound >= 1 << 53:
+            raise NotImplementedError(f"a channel's 16x8 accumulator may reach {bound}, "
+                                      "beyond the 2**53 LiteRT's double rescaling is exact in")
+        if wt is not None and wt.shape and wt.shape[-1] > 65535:
+            raise NotImplementedError(f"16x8 FULLY_CONNECTED over {wt.shape[-1]} products "
+                                      "with an int64 accumulator (at most 65535)")
+        return
     if wide and wt is not None and wt.data is not None:
         axis = _CHANNEL_AXIS[ctx.op.key]
         mag = np.abs(np.moveaxis(wt.data.astype(np.int64), axis, 0)).reshape(
@@ -141,6 +151,29 @@ def check_weighted(ctx: OpContext) -> None:
             raise NotImplementedError(
                 f"a channel's 16x8 accumulator may reach {int(mag.max())}, beyond the int32 "
                 "circle-jax accumulates in (LiteRT uses int64)")
+
+
+def _double_path(ctx: OpContext, x: QParams) -> bool:
+    """Whether LiteRT runs its reference 16x8 FULLY_CONNECTED: an int64 bias, or
+    ``quantized_bias_type`` INT64 (TensorType 4): a 64-bit accumulator rescaled in double
+    (:mod:`.double_requant`)."""
+    if x.dtype != "int16" or ctx.op.key != "FULLY_CONNECTED":
+        return False
+    bias = _bias_tensor(ctx)
+    return (bias is not None and bias.dtype == "int64") or \
+        int(ctx.options.quantized_bias_type or 0) == 4
+
+
+def _accumulator_bound(ctx: OpContext, wt: Any, bias: Any) -> int:
+    """``32768 * sum|w| + |bias|``, the largest channel's (unbounded weights: 2**62)."""
+    if wt is None or wt.data is None:
+        return 1 << 62
+    axis = _CHANNEL_AXIS[ctx.op.key]
+    mag = np.abs(np.moveaxis(wt.data.astype(np.int64), axis, 0)).reshape(
+        wt.shape[axis], -1).sum(axis=1) * 32768
+    if bias is not None and bias.data is not None:
+        mag = mag + np.abs(bias.data.astype(np.int64)).reshape(-1)
+    return int(mag.max(initial=0))
 
 
 def _wide(ctx: OpContext, x: QParams) -> bool:
@@ -211,9 +244,45 @@ def fully_connected(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Arra
     xq, wq, yq = _weight_params(ctx)
     w, wq = _weights(w, wq)
     rows = dense_rows(ctx, _offset(x, xq), w)
+    if _double_path(ctx, xq):
+        return _fully_connected_double(ctx, rows, _offset(w, wq), b, xq, wq, yq)
     acc = lax.dot_general(rows, _offset(w, wq), (((rows.ndim - 1,), (1,)), ((), ())),
                           preferred_element_type=jnp.int32)
     return _rescale(ctx, acc, b, xq, wq, yq)
+
+
+def _fully_connected_double(ctx: OpContext, rows: Array, w: Array, b: Any, x: QParams,
+                            w_q: QParams, y: QParams) -> Array:
+    """LiteRT's reference 16x8 FULLY_CONNECTED (:func:`_double_path`): the int64
+    accumulator from int32 products of the input's bytes (:func:`_bytes`; each piece's
+    products below 2**15, exact while ``in`` < 2**16), plus the bias, rescaled by
+    ``round(acc * (s_x * s_w[c] / s_y))`` in double (:mod:`.double_requant`)."""
+    dims = (((rows.ndim - 1,), (1,)), ((), ()))
+    acc = None
+    for piece, shift in _bytes(as_int32(rows), "int16"):
+        part = i64_shl(i64_from_i32(lax.dot_general(
+            piece, w, dims, preferred_element_type=jnp.int32)), shift)
+        acc = part if acc is None else i64_add(acc, part)
+    if b is not None:
+        acc = i64_add(acc, _i64_words(b))
+    if isinstance(w_q.scale, np.ndarray):
+        ws = w_q.scale.astype(np.float64).reshape(-1)
+    else:
+        ws = np.asarray(w_q.scale, np.float64).reshape(-1)
+    effective = np.float64(x.s) * ws / np.float64(y.s)
+    m, s = split_scale(effective)
+    out = requantize_double(*acc, m, s)
+    lo, hi = activation_range(ctx.options.fused_activation_function, y)
+    return saturate(out + y.zp, lo, hi, y.np_dtype)
+
+
+def _i64_words(b: Any) -> tuple[Array, Array]:
+    """An int64 bias (numpy) as (hi, lo) uint32 words; a traced one from int32."""
+    if isinstance(b, np.ndarray):
+        u = b.astype(np.int64).view(np.uint64)
+        return (jnp.asarray((u >> np.uint64(32)).astype(np.uint32)),
+                jnp.asarray((u & np.uint64(0xFFFFFFFF)).astype(np.uint32)))
+    return i64_from_i32(as_int32(b))
 
 
 @register("TRANSPOSE_CONV", check=check_weighted, integer=True)
