@@ -22,10 +22,10 @@ def _case(rng: np.random.Generator, depth: int, per_channel: bool, skew: bool) -
     xs = float(rng.uniform(1e-4, 1e-3))
     ws = rng.uniform(0.002, 0.01, 6) if per_channel else np.full(6, rng.uniform(0.002, 0.01))
     wq = (ws, [0] * 6, 0) if per_channel else (float(ws[0]), 0)
-    bias = rng.integers(-(1 << 40), 1 << 40, 6).astype(np.int64)
-    bq = (xs * ws, [0] * 6, 0) if per_channel else (float(xs * ws[0]), 0)
     acc = np.abs(x.astype(np.int64) @ w.T.astype(np.int64)).max()
     assert acc > (1 << 31) or not skew  # past int32
+    bias = rng.integers(-acc // 4, acc // 4, 6).astype(np.int64)
+    bq = (xs * ws, [0] * 6, 0) if per_channel else (float(xs * ws[0]), 0)
     ys = float(xs * ws.max() * acc / rng.uniform(8000, 40000))  # outputs over int16's range
     return ([Q(x, (xs, 0)), Q(w, wq, const=True), Q(bias, bq, const=True)], ys)
 
@@ -37,4 +37,5 @@ def test_16x8_fully_connected_past_int32_equals_litert(per_channel: bool) -> Non
         inputs, ys = _case(rng, depth, per_channel, skew)
         want = check_quantized("FULLY_CONNECTED", inputs, {"fused_activation_function": "NONE"},
                                out_q=(ys, 0))
-        assert np.abs(want.astype(np.int32)).max() > 1000  # not all rounded to 0
+        inside = np.abs(want.astype(np.int32)) < 32767
+        assert inside.mean() > 0.5 and np.abs(want[inside]).max() > 1000  # not saturated
