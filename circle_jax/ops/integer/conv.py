@@ -55,6 +55,7 @@ from ..conv import (
 from ..registry import OpContext, register
 from .double_requant import requantize_double, split_scale
 from .fixed_point import (
+    _mul_u64,
     i64_add,
     i64_from_i32,
     i64_shl,
@@ -65,6 +66,7 @@ from .fixed_point import (
     quantize_multiplier,
     quantize_multipliers,
     quantize_scale_ratio,
+    reduced_multiplier,
     saturate,
 )
 from .params import QParams, Requantized, activation_range, as_int32, qparams
@@ -141,16 +143,18 @@ def check_weighted(ctx: OpContext) -> None:
             raise NotImplementedError(f"16x8 FULLY_CONNECTED over {wt.shape[-1]} products "
                                       "with an int64 accumulator (at most 65535)")
         return
-    if wide and wt is not None and wt.data is not None:
-        axis = _CHANNEL_AXIS[ctx.op.key]
-        mag = np.abs(np.moveaxis(wt.data.astype(np.int64), axis, 0)).reshape(
-            wt.shape[axis], -1).sum(axis=1) * 32768
-        if bias is not None and bias.data is not None:
-            mag = mag + np.abs(bias.data.astype(np.int64)).reshape(-1)
-        if mag.max(initial=0) > _WIDE_LIMIT:
+    if wide and _accumulator_bound(ctx, wt, bias) > _WIDE_LIMIT:
+        taps = int(np.prod(wt.shape)) // wt.shape[_CHANNEL_AXIS[ctx.op.key]] \
+            if wt is not None and wt.data is not None else 1 << 62
+        bound = _accumulator_bound(ctx, wt, bias)
+        if ctx.op.key == "FULLY_CONNECTED":
             raise NotImplementedError(
-                f"a channel's 16x8 accumulator may reach {int(mag.max())}, beyond the int32 "
-                "circle-jax accumulates in (LiteRT uses int64)")
+                f"a channel's 16x8 accumulator may reach {bound}, beyond the int32 LiteRT's "
+                "FULLY_CONNECTED with an int32 bias accumulates in (an int64 bias: exact)")
+        if ctx.op.key == "TRANSPOSE_CONV" or taps > 65535:
+            raise NotImplementedError(
+                f"a channel's 16x8 accumulator may reach {bound} over {taps} products, beyond "
+                "the int32 circle-jax accumulates this kernel in (LiteRT uses int64)")
 
 
 def _double_path(ctx: OpContext, x: QParams) -> bool:
@@ -235,7 +239,42 @@ def spatial_conv(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
     w, wq = _weights(w, wq)
     xs = _offset(x, xq)
     ws, g = spatial_geometry(ctx, xs, _offset(w, wq))
+    if xq.dtype == "int16" and _accumulator_bound(ctx, ctx.inputs[1], _bias_tensor(ctx)) \
+            > _WIDE_LIMIT:
+        return _spatial_conv_i64(ctx, xs, ws, g, b, xq, wq, yq)
     return _rescale(ctx, conv(xs, ws, g), b, xq, wq, yq)
+
+
+def _spatial_conv_i64(ctx: OpContext, x: Array, w: Array, g: Any, b: Any, xq: QParams,
+                      wq: QParams, yq: QParams) -> Array:
+    """A 16x8 convolution whose accumulator may pass int32: the int64 accumulator from
+    int32 convolutions of the input's bytes (:func:`_bytes`), plus the int64 bias, rescaled
+    per channel by LiteRT's int64 MultiplyByQuantizedMultiplier (15-bit multiplier, one
+    rounding half up: :func:`~.fixed_point.multiply_by_quantized_multiplier_i64`)."""
+    acc = None
+    for piece, shift in _bytes(x, "int16"):
+        part = i64_shl(i64_from_i32(conv(piece, w, g)), shift)
+        acc = part if acc is None else i64_add(acc, part)
+    if b is not None:
+        acc = i64_add(acc, _i64_words(b))
+    m, shift = _multipliers(xq, wq, yq)
+    m15 = np.broadcast_to(reduced_multiplier(m), (acc[0].shape[-1],)).astype(np.uint32)
+    t = np.broadcast_to(15 - np.asarray(shift, np.int64), m15.shape)
+    if np.any(t < 1) or np.any(t > 62):
+        raise ValueError(f"shift {shift} is out of LiteRT's range for 64-bit accumulators")
+    hi, lo = acc
+    ph, pl = _mul_u64(lo, jnp.asarray(m15))
+    hi, lo = hi * jnp.asarray(m15) + ph, pl
+    half = np.left_shift(np.uint64(1), (t - 1).astype(np.uint64))
+    hi, lo = i64_add((hi, lo), (jnp.asarray((half >> np.uint64(32)).astype(np.uint32)),
+                                jnp.asarray((half & np.uint64(0xFFFFFFFF)).astype(np.uint32))))
+    low = t < 32
+    tl, th = np.where(low, t, 1).astype(np.uint32), np.where(low, 1, t - 32).astype(np.uint32)
+    small = lax.bitcast_convert_type((lo >> tl) | (hi << (32 - tl)), jnp.int32)
+    big = lax.bitcast_convert_type(hi, jnp.int32) >> th.astype(np.int32)
+    out = jnp.where(low, small, big)
+    lo_, hi_ = activation_range(ctx.options.fused_activation_function, yq)
+    return saturate(out + yq.zp, lo_, hi_, yq.np_dtype)
 
 
 @register("FULLY_CONNECTED", check=check_weighted, integer=True)
