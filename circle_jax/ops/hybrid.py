@@ -1,5 +1,6 @@
-"""Hybrid (dynamic-range) kernels: FULLY_CONNECTED, CONV_2D and DEPTHWISE_CONV_2D with float
-activations and weights on an integer grid, computed as LiteRT's hybrid kernels compute them.
+"""Hybrid (dynamic-range) kernels: FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D and
+BATCH_MATMUL with float activations and weights on an integer grid, computed as LiteRT's
+hybrid kernels compute them.
 
 A hybrid operator's weight is a float32 tensor that keeps the quantization parameters it
 was read with (`circle_jax.passes.dequantize_model` with ``keep_hybrid=True``, the default
@@ -23,6 +24,13 @@ tests/ops/test_ops_hybrid.py):
   takes four at a time (the first ``C - C % 4``) and ``bias + (acc * s) * scale`` on the
   rest (measured per channel against LiteRT, channel counts 2 to 17, multipliers 1 to 3).
 - Both convolutions need a bias (LiteRT's hybrid kernels do): refused without one.
+- BATCH_MATMUL (float left operand [..., M, K], constant int8 right one, per tensor or one
+  scale per output column; adjoints and broadcast batch dimensions, ranks 2 to 4): each
+  row of the (adjoint-applied) left operand quantized as FULLY_CONNECTED's, then
+  ``total = trunc(acc - float(column_sum) * z)`` in float32 and ``(s * scale) * total``
+  (per tensor: ``s * scale`` first; per column: ``s * scale[n]``), no bias. Refused with
+  two batch dimensions above 1: LiteRT's kernel steps its row scales by ``M`` per batch
+  dimension there (measured: half of ``[2, 2, 3, 8] @ [8, 5]``'s outputs differ).
 
 Rounding is to nearest, ties away from zero; a row (or sample) of zeros quantizes to zeros
 with scale 1. The fused activation clamps the float output. Gradients are the float

@@ -16,10 +16,15 @@ uint8 activations take int8 (symmetric, per-channel or per-tensor) or uint8 (per
 with a zero point) weights and int32 biases. 16x8 kernels (int16 activations with zero point
 0, int8 weights) accumulate in 64 bits in LiteRT; its convolutions take an int64 bias and
 rescale with the 64-bit variant (:func:`~.fixed_point.multiply_by_quantized_multiplier_wide`),
-its FULLY_CONNECTED an int32 or int64 bias and one 64-bit rounding
-(:func:`~.fixed_point.multiply_by_quantized_multiplier_single`). circle-jax accumulates
-in int32, which is exact when every channel's bound ``32768 * sum|w| + |bias|`` is below
-2**31: checked at load from the constant weights (a larger one is refused).
+its FULLY_CONNECTED an int32 bias (ruy: int32 accumulator, one 64-bit rounding,
+:func:`~.fixed_point.multiply_by_quantized_multiplier_single`) or an int64 one (its
+reference kernel: int64 accumulator, ``round(acc * s_x * s_w / s_y)`` in double,
+:mod:`.double_requant`). circle-jax accumulates in int32 where every channel's bound
+``32768 * sum|w| + |bias|`` is below 2**31, else in a 64-bit pair of words built from
+int32 products of the input's bytes (:func:`_bytes`): the int64-bias FULLY_CONNECTED
+always, CONV_2D and DEPTHWISE_CONV_2D past int32 (:func:`_spatial_conv_i64`). Refused at
+load: an int32-bias 16x8 FULLY_CONNECTED past int32 (LiteRT's accumulator overflows),
+a 16x8 TRANSPOSE_CONV past int32, more than 65535 products per output.
 
 Products are computed in int32 by XLA's integer convolutions and dot products: exact.
 
@@ -56,6 +61,8 @@ from ..registry import OpContext, register
 from .double_requant import requantize_double, split_scale
 from .fixed_point import (
     _mul_u64,
+    _static,
+    _u32,
     i64_add,
     i64_from_i32,
     i64_shl,
@@ -66,7 +73,6 @@ from .fixed_point import (
     quantize_multiplier,
     quantize_multipliers,
     quantize_scale_ratio,
-    reduced_multiplier,
     saturate,
 )
 from .params import QParams, Requantized, activation_range, as_int32, qparams
@@ -258,20 +264,23 @@ def _spatial_conv_i64(ctx: OpContext, x: Array, w: Array, g: Any, b: Any, xq: QP
     if b is not None:
         acc = i64_add(acc, _i64_words(b))
     m, shift = _multipliers(xq, wq, yq)
-    m15 = np.broadcast_to(reduced_multiplier(m), (acc[0].shape[-1],)).astype(np.uint32)
-    t = np.broadcast_to(15 - np.asarray(shift, np.int64), m15.shape)
-    if np.any(t < 1) or np.any(t > 62):
+    if _static(m, shift) and (np.any(15 - np.asarray(shift) < 1)
+                              or np.any(15 - np.asarray(shift) > 62)):
         raise ValueError(f"shift {shift} is out of LiteRT's range for 64-bit accumulators")
+    m = jnp.asarray(m).astype(jnp.int32)  # static or traced (QAT), in [0, 2**31)
+    m15 = _u32(jnp.where(m < 0x7FFF0000, (m >> 16) + ((m >> 15) & 1), 0x7FFF))
+    t = jnp.clip(15 - jnp.asarray(shift).astype(jnp.int32), 1, 62)
     hi, lo = acc
-    ph, pl = _mul_u64(lo, jnp.asarray(m15))
-    hi, lo = hi * jnp.asarray(m15) + ph, pl
-    half = np.left_shift(np.uint64(1), (t - 1).astype(np.uint64))
-    hi, lo = i64_add((hi, lo), (jnp.asarray((half >> np.uint64(32)).astype(np.uint32)),
-                                jnp.asarray((half & np.uint64(0xFFFFFFFF)).astype(np.uint32))))
+    ph, pl = _mul_u64(lo, m15)
+    hi, lo = hi * m15 + ph, pl
+    e = t - 1  # + 2**e, then an arithmetic shift right by t
+    one = jnp.uint32(1)
+    hi, lo = i64_add((hi, lo), (jnp.where(e >= 32, one << _u32(jnp.maximum(e - 32, 0)), 0),
+                                jnp.where(e < 32, one << _u32(jnp.minimum(e, 31)), 0)))
     low = t < 32
-    tl, th = np.where(low, t, 1).astype(np.uint32), np.where(low, 1, t - 32).astype(np.uint32)
+    tl, th = _u32(jnp.where(low, t, 1)), jnp.where(low, 1, t - 32)
     small = lax.bitcast_convert_type((lo >> tl) | (hi << (32 - tl)), jnp.int32)
-    big = lax.bitcast_convert_type(hi, jnp.int32) >> th.astype(np.int32)
+    big = lax.bitcast_convert_type(hi, jnp.int32) >> th
     out = jnp.where(low, small, big)
     lo_, hi_ = activation_range(ctx.options.fused_activation_function, yq)
     return saturate(out + yq.zp, lo_, hi_, yq.np_dtype)
@@ -304,15 +313,31 @@ def _fully_connected_double(ctx: OpContext, rows: Array, w: Array, b: Any, x: QP
         acc = part if acc is None else i64_add(acc, part)
     if b is not None:
         acc = i64_add(acc, _i64_words(b))
-    if isinstance(w_q.scale, np.ndarray):
-        ws = w_q.scale.astype(np.float64).reshape(-1)
-    else:
-        ws = np.asarray(w_q.scale, np.float64).reshape(-1)
-    effective = np.float64(x.s) * ws / np.float64(y.s)
+    lo, hi = activation_range(ctx.options.fused_activation_function, y)
+    if not isinstance(w_q.scale, np.ndarray):  # QAT's traced weight scales: float32
+        return _requantize_traced(acc, x, w_q, y, lo, hi)
+    effective = np.float64(x.s) * w_q.scale.astype(np.float64).reshape(-1) / np.float64(y.s)
     m, s = split_scale(effective)
     out = requantize_double(*acc, m, s)
-    lo, hi = activation_range(ctx.options.fused_activation_function, y)
     return saturate(out + y.zp, lo, hi, y.np_dtype)
+
+
+def _requantize_traced(acc: tuple[Array, Array], x: QParams, w_q: QParams, y: QParams,
+                       lo: int, hi: int) -> Array:
+    """The double rescaling of :func:`_fully_connected_double` for traced weight scales
+    (quantization-aware training's integer forward) in float32: ``acc`` to float32 from its
+    words, times ``s_x * s_w / s_y``, rounded half away from zero; within one step of
+    LiteRT's output (a float32 rounding near a half), the export itself is exact."""
+    from ...graph.quantization import round_half_away
+
+    a_hi = lax.bitcast_convert_type(acc[0], jnp.int32).astype(jnp.float32)
+    value = a_hi * jnp.float32(2.0 ** 32) + acc[1].astype(jnp.float32)
+    scale = jnp.float32(x.s) * jnp.asarray(w_q.scale, jnp.float32).reshape(-1) / \
+        jnp.float32(y.s)
+    out = jnp.clip(round_half_away(value * scale, jnp), lo - y.zp, hi - y.zp)
+    return saturate(out.astype(jnp.int32) + y.zp, lo, hi, y.np_dtype)
+
+
 
 
 def _i64_words(b: Any) -> tuple[Array, Array]:
