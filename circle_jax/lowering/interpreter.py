@@ -453,7 +453,7 @@ def operator_table(model: ir.Model, options: LoweringOptions
             ins = tuple(sg.tensors[i] if i >= 0 else None for i in op.inputs)
             outs = tuple(sg.tensors[i] for i in op.outputs)
             d = definition(op.key, runs_integer(op.key, ins, outs),
-                           hybrid_weight(op.key, ins) is not None)
+                           hybrid_weight(op.key, ins, op.options) is not None)
             if d is None:
                 refusals.append(where)
                 unsupported = True

@@ -1,5 +1,6 @@
-"""Hybrid (dynamic-range) kernels: FULLY_CONNECTED, CONV_2D and DEPTHWISE_CONV_2D with float
-activations and weights on an integer grid, computed as LiteRT's hybrid kernels compute them.
+"""Hybrid (dynamic-range) kernels: FULLY_CONNECTED, CONV_2D, DEPTHWISE_CONV_2D and
+BATCH_MATMUL with float activations and weights on an integer grid, computed as LiteRT's
+hybrid kernels compute them.
 
 A hybrid operator's weight is a float32 tensor that keeps the quantization parameters it
 was read with (`circle_jax.passes.dequantize_model` with ``keep_hybrid=True``, the default
@@ -23,6 +24,13 @@ tests/ops/test_ops_hybrid.py):
   takes four at a time (the first ``C - C % 4``) and ``bias + (acc * s) * scale`` on the
   rest (measured per channel against LiteRT, channel counts 2 to 17, multipliers 1 to 3).
 - Both convolutions need a bias (LiteRT's hybrid kernels do): refused without one.
+- BATCH_MATMUL (float left operand [..., M, K], constant int8 right one, per tensor or one
+  scale per output column; adjoints and broadcast batch dimensions, ranks 2 to 4): each
+  row of the (adjoint-applied) left operand quantized as FULLY_CONNECTED's, then
+  ``total = trunc(acc - float(column_sum) * z)`` in float32 and ``(s * scale) * total``
+  (per tensor: ``s * scale`` first; per column: ``s * scale[n]``), no bias. Refused with
+  two batch dimensions above 1: LiteRT's kernel steps its row scales by ``M`` per batch
+  dimension there (measured: half of ``[2, 2, 3, 8] @ [8, 5]``'s outputs differ).
 
 Rounding is to nearest, ties away from zero; a row (or sample) of zeros quantizes to zeros
 with scale 1. The fused activation clamps the float output. Gradients are the float
@@ -49,12 +57,23 @@ from .registry import OpContext, register
 Array = Any
 
 #: Operators that have a hybrid kernel, and the input position of their weight.
-WEIGHT_INPUT = {"FULLY_CONNECTED": 1, "CONV_2D": 1, "DEPTHWISE_CONV_2D": 1}
-#: The axis of the weights that indexes output channels.
+WEIGHT_INPUT = {"FULLY_CONNECTED": 1, "CONV_2D": 1, "DEPTHWISE_CONV_2D": 1,
+                "BATCH_MATMUL": 1}
+#: The axis of the weights that indexes output channels (BATCH_MATMUL: :func:`_channel_axis`).
 _CHANNEL_AXIS = {"FULLY_CONNECTED": 0, "CONV_2D": 0, "DEPTHWISE_CONV_2D": 3}
 
 
-def hybrid_weight(key: str, inputs: tuple[ir.Tensor | None, ...]) -> ir.Tensor | None:
+def _channel_axis(key: str, w: ir.Tensor, options: Any) -> int:
+    """The output-channel axis of a hybrid operator's weight: a BATCH_MATMUL's columns (its
+    last axis, the second last with ``adjoint_rhs``)."""
+    if key != "BATCH_MATMUL":
+        return _CHANNEL_AXIS[key]
+    rank = len(w.shape or ())
+    return rank - (2 if options is not None and options.adjoint_rhs else 1)
+
+
+def hybrid_weight(key: str, inputs: tuple[ir.Tensor | None, ...], options: Any = None
+                  ) -> ir.Tensor | None:
     """The weight of a hybrid operator (see the module docstring), or None: a float32
     constant at the operator's weight position that keeps per-tensor or per-output-channel
     quantization parameters, read by an operator whose input is float."""
@@ -66,7 +85,7 @@ def hybrid_weight(key: str, inputs: tuple[ir.Tensor | None, ...]) -> ir.Tensor |
         return None
     q = w.quantization
     if q.blockwise is not None or not q.scale or (
-            len(q.scale) > 1 and q.quantized_dimension != _CHANNEL_AXIS[key]):
+            len(q.scale) > 1 and q.quantized_dimension != _channel_axis(key, w, options)):
         return None
     return w
 
@@ -215,6 +234,51 @@ def spatial_conv(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
     channels = w.shape[3] if depthwise else w.shape[0]
     y = _straight_through(hybrid, reference, x, w, _zero_bias(ctx, b, channels))
     return fused_activation(y, ctx.options.fused_activation_function)
+
+
+def check_batch_matmul(ctx: OpContext) -> None:
+    """A hybrid BATCH_MATMUL's left operand is of rank 2 to 4 with at most one batch
+    dimension above 1 (LiteRT's hybrid kernel reads the wrong row scales where two exceed
+    1)."""
+    x, w = ctx.inputs[0], ctx.inputs[1]
+    if x is None or w is None or not 2 <= len(x.shape or ()) <= 4 or len(w.shape or ()) < 2:
+        raise NotImplementedError("hybrid BATCH_MATMUL needs operands of rank 2 to 4")
+    if len(x.shape) == 4 and x.shape[0] > 1 and x.shape[1] > 1:
+        raise NotImplementedError(
+            "hybrid BATCH_MATMUL with two batch dimensions above 1: LiteRT's hybrid kernel "
+            "reads the wrong row scales there; load with dequantize=True")
+
+
+@register("BATCH_MATMUL", hybrid=True, check=check_batch_matmul)
+def batch_matmul(ctx: OpContext, x: Array, w: Array) -> Array:
+    """Hybrid BATCH_MATMUL (module docstring)."""
+    adj_x, adj_y = bool(ctx.options.adjoint_lhs), bool(ctx.options.adjoint_rhs)
+    axis = _channel_axis("BATCH_MATMUL", ctx.inputs[1], ctx.options)
+    scale = _grid(ctx, axis, w.ndim)
+    asymmetric = bool(ctx.options.asymmetric_quantize_inputs)
+    f32 = jnp.float32
+
+    def hybrid(x: Array, w: Array, _: Array) -> Array:
+        xt = jnp.swapaxes(x, -1, -2) if adj_x else x  # [..., M, K]
+        q, s, z = quantize_rows(xt.reshape(-1, xt.shape[-1]), asymmetric)
+        q = q.reshape(xt.shape)
+        s, z = s.reshape(xt.shape[:-1]), z.reshape(xt.shape[:-1])
+        wq = weight_integers(w, scale)
+        wt = jnp.swapaxes(wq, -1, -2) if adj_y else wq  # [..., K, N]
+        acc = jnp.matmul(q, wt, preferred_element_type=jnp.int32)
+        row_sums = jnp.sum(wt, axis=-2)[..., None, :]  # [..., 1, N]
+        # LiteRT: total -= row_sum * offset, in float32, truncated back to int32
+        total = acc.astype(f32) - rounded(row_sums.astype(f32) * z.astype(f32)[..., None])
+        total = jnp.trunc(total)
+        per_column = scale.size > 1
+        factor = s[..., None] * scale.reshape(-1) if per_column else \
+            (s * scale.reshape(()))[..., None]
+        return rounded(factor * total)
+
+    def reference(x: Array, w: Array, _: Array) -> Array:
+        return float_ops._batch_matmul(x, w, adj_x, adj_y)
+
+    return _straight_through(hybrid, reference, x, w, jnp.zeros((), jnp.float32))
 
 
 __all__ = ["WEIGHT_INPUT", "hybrid_weight", "quantize_rows", "weight_integers"]

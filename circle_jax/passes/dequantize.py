@@ -146,13 +146,16 @@ _HYBRID_WEIGHTS = {("FULLY_CONNECTED", 1), ("CONV_2D", 1), ("DEPTHWISE_CONV_2D",
 def hybrid_weights(sg: ir.Subgraph) -> set[int]:
     """The affine-quantized (per tensor or per channel, not blockwise) constants of ``sg``
     read only as the weight of a FULLY_CONNECTED, CONV_2D or DEPTHWISE_CONV_2D with a float
-    input: the weights of hybrid operators."""
+    input, or as the int8 right operand of a BATCH_MATMUL with a float left one (LiteRT
+    refuses an int4 one; circle-jax computes it in float): the weights of hybrid
+    operators."""
     uses: dict[int, bool] = {}
     for op in sg.operators:
         float_input = bool(op.inputs) and op.inputs[0] >= 0 and sg.tensors[op.inputs[0]].is_float
         for pos, i in enumerate(op.inputs):
             if i >= 0:
-                hybrid = float_input and (op.key, pos) in _HYBRID_WEIGHTS
+                hybrid = float_input and ((op.key, pos) in _HYBRID_WEIGHTS or (
+                    (op.key, pos) == ("BATCH_MATMUL", 1) and sg.tensors[i].dtype == "int8"))
                 uses[i] = uses.get(i, True) and hybrid
     return {i for i, only in uses.items() if only and is_quantized(t := sg.tensors[i])
             and t.is_constant and t.quantization.blockwise is None}

@@ -16,10 +16,15 @@ uint8 activations take int8 (symmetric, per-channel or per-tensor) or uint8 (per
 with a zero point) weights and int32 biases. 16x8 kernels (int16 activations with zero point
 0, int8 weights) accumulate in 64 bits in LiteRT; its convolutions take an int64 bias and
 rescale with the 64-bit variant (:func:`~.fixed_point.multiply_by_quantized_multiplier_wide`),
-its FULLY_CONNECTED an int32 or int64 bias and one 64-bit rounding
-(:func:`~.fixed_point.multiply_by_quantized_multiplier_single`). circle-jax accumulates
-in int32, which is exact when every channel's bound ``32768 * sum|w| + |bias|`` is below
-2**31: checked at load from the constant weights (a larger one is refused).
+its FULLY_CONNECTED an int32 bias (ruy: int32 accumulator, one 64-bit rounding,
+:func:`~.fixed_point.multiply_by_quantized_multiplier_single`) or an int64 one (its
+reference kernel: int64 accumulator, ``round(acc * s_x * s_w / s_y)`` in double,
+:mod:`.double_requant`). circle-jax accumulates in int32 where every channel's bound
+``32768 * sum|w| + |bias|`` is below 2**31, else in a 64-bit pair of words built from
+int32 products of the input's bytes (:func:`_bytes`): the int64-bias FULLY_CONNECTED
+always, CONV_2D and DEPTHWISE_CONV_2D past int32 (:func:`_spatial_conv_i64`). Refused at
+load: an int32-bias 16x8 FULLY_CONNECTED past int32 (LiteRT's accumulator overflows),
+a 16x8 TRANSPOSE_CONV past int32, more than 65535 products per output.
 
 Products are computed in int32 by XLA's integer convolutions and dot products: exact.
 
@@ -53,7 +58,11 @@ from ..conv import (
     transpose_geometry,
 )
 from ..registry import OpContext, register
+from .double_requant import requantize_double, split_scale
 from .fixed_point import (
+    _mul_u64,
+    _static,
+    _u32,
     i64_add,
     i64_from_i32,
     i64_shl,
@@ -131,16 +140,50 @@ def check_weighted(ctx: OpContext) -> None:
                                   f"{ctx.op.key} takes {'/'.join(allowed)} (LiteRT's 16x8 "
                                   "convolutions read their bias as int64)")
     wt = ctx.inputs[_ROLES[ctx.op.key][1]]
-    if wide and wt is not None and wt.data is not None:
-        axis = _CHANNEL_AXIS[ctx.op.key]
-        mag = np.abs(np.moveaxis(wt.data.astype(np.int64), axis, 0)).reshape(
-            wt.shape[axis], -1).sum(axis=1) * 32768
-        if bias is not None and bias.data is not None:
-            mag = mag + np.abs(bias.data.astype(np.int64)).reshape(-1)
-        if mag.max(initial=0) > _WIDE_LIMIT:
+    if _double_path(ctx, x):
+        bound = _accumulator_bound(ctx, wt, bias)
+        if bound >= 1 << 53:
+            raise NotImplementedError(f"a channel's 16x8 accumulator may reach {bound}, "
+                                      "beyond the 2**53 LiteRT's double rescaling is exact in")
+        if wt is not None and wt.shape and wt.shape[-1] > 65535:
+            raise NotImplementedError(f"16x8 FULLY_CONNECTED over {wt.shape[-1]} products "
+                                      "with an int64 accumulator (at most 65535)")
+        return
+    if wide and _accumulator_bound(ctx, wt, bias) > _WIDE_LIMIT:
+        taps = int(np.prod(wt.shape)) // wt.shape[_CHANNEL_AXIS[ctx.op.key]] \
+            if wt is not None and wt.data is not None else 1 << 62
+        bound = _accumulator_bound(ctx, wt, bias)
+        if ctx.op.key == "FULLY_CONNECTED":
             raise NotImplementedError(
-                f"a channel's 16x8 accumulator may reach {int(mag.max())}, beyond the int32 "
-                "circle-jax accumulates in (LiteRT uses int64)")
+                f"a channel's 16x8 accumulator may reach {bound}, beyond the int32 LiteRT's "
+                "FULLY_CONNECTED with an int32 bias accumulates in (an int64 bias: exact)")
+        if ctx.op.key == "TRANSPOSE_CONV" or taps > 65535:
+            raise NotImplementedError(
+                f"a channel's 16x8 accumulator may reach {bound} over {taps} products, beyond "
+                "the int32 circle-jax accumulates this kernel in (LiteRT uses int64)")
+
+
+def _double_path(ctx: OpContext, x: QParams) -> bool:
+    """Whether LiteRT runs its reference 16x8 FULLY_CONNECTED: an int64 bias, or
+    ``quantized_bias_type`` INT64 (TensorType 4): a 64-bit accumulator rescaled in double
+    (:mod:`.double_requant`)."""
+    if x.dtype != "int16" or ctx.op.key != "FULLY_CONNECTED":
+        return False
+    bias = _bias_tensor(ctx)
+    return (bias is not None and bias.dtype == "int64") or \
+        int(ctx.options.quantized_bias_type or 0) == 4
+
+
+def _accumulator_bound(ctx: OpContext, wt: Any, bias: Any) -> int:
+    """``32768 * sum|w| + |bias|``, the largest channel's (unbounded weights: 2**62)."""
+    if wt is None or wt.data is None:
+        return 1 << 62
+    axis = _CHANNEL_AXIS[ctx.op.key]
+    mag = np.abs(np.moveaxis(wt.data.astype(np.int64), axis, 0)).reshape(
+        wt.shape[axis], -1).sum(axis=1) * 32768
+    if bias is not None and bias.data is not None:
+        mag = mag + np.abs(bias.data.astype(np.int64)).reshape(-1)
+    return int(mag.max(initial=0))
 
 
 def _wide(ctx: OpContext, x: QParams) -> bool:
@@ -202,7 +245,45 @@ def spatial_conv(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
     w, wq = _weights(w, wq)
     xs = _offset(x, xq)
     ws, g = spatial_geometry(ctx, xs, _offset(w, wq))
+    if xq.dtype == "int16" and _accumulator_bound(ctx, ctx.inputs[1], _bias_tensor(ctx)) \
+            > _WIDE_LIMIT:
+        return _spatial_conv_i64(ctx, xs, ws, g, b, xq, wq, yq)
     return _rescale(ctx, conv(xs, ws, g), b, xq, wq, yq)
+
+
+def _spatial_conv_i64(ctx: OpContext, x: Array, w: Array, g: Any, b: Any, xq: QParams,
+                      wq: QParams, yq: QParams) -> Array:
+    """A 16x8 convolution whose accumulator may pass int32: the int64 accumulator from
+    int32 convolutions of the input's bytes (:func:`_bytes`), plus the int64 bias, rescaled
+    per channel by LiteRT's int64 MultiplyByQuantizedMultiplier (15-bit multiplier, one
+    rounding half up: :func:`~.fixed_point.multiply_by_quantized_multiplier_i64`)."""
+    acc = None
+    for piece, shift in _bytes(x, "int16"):
+        part = i64_shl(i64_from_i32(conv(piece, w, g)), shift)
+        acc = part if acc is None else i64_add(acc, part)
+    if b is not None:
+        acc = i64_add(acc, _i64_words(b))
+    m, shift = _multipliers(xq, wq, yq)
+    if _static(m, shift) and (np.any(15 - np.asarray(shift) < 1)
+                              or np.any(15 - np.asarray(shift) > 62)):
+        raise ValueError(f"shift {shift} is out of LiteRT's range for 64-bit accumulators")
+    m = jnp.asarray(m).astype(jnp.int32)  # static or traced (QAT), in [0, 2**31)
+    m15 = _u32(jnp.where(m < 0x7FFF0000, (m >> 16) + ((m >> 15) & 1), 0x7FFF))
+    t = jnp.clip(15 - jnp.asarray(shift).astype(jnp.int32), 1, 62)
+    hi, lo = acc
+    ph, pl = _mul_u64(lo, m15)
+    hi, lo = hi * m15 + ph, pl
+    e = t - 1  # + 2**e, then an arithmetic shift right by t
+    one = jnp.uint32(1)
+    hi, lo = i64_add((hi, lo), (jnp.where(e >= 32, one << _u32(jnp.maximum(e - 32, 0)), 0),
+                                jnp.where(e < 32, one << _u32(jnp.minimum(e, 31)), 0)))
+    low = t < 32
+    tl, th = _u32(jnp.where(low, t, 1)), jnp.where(low, 1, t - 32)
+    small = lax.bitcast_convert_type((lo >> tl) | (hi << (32 - tl)), jnp.int32)
+    big = lax.bitcast_convert_type(hi, jnp.int32) >> th
+    out = jnp.where(low, small, big)
+    lo_, hi_ = activation_range(ctx.options.fused_activation_function, yq)
+    return saturate(out + yq.zp, lo_, hi_, yq.np_dtype)
 
 
 @register("FULLY_CONNECTED", check=check_weighted, integer=True)
@@ -211,9 +292,61 @@ def fully_connected(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Arra
     xq, wq, yq = _weight_params(ctx)
     w, wq = _weights(w, wq)
     rows = dense_rows(ctx, _offset(x, xq), w)
+    if _double_path(ctx, xq):
+        return _fully_connected_double(ctx, rows, _offset(w, wq), b, xq, wq, yq)
     acc = lax.dot_general(rows, _offset(w, wq), (((rows.ndim - 1,), (1,)), ((), ())),
                           preferred_element_type=jnp.int32)
     return _rescale(ctx, acc, b, xq, wq, yq)
+
+
+def _fully_connected_double(ctx: OpContext, rows: Array, w: Array, b: Any, x: QParams,
+                            w_q: QParams, y: QParams) -> Array:
+    """LiteRT's reference 16x8 FULLY_CONNECTED (:func:`_double_path`): the int64
+    accumulator from int32 products of the input's bytes (:func:`_bytes`; each piece's
+    products below 2**15, exact while ``in`` < 2**16), plus the bias, rescaled by
+    ``round(acc * (s_x * s_w[c] / s_y))`` in double (:mod:`.double_requant`)."""
+    dims = (((rows.ndim - 1,), (1,)), ((), ()))
+    acc = None
+    for piece, shift in _bytes(as_int32(rows), "int16"):
+        part = i64_shl(i64_from_i32(lax.dot_general(
+            piece, w, dims, preferred_element_type=jnp.int32)), shift)
+        acc = part if acc is None else i64_add(acc, part)
+    if b is not None:
+        acc = i64_add(acc, _i64_words(b))
+    lo, hi = activation_range(ctx.options.fused_activation_function, y)
+    if not isinstance(w_q.scale, np.ndarray):  # QAT's traced weight scales: float32
+        return _requantize_traced(acc, x, w_q, y, lo, hi)
+    effective = np.float64(x.s) * w_q.scale.astype(np.float64).reshape(-1) / np.float64(y.s)
+    m, s = split_scale(effective)
+    out = requantize_double(*acc, m, s)
+    return saturate(out + y.zp, lo, hi, y.np_dtype)
+
+
+def _requantize_traced(acc: tuple[Array, Array], x: QParams, w_q: QParams, y: QParams,
+                       lo: int, hi: int) -> Array:
+    """The double rescaling of :func:`_fully_connected_double` for traced weight scales
+    (quantization-aware training's integer forward) in float32: ``acc`` to float32 from its
+    words, times ``s_x * s_w / s_y``, rounded half away from zero; within one step of
+    LiteRT's output (a float32 rounding near a half), the export itself is exact."""
+    from ...graph.quantization import round_half_away
+
+    a_hi = lax.bitcast_convert_type(acc[0], jnp.int32).astype(jnp.float32)
+    value = a_hi * jnp.float32(2.0 ** 32) + acc[1].astype(jnp.float32)
+    scale = jnp.float32(x.s) * jnp.asarray(w_q.scale, jnp.float32).reshape(-1) / \
+        jnp.float32(y.s)
+    out = jnp.clip(round_half_away(value * scale, jnp), lo - y.zp, hi - y.zp)
+    return saturate(out.astype(jnp.int32) + y.zp, lo, hi, y.np_dtype)
+
+
+
+
+def _i64_words(b: Any) -> tuple[Array, Array]:
+    """An int64 bias (numpy) as (hi, lo) uint32 words; a traced one from int32."""
+    if isinstance(b, np.ndarray):
+        u = b.astype(np.int64).view(np.uint64)
+        return (jnp.asarray((u >> np.uint64(32)).astype(np.uint32)),
+                jnp.asarray((u & np.uint64(0xFFFFFFFF)).astype(np.uint32)))
+    return i64_from_i32(as_int32(b))
 
 
 @register("TRANSPOSE_CONV", check=check_weighted, integer=True)
