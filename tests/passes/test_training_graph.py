@@ -37,17 +37,17 @@ def _normal(*shape: int, scale: float = 1.0) -> np.ndarray:
 
 def rule_graph(forward: bytes) -> tuple[bytes, list[int]]:
     """A model computing the cotangents of the one operator of ``forward`` by its rule:
-    inputs the forward's inputs then the output's cotangent, outputs the cotangent of each
+    inputs the forward's inputs then each output's cotangent, outputs the cotangent of each
     graph input (in order); and the positions of those inputs in the operator."""
     model = read_model(forward)
     sg = model.main
     op = sg.operators[0]
     e = Emitter([replace(t, origin=None, buffer=ir.NEW_BUFFER if t.is_constant else 0)
                  for t in sg.tensors], [replace(op, origin=None)])
-    g = e.tensor("g", e.shape(op.outputs[0]))
+    gs = tuple(e.tensor(f"g{k}", e.shape(y)) for k, y in enumerate(op.outputs))
     positions = [p for p, i in enumerate(op.inputs) if i in sg.inputs]
-    cot = RULES[op.key].backward(Backward(e, op, g, frozenset(positions)))
-    graph = ir.Subgraph(0, "vjp", tuple(e.tensors), tuple(e.operators), (*sg.inputs, g),
+    cot = RULES[op.key].backward(Backward(e, op, gs[0], frozenset(positions), gs))
+    graph = ir.Subgraph(0, "vjp", tuple(e.tensors), tuple(e.operators), (*sg.inputs, *gs),
                         tuple(cot[p] for p in positions))
     return write_model(ir.Model((graph,), "TFL3", 3, "rule", {}), "tflite"), positions
 
@@ -111,21 +111,69 @@ RULE_CASES = [
                                             "filter_height": 2, "filter_width": 2}),
     ("MAX_POOL_2D", [_normal(1, 6, 9, 2)], {"padding": "VALID", "stride_h": 3, "stride_w": 3,
                                             "filter_height": 3, "filter_width": 3}),
+    # overlapping windows, SAME padding; after a ReLU (ties: whole windows of zeros, the
+    # cotangent to each window's first maximum)
+    ("MAX_POOL_2D", [_normal(2, 9, 8, 3)], {"padding": "SAME", "stride_h": 2, "stride_w": 2,
+                                            "filter_height": 3, "filter_width": 3}),
+    ("MAX_POOL_2D", [np.maximum(_normal(1, 7, 7, 2) - 1.0, 0)],
+     {"padding": "VALID", "stride_h": 2, "stride_w": 1, "filter_height": 3,
+      "filter_width": 2, "fused_activation_function": "RELU"}),
+    ("MAX_POOL_2D", [_normal(1, 8, 8, 2) - 3.0],
+     {"padding": "SAME", "stride_h": 1, "stride_w": 1, "filter_height": 3,
+      "filter_width": 3, "fused_activation_function": "RELU6"}),
+    ("CONCATENATION", [_normal(2, 3, 4), _normal(2, 1, 4), _normal(2, 2, 4)], {"axis": 1}),
+    ("CONCATENATION", [_normal(2, 3), _normal(2, 5)], {"axis": -1}),
+    ("SPLIT", [Const(1, "int32"), _normal(2, 6, 3)], {"num_splits": 3}),
+    ("SPLIT", [Const(-1, "int32"), _normal(4, 4)], {"num_splits": 2}),
+    ("SPLIT_V", [_normal(2, 7), Const([2, -1, 4], "int32"), Const(1, "int32")],
+     {"num_splits": 3}),
+    ("SLICE", [_normal(3, 5, 4), Const([1, 0, 2], "int32"), Const([2, -1, 2], "int32")], {}),
+    ("STRIDED_SLICE", [_normal(4, 6, 5), Const([1, 0, 4], "int32"), Const([4, 6, 0], "int32"),
+                       Const([2, 1, -2], "int32")], {"begin_mask": 2}),
+    ("STRIDED_SLICE", [_normal(3, 8), Const([-2, -7], "int32"), Const([0, 100], "int32"),
+                       Const([1, 3], "int32")], {"shrink_axis_mask": 1, "end_mask": 1}),
+    ("STRIDED_SLICE", [_normal(2, 5, 3), Const([0, 1], "int32"), Const([2, 4], "int32"),
+                       Const([1, 1], "int32")], {}),
+    ("PAD", [_normal(2, 3, 4), Const([[0, 1], [2, 0], [1, 3]], "int32")], {}),
+    ("PADV2", [_normal(3, 4), Const([[1, 1], [0, 2]], "int32"), _normal()], {}),
+    ("GATHER", [_normal(7, 4), Const([[1, 3, 1], [0, 6, 1]], "int32")], {"axis": 0}),
+    ("GATHER", [_normal(3, 5, 2), Const([4, 0, 4, 2], "int64")], {"axis": 1}),
+    ("GATHER", [_normal(2, 3, 5), Const([[2, 2], [0, 4]], "int32")], {"axis": -1}),
+    ("BATCH_MATMUL", [_normal(2, 3, 4), _normal(2, 4, 5)], {}),
+    ("BATCH_MATMUL", [_normal(2, 1, 4, 3), _normal(3, 5, 4)],
+     {"adjoint_lhs": True, "adjoint_rhs": True}),
+    ("BATCH_MATMUL", [_normal(3, 4), _normal(2, 4, 5)], {}),
+    ("BATCH_MATMUL", [_normal(2, 3, 3, 4), _normal(1, 3, 5, 4)], {"adjoint_rhs": True}),
+    ("TRANSPOSE_CONV", [Const([2, 8, 7, 3], "int32"), _normal(3, 3, 3, 2),
+                        _normal(2, 4, 4, 2)], {"padding": "SAME", "stride_h": 2, "stride_w": 2}),
+    ("TRANSPOSE_CONV", [Const([1, 9, 6, 2], "int32"), _normal(2, 3, 2, 3),
+                        _normal(1, 4, 5, 3), _normal(2)],
+     {"padding": "VALID", "stride_h": 2, "stride_w": 1}),
+    ("TRANSPOSE_CONV", [Const([2, 5, 5, 4], "int32"), _normal(4, 3, 3, 2),
+                        _normal(2, 5, 5, 2)], {"padding": "SAME", "stride_h": 1, "stride_w": 1}),
+    ("NEG", [_normal(3, 4)], {}),
+    ("SQUARED_DIFFERENCE", [_normal(2, 3, 4), _normal(2, 3, 1)], {}),
+    ("RSQRT", [np.abs(_normal(3, 4)) + 0.5], {}),
+    ("SQRT", [np.abs(_normal(3, 4)) + 0.5], {}),
+    ("SQUARE", [_normal(3, 4)], {}),
+    ("EXP", [_normal(3, 4)], {}),
+    ("LOG", [np.abs(_normal(3, 4)) + 0.5], {}),
+    ("PRELU", [_normal(2, 3, 4), _normal(1, 4)], {}),
 ]
 
 
 @pytest.mark.parametrize("op_type,inputs,options", RULE_CASES,
                          ids=[f"{c[0]}-{k}" for k, c in enumerate(RULE_CASES)])
 def test_rule_is_the_vjp_of_the_reference_operator(op_type, inputs, options) -> None:
-    b, feeds = one_op_model(op_type, inputs, options)
+    b, feeds = one_op_model(op_type, inputs, options, outputs=options.get("num_splits", 1))
     forward = b.to_bytes("tflite")
     model = cj.load(forward, lowering="reference")
-    y, vjp = jax.vjp(lambda *xs: model.apply(model.params, *xs)[0], *feeds)
-    g = _normal(*y.shape)
-    expected = vjp(g)
+    ys, vjp = jax.vjp(lambda *xs: tuple(model.apply(model.params, *xs)), *feeds)
+    gs = [_normal(*y.shape) for y in ys]
+    expected = vjp(tuple(gs))
     graph, positions = rule_graph(forward)
     assert len(positions) == len(feeds)
-    got = run_litert(graph, [*feeds, g])
+    got = run_litert(graph, [*feeds, *gs])
     for k, (mine, ref) in enumerate(zip(got, expected)):
         np.testing.assert_allclose(mine, np.asarray(ref), rtol=RTOL, atol=ATOL,
                                    err_msg=f"{op_type} input {positions[k]}")
