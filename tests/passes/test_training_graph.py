@@ -235,7 +235,7 @@ def _data(model: cj.Model, batch: int, loss: str, rng: np.random.Generator
     return x, y
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("optimizer", ["sgd", "momentum", "adam"])
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_litert_trains_the_exported_step_as_fit_does(name: str, optimizer: str) -> None:
     path, loss, lr = MODELS[name]
@@ -312,6 +312,22 @@ def test_litert_trains_the_hand_recrop_step_as_fit_does() -> None:
     _same_training(model, export_training_graph(model, **config), x, y, 20, config)
 
 
+@pytest.mark.parametrize("optimizer,kwargs", [("sgd", {"momentum": 0.5}),
+                                               ("nesterov", {}),
+                                               ("sgd", {"momentum": 0.8, "nesterov": True})])
+def test_momentum_and_nesterov_train_as_fit_does(optimizer: str, kwargs: dict) -> None:
+    """SGD with momentum as the optimizer's keyword, and Nesterov's (the ``nesterov`` code,
+    momentum 0.9; the keyword): one slot per weight, named ``<param>/momentum``."""
+    model = cj.load(f"{REPO_ROOT}/tests/data/keras/branching_cnn.tflite")
+    x, y = _data(model, 8, "cce", np.random.default_rng(5))
+    config = dict(loss="cce", optimizer=optimizer, learning_rate=0.01, batch_size=8,
+                  optimizer_kwargs=kwargs)
+    export = export_training_graph(model, **config)
+    assert [n for n in export.state if n not in model.params] == \
+        [f"{n}/momentum" for n in export.state if n in model.params]
+    _same_training(model, export, x, y, 20, config)
+
+
 def test_the_wof_holds_the_initial_state_at_its_tensors() -> None:
     model = cj.load(f"{REPO_ROOT}/tests/data/torch/mlp.tflite")
     export = export_training_graph(model, optimizer="adam", batch_size=4)
@@ -360,10 +376,10 @@ def test_a_frozen_prefix_needs_no_rule() -> None:
 
 def test_what_the_step_cannot_take_is_refused() -> None:
     model = cj.load(f"{REPO_ROOT}/tests/data/torch/mlp.tflite")
-    with pytest.raises(ConfigError, match="sgd or adam"):
+    with pytest.raises(ConfigError, match="takes sgd, momentum, nesterov or adam"):
         export_training_graph(model, optimizer="rmsprop")
-    with pytest.raises(ConfigError, match="momentum"):
-        export_training_graph(model, optimizer="sgd", optimizer_kwargs={"momentum": 0.9})
+    with pytest.raises(ConfigError, match="nesterov=True needs a non-zero momentum"):
+        export_training_graph(model, optimizer="sgd", optimizer_kwargs={"nesterov": True})
     with pytest.raises(ConfigError, match="nothing trains"):
         export_training_graph(model, trainable=0)
 
