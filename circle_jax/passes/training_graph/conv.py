@@ -7,7 +7,8 @@ activation (TRANSPOSE_CONV: see `transpose_conv`).
   padding (TRANSPOSE_CONV computes SAME padding from that shape as the convolution did):
   CONV_2D's filter transposed to ``[C, KH, KW, O]``; DEPTHWISE_CONV_2D's made the
   block-diagonal ``[C, KH, KW, C*M]`` (channel ``j`` of the output reads input channel
-  ``j // M``). Only undilated convolutions (TRANSPOSE_CONV has no dilation).
+  ``j // M``); a dilated convolution's filter with zeros between its taps (TRANSPOSE_CONV
+  has no dilation).
 - Filter: the correlation of the input with ``gz`` over batch and space, one CONV_2D with
   the batch as the channels: the input transposed to ``[C, H, W, N]`` and padded as the
   convolution pads it, filtered by ``gz`` transposed to ``[O, OH, OW, N]`` with stride = the
@@ -74,10 +75,33 @@ def _filter_correlation(b: Backward, gz: int, n_out: int) -> int:
     return _correlate(b, x, gz, (kh, kw), (dh, dw), (sh, sw))
 
 
+def _dilated(b: Backward, w: int) -> int:
+    """The filter ``w`` ``[A, KH, KW, B]`` with the convolution's dilation made zeros between
+    its taps, ``[A, (KH-1)*dh+1, (KW-1)*dw+1, B]``: per spatial axis, RESHAPE a unit axis
+    after it, PAD that axis to the dilation, RESHAPE the two into one, SLICE the trailing
+    zeros off (no operator for a dilation of 1)."""
+    e, o = b.e, b.op.options
+    for axis, d in ((1, o.dilation_h_factor or 1), (2, o.dilation_w_factor or 1)):
+        if d == 1:
+            continue
+        shape = list(e.shape(w))
+        k = shape[axis]
+        split = e.reshape(w, shape[:axis + 1] + [1] + shape[axis + 1:])
+        pads = [(0, 0)] * 5
+        pads[axis + 1] = (0, d - 1)
+        shape[axis] = k * d
+        spread = e.reshape(e.pad(split, pads), shape)
+        shape[axis] = (k - 1) * d + 1
+        w = e.slice(spread, [0, 0, 0, 0], shape)
+    return w
+
+
 def _input_grad(b: Backward, gz: int, weights: int) -> int:
+    """TRANSPOSE_CONV of ``gz`` to the input's shape with ``weights`` ``[C, KH, KW, O]``,
+    dilated as the convolution is (`_dilated`)."""
     e, o = b.e, b.op.options
     shape = b.shape(0)
-    return e.op("TRANSPOSE_CONV", [e.const(shape, "int32"), weights, gz], shape,
+    return e.op("TRANSPOSE_CONV", [e.const(shape, "int32"), _dilated(b, weights), gz], shape,
                 {"padding": o.padding, "stride_h": o.stride_h or 1, "stride_w": o.stride_w or 1})
 
 
@@ -116,13 +140,6 @@ def depthwise_conv_2d(b: Backward) -> Cotangents:
     if 2 in b.wanted and b.has(2):
         out[2] = e.reduce("SUM", gz, [0, 1, 2], keep_dims=False)
     return out
-
-
-def _dilated_input(b: Backward) -> str | None:
-    o = b.op.options
-    if 0 in b.wanted and max(o.dilation_h_factor or 1, o.dilation_w_factor or 1) > 1:
-        return "a dilated convolution's input gradient (TRANSPOSE_CONV has no dilation)"
-    return None
 
 
 def _transpose_pads(b: Backward) -> list[tuple[int, int]]:
@@ -168,5 +185,5 @@ def transpose_conv(b: Backward) -> Cotangents:
 
 
 RULES = {"TRANSPOSE_CONV": Rule(transpose_conv),
-         "CONV_2D": Rule(conv_2d, _dilated_input),
-         "DEPTHWISE_CONV_2D": Rule(depthwise_conv_2d, _dilated_input)}
+         "CONV_2D": Rule(conv_2d),
+         "DEPTHWISE_CONV_2D": Rule(depthwise_conv_2d)}
