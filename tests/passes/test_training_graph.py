@@ -373,6 +373,27 @@ def test_operators_without_a_rule_on_the_path_are_refused_in_one_line() -> None:
     assert "HARD_SWISH #0" not in message  # the frozen prefix needs no rule
 
 
+def test_every_operator_without_a_rule_is_named() -> None:
+    """Two operators without a rule on the path, and one whose rule refuses its options
+    (STRIDED_SLICE's new-axis mask): all three in the one line, nothing built."""
+    b = Builder()
+    x = b.input("x", (1, 6))
+    h = b.op("FULLY_CONNECTED", [x, b.constant("w", _normal(6, 6)), -1])
+    h = b.op("STRIDED_SLICE", [h, b.constant("begin", np.zeros(2, np.int32)),
+                               b.constant("end", np.array([1, 6], np.int32)),
+                               b.constant("strides", np.ones(2, np.int32))],
+             {"new_axis_mask": 0, "ellipsis_mask": 1})
+    b.output(b.op("GELU", [b.op("HARD_SWISH", [h])]))
+    model = cj.load(b.to_bytes("tflite"))
+    with pytest.raises(UnsupportedOperatorError) as e:
+        export_training_graph(model, batch_size=1, loss="mse")
+    message = str(e.value)
+    assert "\n" not in message and "3 operator(s)" in message
+    for named in ("STRIDED_SLICE #1 (ellipsis, new-axis or offset masks)", "HARD_SWISH #2",
+                  "GELU #3"):
+        assert named in message, message
+
+
 def test_a_frozen_prefix_needs_no_rule() -> None:
     model = cj.load(_chain("HARD_SWISH", "TANH"))
     export = export_training_graph(model, batch_size=2, learning_rate=0.1)
