@@ -2,7 +2,7 @@
 backward down to the first trainable operator, and the optimizer's update, built from a
 model's IR and a training configuration (`functional_step`, `StepConfig`). One backward
 rule per operator, a module per family: `conv`, `dense`, `elementwise`, `indexing`,
-`pooling`, `reduce`, `shape`, `slicing`."""
+`pooling`, `reduce`, `resize`, `shape`, `slicing`."""
 
 from __future__ import annotations
 

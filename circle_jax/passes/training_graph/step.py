@@ -28,7 +28,7 @@ import numpy as np
 
 from ...errors import UnsupportedOperatorError
 from ...graph import ir
-from . import conv, dense, elementwise, indexing, pooling, reduce, shape, slicing
+from . import conv, dense, elementwise, indexing, pooling, reduce, resize, shape, slicing
 from .emit import Emitter, Shape
 from .loss import LossSpec, emit_loss
 from .optimizer import OptimizerSpec, emit_update
@@ -36,7 +36,7 @@ from .rule import Backward, Rule
 
 #: Operator -> its backward rule.
 RULES: dict[str, Rule] = {name: rule for family in (conv, dense, elementwise, indexing, pooling,
-                                                    reduce, shape, slicing)
+                                                    reduce, resize, shape, slicing)
                           for name, rule in family.RULES.items()}
 
 
