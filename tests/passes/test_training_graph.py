@@ -383,6 +383,21 @@ def test_operators_without_a_rule_on_the_path_are_refused_in_one_line() -> None:
     assert "HARD_SWISH #0" not in message  # the frozen prefix needs no rule
 
 
+def test_a_split_whose_first_part_the_loss_does_not_read() -> None:
+    """x -> FULLY_CONNECTED -> SPLIT into 3 -> the loss reads part 1 only: the parts it
+    does not read get zero cotangents (`Backward.cotangent`), and the step trains as fit."""
+    b = Builder()
+    x = b.input("x", (1, 4))
+    h = b.op("FULLY_CONNECTED", [x, b.constant("w", _normal(6, 4)), b.constant("bias",
+                                                                               _normal(6))])
+    parts = b.op("SPLIT", [b.constant("axis", np.int32(1)), h], {"num_splits": 3}, outputs=3)
+    b.output(parts[1])
+    model = cj.load(b.to_bytes("tflite"))
+    x, y = _normal(4, 4), _normal(4, 2)
+    config = dict(loss="mse", optimizer="sgd", learning_rate=0.1, batch_size=4)
+    _same_training(model, export_training_graph(model, **config), x, y, 5, config)
+
+
 def test_every_operator_without_a_rule_is_named() -> None:
     """Two operators without a rule on the path, and one whose rule refuses its options
     (STRIDED_SLICE's new-axis mask): all three in the one line, nothing built."""
