@@ -14,6 +14,8 @@ by ``1 - (src - lo)`` and ``src - lo``; nearest ``(dst + offset) * scale``, offs
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .rule import Backward, Cotangents, Rule
@@ -46,7 +48,7 @@ def axis_matrix(n_in: int, n_out: int, bilinear: bool, align_corners: bool,
     return m
 
 
-def _resize(bilinear: bool):
+def _resize(bilinear: bool) -> Callable[[Backward], Cotangents]:
     def backward(b: Backward) -> Cotangents:
         e, o = b.e, b.op.options
         n, h, w, c = b.shape(0)

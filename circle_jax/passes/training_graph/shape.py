@@ -12,6 +12,8 @@ constant axis:
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import numpy as np
 
 from .rule import Backward, Cotangents, Rule, activation_backward
@@ -26,7 +28,7 @@ def transpose(b: Backward) -> Cotangents:
     return {0: b.e.transpose(b.grad, list(np.argsort(np.asarray(perm).reshape(-1))))}
 
 
-def _constant(pos: int, what: str):
+def _constant(pos: int, what: str) -> Callable[[Backward], str | None]:
     def refuse(b: Backward) -> str | None:
         return None if b.e.tensors[b.x(pos)].data is not None else f"a computed {what}"
     return refuse

@@ -14,6 +14,7 @@ another, their begins, sizes, strides and paddings constant:
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 
@@ -80,7 +81,7 @@ def pad(b: Backward) -> Cotangents:
     return out
 
 
-def _constant(*positions: int):
+def _constant(*positions: int) -> Callable[[Backward], str | None]:
     def refuse(b: Backward) -> str | None:
         if any(b.e.tensors[b.x(p)].data is None for p in positions):
             return "computed begin, size or paddings"
