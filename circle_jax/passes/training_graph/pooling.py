@@ -1,16 +1,15 @@
 """Backward rules of AVERAGE_POOL_2D and MAX_POOL_2D (NHWC), from the cotangent ``gz``
 before the fused activation.
 
-Both spread values of the output back over each window with :func:`spread`: the channels
-moved into the batch (``[N*C, OH, OW, 1]``), one TRANSPOSE_CONV with an all-ones
-``[1, KH, KW, 1]`` filter and the pool's strides and padding, moved back. Each input
-position then holds the sum, over the windows that contain it, of their values.
-
 - AVERAGE_POOL_2D: ``spread(gz / count)``, ``count`` the input positions each window
-  averages (padding left out, as LiteRT's kernel averages).
+  averages (padding left out, as LiteRT's kernel averages). :func:`spread` puts values of
+  the output back over each window: the channels moved into the batch
+  (``[N*C, OH, OW, 1]``), one TRANSPOSE_CONV with an all-ones ``[1, KH, KW, 1]`` filter and
+  the pool's strides and padding, moved back; each input position then holds the sum, over
+  the windows that contain it, of their values.
 - MAX_POOL_2D, any windows (overlapping ones too): each window's cotangent goes to its
   first maximum in row-major order, as TF's and circle-jax's reference gradient take it
-  (`max_pool_2d`).
+  (`max_pool_2d`: the windows' taps as channels, TRANSPOSE_CONV with one-hot filters).
 """
 
 from __future__ import annotations
