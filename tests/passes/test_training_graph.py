@@ -319,6 +319,29 @@ def test_litert_trains_a_mobilenet_step_as_fit_does() -> None:
         assert np.max(np.abs(state[param] - w_ref)) <= 1e-5 * np.max(np.abs(w_ref)), param
 
 
+def test_mobilenet_step_takes_fits_gradient_from_the_same_params() -> None:
+    """MobileNet v1 0.25/128 at batch 2 (1001 classes, CCE on its probabilities): after 3 of
+    fit's Adam steps, one exported SGD step at learning rate 1 from fit's params moves each
+    weight by fit's gradient to 1e-5 of its largest element (measured 3.6e-6). Over 20
+    steps at this batch the two trajectories part (float32 rounding amplified by training
+    itself: losses 1e-6 apart at step 4, 5e-3 at step 20 on the VWW MobileNet), so the
+    gradients are compared from one point."""
+    model = cj.load(shared_model("mobilenet_v1_0.25_128_float.tflite"))
+    x, y = _data(model, 2, "cce", np.random.default_rng(3))
+    config = dict(loss="cce", batch_size=2)
+    start = {k: np.asarray(v) for k, v in cj.fit(model, x, y, epochs=3, optimizer="adam",
+                                                learning_rate=1e-3, **config).params.items()}
+    export = export_training_graph(model, params=start, optimizer="sgd", learning_rate=1.0,
+                                   **config)
+    losses, state = _steps(export, [x, y], 1)
+    ref = cj.fit(model, x, y, epochs=1, params=start, optimizer="sgd", learning_rate=1.0,
+                 **config)
+    assert losses[0] == pytest.approx(ref.history.loss[0], rel=1e-5)
+    for param in model.trainable_params:
+        mine, theirs = start[param] - state[param], start[param] - np.asarray(ref.params[param])
+        assert np.max(np.abs(mine - theirs)) <= 1e-5 * np.max(np.abs(theirs)), param
+
+
 @pytest.mark.slow
 def test_litert_trains_the_hand_recrop_step_as_fit_does() -> None:
     """MediaPipe's hand re-crop model at its batch 1 (PRELU, PAD, STRIDED_SLICE, MAX_POOL_2D,
