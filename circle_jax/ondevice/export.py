@@ -21,7 +21,8 @@ the other tensors).
 
 What the step cannot take is refused in one line (`ConfigError`, or
 `UnsupportedOperatorError` naming every operator without a backward rule on the trainable
-path) before anything is written: optimizers other than SGD (no momentum) and Adam,
+path) before anything is written: optimizers other than SGD (with or without momentum,
+Nesterov's too) and Adam,
 torch's optimizer family, Keras's normalising probability clip, a model whose graph does not
 follow the batch at a batch size other than its declared one.
 """
@@ -160,13 +161,20 @@ def _loss_spec(loss: str, reduction: str, num: Any) -> LossSpec:
 
 def _optimizer_spec(name: str, lr: float, kwargs: Mapping[str, Any], grad_scale: float
                     ) -> OptimizerSpec:
-    if name == "sgd":
-        if kwargs.get("momentum"):
-            raise ConfigError("the exported training step takes SGD without momentum")
-        hyperparameters(name, **kwargs)  # refuses keywords SGD does not take
-        return OptimizerSpec("sgd", lr)
+    if name in ("sgd", "momentum", "nesterov"):
+        hyper = hyperparameters(name, **kwargs)  # refuses keywords the optimizer does not take
+        momentum = float(hyper.get("momentum") or 0.0)
+        nesterov = name == "nesterov" or bool(kwargs.get("nesterov", False))
+        if not momentum:
+            if nesterov:
+                raise ConfigError("nesterov=True needs a non-zero momentum")
+            return OptimizerSpec("sgd", lr)
+        if not 0 <= momentum <= 1:
+            raise ConfigError(f"momentum must be in [0, 1], got {momentum}")
+        return OptimizerSpec("momentum", lr, momentum=momentum, nesterov=nesterov)
     if name not in _PLACEMENT_OF:
-        raise ConfigError(f"the exported training step takes sgd or adam, not {name!r}")
+        raise ConfigError(f"the exported training step takes sgd, momentum, nesterov or adam, "
+                          f"not {name!r}")
     kwargs = dict(kwargs)
     placement = _PLACEMENT_OF[name] or kwargs.pop("eps_placement", "tf")
     hyper = hyperparameters(name, **kwargs)

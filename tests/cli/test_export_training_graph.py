@@ -73,3 +73,20 @@ def test_the_signatures_packaging_from_the_command_line(tmp_path, capsys) -> Non
                  "--batch_size", "4", "--tflite", str(out)]) == 0
     sigs = {s.key for s in read_model(out.read_bytes()).signature_defs}
     assert sigs == {"train", "infer", "save", "restore"}
+
+
+def test_a_new_head_with_momentum_from_the_command_line(tmp_path, capsys) -> None:
+    """``--new_head K`` personalizes the model before its step is written (the head's params
+    are the state); ``--optimizer momentum --momentum M`` adds one slot per weight."""
+    path = shared_model("tfexamples_planestrike_mlp.tflite")
+    out, wof = tmp_path / "step.tflite", tmp_path / "step.wof"
+    assert main(["export", path, "--new_head", "3", "--seed", "7", "--training_graph",
+                 "functional", "--optimizer", "momentum", "--momentum", "0.5",
+                 "--batch_size", "4", "--tflite", str(out), "--wof", str(wof)]) == 0, \
+        capsys.readouterr().err
+    model = cj.load(path).personalize(new_head=3, seed=7)
+    same = export_training_graph(model, optimizer="momentum", batch_size=4,
+                                 optimizer_kwargs={"momentum": 0.5})
+    assert out.read_bytes() == same.model and wof.read_bytes() == same.wof
+    assert list(same.state) == ["head/weights", "head/bias", "head/weights/momentum",
+                                "head/bias/momentum"]

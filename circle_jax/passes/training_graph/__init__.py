@@ -1,8 +1,8 @@
 """The training step as builtin Circle/TFLite operators (issue 56): forward, loss, the
 backward down to the first trainable operator, and the optimizer's update, built from a
 model's IR and a training configuration (`functional_step`, `StepConfig`). One backward
-rule per operator, a module per family: `conv`, `dense`, `elementwise`, `pooling`,
-`reduce`, `shape`."""
+rule per operator, a module per family: `conv`, `dense`, `elementwise`, `indexing`,
+`pooling`, `reduce`, `resize`, `shape`, `slicing`."""
 
 from __future__ import annotations
 

@@ -1,12 +1,14 @@
-"""Backward rules of CONV_2D and DEPTHWISE_CONV_2D (NHWC input, filters ``[O, KH, KW, C]``
-and ``[1, KH, KW, C*M]``), from the cotangent ``gz`` before the fused activation.
+"""Backward rules of CONV_2D, DEPTHWISE_CONV_2D and TRANSPOSE_CONV (NHWC input, filters
+``[O, KH, KW, C]``, ``[1, KH, KW, C*M]``), from the cotangent ``gz`` before the fused
+activation (TRANSPOSE_CONV: see `transpose_conv`).
 
 - Bias: ``gz`` summed over batch and space.
 - Input: TRANSPOSE_CONV of ``gz`` to the input's shape, with the convolution's strides and
   padding (TRANSPOSE_CONV computes SAME padding from that shape as the convolution did):
   CONV_2D's filter transposed to ``[C, KH, KW, O]``; DEPTHWISE_CONV_2D's made the
   block-diagonal ``[C, KH, KW, C*M]`` (channel ``j`` of the output reads input channel
-  ``j // M``). Only undilated convolutions (TRANSPOSE_CONV has no dilation).
+  ``j // M``); a dilated convolution's filter with zeros between its taps (TRANSPOSE_CONV
+  has no dilation).
 - Filter: the correlation of the input with ``gz`` over batch and space, one CONV_2D with
   the batch as the channels: the input transposed to ``[C, H, W, N]`` and padded as the
   convolution pads it, filtered by ``gz`` transposed to ``[O, OH, OW, N]`` with stride = the
@@ -33,6 +35,32 @@ def _padding(size: int, k: int, stride: int, dilation: int, padding: int, out: i
     return before, extent - before - size
 
 
+def _pad_crop(b: Backward, t: int, pads: list[tuple[int, int]]) -> int:
+    """``t`` (NHWC) padded with zeros ``pads`` = [(top, bottom), (left, right)], a negative
+    after part cropping instead."""
+    e = b.e
+    (top, bottom), (left, right) = pads
+    t = e.pad(t, [(0, 0), (top, max(bottom, 0)), (left, max(right, 0)), (0, 0)])
+    n, hp, wp, c = e.shape(t)
+    return e.slice(t, [0, 0, 0, 0], [n, hp + min(bottom, 0), wp + min(right, 0), c])
+
+
+def _correlate(b: Backward, a: int, g: int, kernel: tuple[int, int], step: tuple[int, int],
+               dilation: tuple[int, int]) -> int:
+    """``[A, KH, KW, G]``: ``sum over n, i, j of a[n, f*step + i*dilation, :] g[n, i, j, :]``
+    for each tap f of the kernel (``a`` NHWC, padded; ``g`` [N, OH, OW, G]): one CONV_2D
+    with the batch as the channels, ``a`` transposed to ``[A, H, W, N]`` filtered by ``g``
+    transposed to ``[G, OH, OW, N]``, stride ``step`` and dilation ``dilation``, VALID."""
+    e = b.e
+    x = e.transpose(a, _NHWC_TO_CHWN)
+    c, n_out = e.shape(x)[0], e.shape(g)[3]
+    zero_bias = e.const(np.zeros(n_out, np.float32))  # LiteRT's CONV_2D needs one
+    return e.op("CONV_2D", [x, e.transpose(g, _NHWC_TO_CHWN), zero_bias],
+                (c, *kernel, n_out),
+                {"padding": ir.PAD_VALID, "stride_h": step[0], "stride_w": step[1],
+                 "dilation_h_factor": dilation[0], "dilation_w_factor": dilation[1]})
+
+
 def _filter_correlation(b: Backward, gz: int, n_out: int) -> int:
     """``[C, KH, KW, n_out]``: for each input channel c and output channel o, the
     correlation of input channel c with ``gz``'s channel o over batch and space."""
@@ -42,23 +70,38 @@ def _filter_correlation(b: Backward, gz: int, n_out: int) -> int:
     kh, kw = b.shape(1)[1:3]
     sh, sw = o.stride_h or 1, o.stride_w or 1
     dh, dw = o.dilation_h_factor or 1, o.dilation_w_factor or 1
-    top, bottom = _padding(h, kh, sh, dh, o.padding, oh)
-    left, right = _padding(w, kw, sw, dw, o.padding, ow)
-    x = e.transpose(b.x(0), _NHWC_TO_CHWN)
-    x = e.pad(x, [(0, 0), (top, max(bottom, 0)), (left, max(right, 0)), (0, 0)])
-    c, hp, wp, n = e.shape(x)
-    x = e.slice(x, [0, 0, 0, 0], [c, hp + min(bottom, 0), wp + min(right, 0), n])
-    g = e.transpose(gz, _NHWC_TO_CHWN)
-    zero_bias = e.const(np.zeros(n_out, np.float32))  # LiteRT's CONV_2D needs one
-    return e.op("CONV_2D", [x, g, zero_bias], (c, kh, kw, n_out),
-                {"padding": ir.PAD_VALID, "stride_h": dh, "stride_w": dw,
-                 "dilation_h_factor": sh, "dilation_w_factor": sw})
+    x = _pad_crop(b, b.x(0), [_padding(h, kh, sh, dh, o.padding, oh),
+                              _padding(w, kw, sw, dw, o.padding, ow)])
+    return _correlate(b, x, gz, (kh, kw), (dh, dw), (sh, sw))
+
+
+def _dilated(b: Backward, w: int) -> int:
+    """The filter ``w`` ``[A, KH, KW, B]`` with the convolution's dilation made zeros between
+    its taps, ``[A, (KH-1)*dh+1, (KW-1)*dw+1, B]``: per spatial axis, RESHAPE a unit axis
+    after it, PAD that axis to the dilation, RESHAPE the two into one, SLICE the trailing
+    zeros off (no operator for a dilation of 1)."""
+    e, o = b.e, b.op.options
+    for axis, d in ((1, o.dilation_h_factor or 1), (2, o.dilation_w_factor or 1)):
+        if d == 1:
+            continue
+        shape = list(e.shape(w))
+        k = shape[axis]
+        split = e.reshape(w, shape[:axis + 1] + [1] + shape[axis + 1:])
+        pads = [(0, 0)] * 5
+        pads[axis + 1] = (0, d - 1)
+        shape[axis] = k * d
+        spread = e.reshape(e.pad(split, pads), shape)
+        shape[axis] = (k - 1) * d + 1
+        w = e.slice(spread, [0, 0, 0, 0], shape)
+    return w
 
 
 def _input_grad(b: Backward, gz: int, weights: int) -> int:
+    """TRANSPOSE_CONV of ``gz`` to the input's shape with ``weights`` ``[C, KH, KW, O]``,
+    dilated as the convolution is (`_dilated`)."""
     e, o = b.e, b.op.options
     shape = b.shape(0)
-    return e.op("TRANSPOSE_CONV", [e.const(shape, "int32"), weights, gz], shape,
+    return e.op("TRANSPOSE_CONV", [e.const(shape, "int32"), _dilated(b, weights), gz], shape,
                 {"padding": o.padding, "stride_h": o.stride_h or 1, "stride_w": o.stride_w or 1})
 
 
@@ -99,12 +142,48 @@ def depthwise_conv_2d(b: Backward) -> Cotangents:
     return out
 
 
-def _dilated_input(b: Backward) -> str | None:
+def _transpose_pads(b: Backward) -> list[tuple[int, int]]:
+    """(before, after) per spatial dimension that pads TRANSPOSE_CONV's output to exactly
+    the positions ``i * stride - pad + f`` its input positions i and taps f reach (the
+    ``pad`` before: CONV_2D's SAME padding of a convolution from the output's size, as
+    LiteRT computes it; the after part negative: a crop)."""
     o = b.op.options
-    if 0 in b.wanted and max(o.dilation_h_factor or 1, o.dilation_w_factor or 1) > 1:
-        return "a dilated convolution's input gradient (TRANSPOSE_CONV has no dilation)"
-    return None
+    _, oh, ow, _ = b.e.shape(b.y)
+    _, h, w, _ = b.shape(2)
+    kh, kw = b.shape(1)[1:3]
+    pads = []
+    for size, n, k, s in ((oh, h, kh, o.stride_h or 1), (ow, w, kw, o.stride_w or 1)):
+        conv_out = -(-size // s)
+        pad = max((conv_out - 1) * s + k - size, 0) // 2 if o.padding == ir.PAD_SAME else 0
+        pads.append((pad, (n - 1) * s + k - pad - size))
+    return pads
 
 
-RULES = {"CONV_2D": Rule(conv_2d, _dilated_input),
-         "DEPTHWISE_CONV_2D": Rule(depthwise_conv_2d, _dilated_input)}
+def transpose_conv(b: Backward) -> Cotangents:
+    """TRANSPOSE_CONV (inputs: output shape, filter ``[O, KH, KW, C]``, x, bias?):
+    ``y[i*s - pad + f, o] += x[i, c] w[o, f, c]``. With ``gp`` the cotangent before the
+    activation padded to the positions reached (`_transpose_pads`): x's cotangent is the
+    CONV_2D of ``gp`` with the filter transposed to ``[C, KH, KW, O]`` at the strides
+    (VALID); the filter's is the correlation of ``gp`` with x at stride 1 and dilation = the
+    strides, ``[O, KH, KW, C]``; the bias's the sum of the cotangent."""
+    e, o = b.e, b.op.options
+    gz = activation_backward(b)
+    strides = (o.stride_h or 1, o.stride_w or 1)
+    gp = _pad_crop(b, gz, _transpose_pads(b))
+    out: Cotangents = {}
+    if 2 in b.wanted:
+        w = e.transpose(b.x(1), _NHWC_TO_CHWN)
+        zero_bias = e.const(np.zeros(b.shape(2)[3], np.float32))
+        out[2] = e.op("CONV_2D", [gp, w, zero_bias], b.shape(2),
+                      {"padding": ir.PAD_VALID, "stride_h": strides[0],
+                       "stride_w": strides[1]})
+    if 1 in b.wanted:
+        out[1] = _correlate(b, gp, b.x(2), b.shape(1)[1:3], (1, 1), strides)
+    if 3 in b.wanted and b.has(3):
+        out[3] = e.reduce("SUM", gz, [0, 1, 2], keep_dims=False)
+    return out
+
+
+RULES = {"TRANSPOSE_CONV": Rule(transpose_conv),
+         "CONV_2D": Rule(conv_2d),
+         "DEPTHWISE_CONV_2D": Rule(depthwise_conv_2d)}

@@ -2,6 +2,9 @@
 (`circle_jax.optim`).
 
 - SGD: ``w -= lr * g``.
+- momentum (SGD with momentum ``mu``, optax's ``trace`` as `circle_jax.optim.sgd` takes
+  it), one slot ``m`` per weight: ``m = g + mu * m``, ``w -= lr * m``; Nesterov's steps
+  along ``g + mu * m`` (the new ``m``) instead.
 - Adam, with ``t`` the updates made so far plus one and slots ``m``, ``v`` per weight and
   one int32 step count:
 
@@ -24,7 +27,7 @@ import numpy as np
 
 from .emit import Emitter
 
-OPTIMIZERS = ("sgd", "adam")
+OPTIMIZERS = ("sgd", "momentum", "adam")
 PLACEMENTS = ("tf", "optax", "onert_micro")
 
 
@@ -39,6 +42,8 @@ class OptimizerSpec:
     eps: float = 1e-7
     eps_placement: str = "tf"
     grad_scale: float = 1.0
+    momentum: float = 0.9
+    nesterov: bool = False
 
     def __post_init__(self) -> None:
         if self.name not in OPTIMIZERS:
@@ -50,9 +55,12 @@ class OptimizerSpec:
 
     def slots(self, weights: list[tuple[str, np.ndarray]]) -> list[tuple[str, np.ndarray]]:
         """The optimizer's state after the weights, with initial values: Adam's ``m`` of
-        every weight, then its ``v``, then the step count."""
+        every weight, then its ``v``, then the step count; momentum's ``m`` of every
+        weight."""
         if self.name == "sgd":
             return []
+        if self.name == "momentum":
+            return [(f"{n}/momentum", np.zeros_like(w)) for n, w in weights]
         return ([(f"{n}/m", np.zeros_like(w)) for n, w in weights]
                 + [(f"{n}/v", np.zeros_like(w)) for n, w in weights]
                 + [("adam/step", np.zeros((), np.int32))])
@@ -66,6 +74,14 @@ def emit_update(e: Emitter, spec: OptimizerSpec, weights: list[int], grads: list
     lr = e.scalar(spec.learning_rate)
     if spec.name == "sgd":
         return [e.sub(w, e.mul(g, lr)) for w, g in zip(weights, grads)], []
+    if spec.name == "momentum":
+        new_w, new_m = [], []
+        for w, g, m in zip(weights, grads, slots):
+            m2 = e.add(g, e.scale(m, spec.momentum))
+            step = e.add(g, e.scale(m2, spec.momentum)) if spec.nesterov else m2
+            new_w.append(e.sub(w, e.mul(step, lr)))
+            new_m.append(m2)
+        return new_w, new_m
     n = len(weights)
     ms, vs, count = slots[:n], slots[n:2 * n], slots[2 * n]
     new_count = e.binary("ADD", count, e.const(1, "int32"), dtype="int32")

@@ -1,16 +1,15 @@
 """Backward rules of AVERAGE_POOL_2D and MAX_POOL_2D (NHWC), from the cotangent ``gz``
 before the fused activation.
 
-Both spread values of the output back over each window with :func:`spread`: the channels
-moved into the batch (``[N*C, OH, OW, 1]``), one TRANSPOSE_CONV with an all-ones
-``[1, KH, KW, 1]`` filter and the pool's strides and padding, moved back. Each input
-position then holds the sum, over the windows that contain it, of their values.
-
 - AVERAGE_POOL_2D: ``spread(gz / count)``, ``count`` the input positions each window
-  averages (padding left out, as LiteRT's kernel averages).
-- MAX_POOL_2D, windows that do not overlap (strides >= filter size): ``spread(gz)`` where
-  the input equals ``spread(y)``, its window's maximum, else 0. (A tie in one window gives
-  each tied position the gradient; random inputs have none.)
+  averages (padding left out, as LiteRT's kernel averages). :func:`spread` puts values of
+  the output back over each window: the channels moved into the batch
+  (``[N*C, OH, OW, 1]``), one TRANSPOSE_CONV with an all-ones ``[1, KH, KW, 1]`` filter and
+  the pool's strides and padding, moved back; each input position then holds the sum, over
+  the windows that contain it, of their values.
+- MAX_POOL_2D, any windows (overlapping ones too): each window's cotangent goes to its
+  first maximum in row-major order, as TF's and circle-jax's reference gradient take it
+  (`max_pool_2d`: the windows' taps as channels, TRANSPOSE_CONV with one-hot filters).
 """
 
 from __future__ import annotations
@@ -62,18 +61,55 @@ def average_pool_2d(b: Backward) -> Cotangents:
     return {0: spread(b, e.div(gz, counts))}
 
 
-def max_pool_2d(b: Backward) -> Cotangents:
-    e = b.e
-    gz = activation_backward(b)
-    at_max = e.mask("EQUAL", b.x(0), spread(b, b.y))
-    return {0: e.mul(spread(b, gz), at_max)}
-
-
-def _overlapping(b: Backward) -> str | None:
+def _taps(b: Backward) -> tuple[np.ndarray, np.ndarray]:
+    """The one-hot filter ``[1, KH, KW, T]`` (tap t = row-major window position) and
+    ``[1, OH, OW, T]``: 0 where tap t of a window lies inside the input, -3e38 in the
+    padding."""
+    _, h, w, _ = b.shape(0)
+    _, oh, ow, _ = b.e.shape(b.y)
     kh, kw, sh, sw = _window(b)
-    return None if sh >= kh and sw >= kw else \
-        f"overlapping windows {kh}x{kw} at strides {sh}x{sw} (the rule: strides >= filter)"
+    taps = np.eye(kh * kw, dtype=np.float32).reshape(1, kh, kw, kh * kw)
+
+    def inside(size: int, k: int, s: int, n_out: int) -> np.ndarray:
+        before = max((n_out - 1) * s + k - size, 0) // 2 \
+            if b.op.options.padding == ir.PAD_SAME else 0
+        pos = np.arange(n_out)[:, None] * s - before + np.arange(k)[None, :]
+        return (pos >= 0) & (pos < size)  # [n_out, k]
+
+    ok = inside(h, kh, sh, oh)[:, None, :, None] & inside(w, kw, sw, ow)[None, :, None, :]
+    penalty = np.where(ok.reshape(oh, ow, kh * kw), 0.0, -3e38).astype(np.float32)
+    return taps, penalty.reshape(1, oh, ow, kh * kw)
 
 
-RULES = {"AVERAGE_POOL_2D": Rule(average_pool_2d),
-         "MAX_POOL_2D": Rule(max_pool_2d, _overlapping)}
+def max_pool_2d(b: Backward) -> Cotangents:
+    """The windows' values as channels, one per tap: DEPTHWISE_CONV_2D of the input (channels
+    moved into the batch, ``[N*C, H, W, 1]``) with the one-hot filter of the taps, the
+    padding's taps pushed to -3e38; a window's maximum its REDUCE_MAX; its first maximum
+    the tap equal to it with no equal tap before it (an exclusive CUMSUM of the equalities
+    is 0). The cotangent times that one-hot, put back by TRANSPOSE_CONV with the same
+    filter and geometry, and moved back to NHWC."""
+    e, o = b.e, b.op.options
+    n, h, w, c = b.shape(0)
+    kh, kw, sh, sw = _window(b)
+    gz = activation_backward(b)
+    _, oh, ow, _ = e.shape(gz)
+    t = kh * kw
+    taps, penalty = _taps(b)
+    filt = e.const(taps)
+    geometry = {"padding": o.padding, "stride_h": sh, "stride_w": sw}
+    rows = e.reshape(e.transpose(b.x(0), (0, 3, 1, 2)), (n * c, h, w, 1))
+    windows = e.op("DEPTHWISE_CONV_2D", [rows, filt, e.const(np.zeros(t, np.float32))],
+                   (n * c, oh, ow, t), {**geometry, "depth_multiplier": t})
+    windows = e.add(windows, e.const(penalty))
+    top = e.reduce("REDUCE_MAX", windows, [3], keep_dims=True)
+    equal = e.mask("EQUAL", windows, top)
+    before = e.op("CUMSUM", [equal, e.const(3, "int32")], e.shape(equal),
+                  {"exclusive": True, "reverse": False})
+    first = e.mul(equal, e.mask("EQUAL", before, e.scalar(0.0)))
+    g_rows = e.reshape(e.transpose(gz, (0, 3, 1, 2)), (n * c, oh, ow, 1))
+    full = e.op("TRANSPOSE_CONV", [e.const((n * c, h, w, 1), "int32"), filt,
+                                   e.mul(first, g_rows)], (n * c, h, w, 1), geometry)
+    return {0: e.transpose(e.reshape(full, (n, c, h, w)), (0, 2, 3, 1))}
+
+
+RULES = {"AVERAGE_POOL_2D": Rule(average_pool_2d), "MAX_POOL_2D": Rule(max_pool_2d)}

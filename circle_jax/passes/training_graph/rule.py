@@ -4,7 +4,9 @@ A rule is a function ``rule(b: Backward) -> {input position: cotangent tensor}``
 the builtin operators of its operator's vector-Jacobian product and returns the
 cotangents of the inputs ``b.wanted`` names (it may return more; only wanted ones are used).
 A rule's optional ``refuse(b)`` names what of the operator it cannot differentiate (None:
-it can), before anything is emitted.
+it can), before anything is emitted. An operator of several outputs (SPLIT) has a rule
+marked ``many_outputs``: it reads each output's cotangent with ``b.cotangent(k)``, zeros
+for an output the loss does not read.
 """
 
 from __future__ import annotations
@@ -12,18 +14,31 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
+
 from ...graph import ir
 from .emit import Emitter, Shape
 
 
 @dataclass(frozen=True)
 class Backward:
-    """One operator's backward: ``grad`` is the cotangent tensor of its output 0."""
+    """One operator's backward: ``grad`` is the cotangent tensor of its output 0;
+    ``grads`` that of each output (None: the output gets none), for many-output rules."""
 
     e: Emitter
     op: ir.Operator
     grad: int
     wanted: frozenset[int]
+    grads: tuple[int | None, ...] = ()
+
+    def cotangent(self, k: int) -> int:
+        """The cotangent of output ``k``: zeros where the output gets none."""
+        grads = self.grads or (self.grad,)
+        g = grads[k] if k < len(grads) else None
+        if g is None:
+            out = self.op.outputs[k]
+            return self.e.const(np.zeros(self.e.shape(out), np.float32))
+        return g
 
     def x(self, pos: int) -> int:
         """The tensor index of input ``pos``."""
@@ -47,10 +62,12 @@ Cotangents = dict[int, int]
 
 @dataclass(frozen=True)
 class Rule:
-    """A backward rule and, optionally, what it refuses (None: it takes every option)."""
+    """A backward rule, optionally what it refuses (None: it takes every option), and
+    whether it takes operators of several outputs."""
 
     backward: Callable[[Backward], Cotangents]
     refuse: Callable[[Backward], str | None] | None = None
+    many_outputs: bool = False
 
 
 #: The clamp range of each fused activation LiteRT's float kernels apply (TANH and SIGN_BIT

@@ -28,15 +28,15 @@ import numpy as np
 
 from ...errors import UnsupportedOperatorError
 from ...graph import ir
-from . import conv, dense, elementwise, pooling, reduce, shape
+from . import conv, dense, elementwise, indexing, pooling, reduce, resize, shape, slicing
 from .emit import Emitter, Shape
 from .loss import LossSpec, emit_loss
 from .optimizer import OptimizerSpec, emit_update
 from .rule import Backward, Rule
 
 #: Operator -> its backward rule.
-RULES: dict[str, Rule] = {name: rule for family in (conv, dense, elementwise, pooling, reduce,
-                                                    shape)
+RULES: dict[str, Rule] = {name: rule for family in (conv, dense, elementwise, indexing, pooling,
+                                                    reduce, resize, shape, slicing)
                           for name, rule in family.RULES.items()}
 
 
@@ -120,7 +120,7 @@ def unsupported(model: ir.Model, config: StepConfig) -> list[str]:
     found = []
     for op in ops:
         rule = RULES.get(op.key)
-        if rule is None or len(op.outputs) != 1:
+        if rule is None or (len(op.outputs) != 1 and not rule.many_outputs):
             found.append(f"{op.key} #{op.index}")
             continue
         why = rule.refuse(Backward(e, op, -1, _wanted(op, path))) if rule.refuse else None
@@ -152,11 +152,15 @@ def _detached(sg: ir.Subgraph) -> ir.Subgraph:
 
 
 def _rebatched(e: Emitter, op: ir.Operator) -> ir.Operator:
-    """``op`` renumbered; a RESHAPE asks for its output's shape at the training batch."""
-    if op.type != "RESHAPE":
-        return op
+    """``op`` renumbered; a RESHAPE or TRANSPOSE_CONV asks for its output's shape at the
+    training batch."""
     out = e.shape(op.outputs[0])
     inputs = list(op.inputs)
+    if op.type == "TRANSPOSE_CONV":
+        inputs[0] = e.const(out, "int32")
+        return replace(op, inputs=tuple(inputs))
+    if op.type != "RESHAPE":
+        return op
     if len(inputs) > 1 and inputs[1] >= 0:
         inputs[1] = e.const(out, "int32")
     options = dict(op.options)
@@ -214,11 +218,14 @@ def _backward(e: Emitter, sg: ir.Subgraph, config: StepConfig, grad: int) -> dic
     ops, path = _backward_ops(sg, config)
     cot = {config.reads: grad}
     for op in reversed(ops):
-        y = op.outputs[0]
-        if y not in cot:
+        grads = tuple(cot.get(y) for y in op.outputs)
+        if all(g is None for g in grads):
             continue
         wanted = _wanted(op, path)
-        for pos, g in RULES[op.key].backward(Backward(e, op, cot[y], wanted)).items():
+        b = Backward(e, op, grads[0] if grads[0] is not None else -1, wanted, grads)
+        if grads[0] is None:
+            b = replace(b, grad=b.cotangent(0))
+        for pos, g in RULES[op.key].backward(b).items():
             if pos not in wanted:
                 continue
             x = op.inputs[pos]

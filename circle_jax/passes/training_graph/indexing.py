@@ -1,0 +1,45 @@
+"""Backward rule of GATHER (``batch_dims`` 0): the cotangent of the params, an embedding
+table among them, from the output's cotangent ``g`` of shape
+``params[:axis] + indices + params[axis+1:]``.
+
+``g`` is transposed to put the index dimensions first and flattened to one row per index;
+SCATTER_ND adds each row at its index of a zero table with the gathered axis first (an index
+gathered twice gets the sum of its rows), transposed back to the params' layout. The
+indices are int32 or int64 (CAST to int32) and lie in ``[0, params.shape[axis])`` (LiteRT's
+GATHER refuses others). The indices get no cotangent.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .rule import Backward, Cotangents, Rule
+
+
+def gather(b: Backward) -> Cotangents:
+    e = b.e
+    params, indices = b.shape(0), b.shape(1)
+    axis = int(b.op.options.axis or 0) % len(params)
+    before, after = params[:axis], params[axis + 1:]
+    ni = len(indices)
+    # g: before + indices + after -> indices + before + after
+    perm = [*range(axis, axis + ni), *range(axis), *range(axis + ni, axis + ni + len(after))]
+    rows = e.reshape(e.transpose(b.grad, perm) if perm != sorted(perm) else b.grad,
+                     (math.prod(indices), *before, *after))
+    ind = b.x(1)
+    if e.dtype(ind) != "int32":
+        ind = e.op("CAST", [ind], indices, dtype="int32")
+    ind = e.reshape(ind, (math.prod(indices), 1))
+    table = e.scatter_nd(ind, rows, (params[axis], *before, *after))
+    # table: [n] + before + after -> before + [n] + after
+    back = [*range(1, axis + 1), 0, *range(axis + 1, len(params))]
+    return {0: e.transpose(table, back) if axis else table}
+
+
+def _refusal(b: Backward) -> str | None:
+    if b.op.options.batch_dims:
+        return f"batch_dims {b.op.options.batch_dims} (the rule: 0)"
+    return None
+
+
+RULES = {"GATHER": Rule(gather, _refusal)}

@@ -1,0 +1,65 @@
+"""Which models of the sweep (`tests.model_zoo.all_models`, and the torch conversions of
+tests/data/torch) export their training step of every weight (`export_training_graph`'s
+refusals, checked before anything is built): every model exports but those pinned in
+``REFUSED``, each refused in one line naming the reason. A model dropped into
+../shared/models is covered without writing a test. The exports' training is checked
+against ``fit`` in ``tests/passes/test_training_graph.py``.
+
+The step is configured at batch 2, or at the declared batch where the graph does not follow
+the batch (`Model.batch_blocker`; 1 for a scalar input). About 5 s for the 41 models.
+"""
+
+from __future__ import annotations
+
+import glob
+import os
+
+import pytest
+
+import circle_jax as cj
+from circle_jax.ondevice import step_config
+from circle_jax.passes.training_graph import unsupported
+from tests import model_zoo
+from tests.paths import REPO_ROOT
+
+TORCH = sorted(f"torch:{os.path.basename(p)}"
+               for p in glob.glob(f"{REPO_ROOT}/tests/data/torch/*.tflite"))
+OUTSIDE = "trainable params outside subgraph 0 cannot be exported"
+
+# What the known models refuse (a substring of the one-line refusal)
+REFUSED = {
+    "aeq_bmm.tflite": "nothing trains",  # two runtime inputs, no weight
+    "aeq_sdpa_composite.tflite": "STABLEHLO_COMPOSITE #",
+    "aeq_toy_transformer_kv_cache_2sig.tflite": OUTSIDE,
+    "one_vscode_while_000.circle": OUTSIDE,  # the WHILE body's weight
+    "tflm_mnist_lstm_float.tflite": "UNIDIRECTIONAL_SEQUENCE_LSTM #0",
+    "keras:lstm.tflite": OUTSIDE,
+    "keras:lstm_b16.tflite": OUTSIDE,
+}
+# shapes of its own (a waveform of at least 512 samples, `model_zoo.SAMPLE_SHAPES`)
+SKIPPED = {"oww_melspectrogram.tflite"}
+
+
+def _outcome(name: str) -> str:
+    """"exports", or the refusal's line."""
+    src = name.replace("torch:", f"{REPO_ROOT}/tests/data/torch/") \
+        if name.startswith("torch:") else model_zoo.source(name)
+    model = cj.load(src)
+    declared = model.inputs[0].shape
+    batch = 2 if model.batch_blocker is None else (declared[0] if declared else 1)
+    try:
+        config = step_config(model, batch_size=batch, trainable=-1)
+    except cj.CircleJaxError as e:
+        return str(e)
+    missing = unsupported(model.ir, config)
+    return f"no rule: {', '.join(missing)}" if missing else "exports"
+
+
+@pytest.mark.parametrize("name", [n for n in model_zoo.all_models() + TORCH
+                                  if n not in SKIPPED])
+def test_every_model_exports_its_step_or_is_pinned(name: str) -> None:
+    outcome = _outcome(name)
+    if name in REFUSED:
+        assert REFUSED[name] in outcome and "\n" not in outcome, outcome
+    else:
+        assert outcome == "exports", outcome
