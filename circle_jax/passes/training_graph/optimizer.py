@@ -85,8 +85,8 @@ def emit_update(e: Emitter, spec: OptimizerSpec, weights: list[int], grads: list
     n = len(weights)
     ms, vs, count = slots[:n], slots[n:2 * n], slots[2 * n]
     new_count = e.binary("ADD", count, e.const(1, "int32"), dtype="int32")
-    t = e.op("CAST", [new_count], ())
     one = e.scalar(1.0)
+    t = e.add(e.op("CAST", [count], ()), one)  # float(new_count) below 2**24
     fix1 = e.sub(one, e.binary("POW", e.scalar(spec.b1), t))  # 1 - b1**t
     fix2 = e.sub(one, e.binary("POW", e.scalar(spec.b2), t))
     new_w, new_m, new_v = [], [], []

@@ -169,6 +169,17 @@ def _rebatched(e: Emitter, op: ir.Operator) -> ir.Operator:
     return replace(op, inputs=tuple(inputs), options=ir.Options(options))
 
 
+def _unread(e: Emitter, t: int) -> int:
+    """``t``, or where an operator reads it, an exact copy of it that none reads (``t * 1``):
+    no output of the step is also an operator's input, as onert's inference session
+    overwrites such an output's buffer (tests/ondevice/test_functional_step_in_onert.py).
+    Only float outputs are read (Adam's new step count is not: `emit_update`)."""
+    if not any(t in op.inputs for op in e.operators):
+        return t
+    assert e.tensors[t].dtype == "float32", e.tensors[t]
+    return e.mul(t, e.scalar(1.0))
+
+
 def functional_step(model: ir.Model, config: StepConfig, params: Mapping[str, np.ndarray]
                     ) -> TrainingStep:
     """The ``functional`` training step of ``model`` (module docstring), its state
@@ -190,7 +201,6 @@ def functional_step(model: ir.Model, config: StepConfig, params: Mapping[str, np
     slot_values = config.optimizer.slots(values)
     slots = [e.tensor(name, v.shape, v.dtype.name) for name, v in slot_values]
     loss, grad = emit_loss(e, config.loss, pred, target)
-    e.tensors[loss] = replace(e.tensors[loss], name="loss")
     grads = _backward(e, sg, config, grad)
     weight_grads = [grads.get(i) if i in grads else e.const(np.zeros(e.shape(i), np.float32))
                     for i in weights]
@@ -198,6 +208,8 @@ def functional_step(model: ir.Model, config: StepConfig, params: Mapping[str, np
     state_in = [*weights, *slots]
     state_out = [*new_weights, *new_slots]
     names = [name for name, _ in values] + [name for name, _ in slot_values]
+    loss, state_out = _unread(e, loss), [_unread(e, t) for t in state_out]
+    e.tensors[loss] = replace(e.tensors[loss], name="loss")
     for name, t in zip(names, state_out):
         e.tensors[t] = replace(e.tensors[t], name=f"new/{name}")
     inputs = (*sg.inputs, target, *state_in)
