@@ -63,7 +63,7 @@ from ..graph import ir
 from ..interop.onert import onert_checkpoint_order
 from ..lowering.interpreter import RANGES
 from ..model import Model
-from ..optim import AccumulateState, AdamTFState
+from ..optim import AccumulateState, AdamTFState, SparseAdamState
 from ..train import (
     Trainer,
     TrainState,
@@ -77,7 +77,8 @@ Order = str | Sequence[int]
 ASCENDING_MARK = 1
 """Header byte 3 of circle-jax's ascending-order checkpoints (onert writes 0 and ignores it)."""
 
-_MOMENTS = (AdamTFState, optax.ScaleByAdamState)  # states whose mu/nu are Adam's m and v
+#: states whose mu/nu are Adam's m and v
+_MOMENTS = (AdamTFState, SparseAdamState, optax.ScaleByAdamState)
 
 
 def constant_tensors(model: Model) -> tuple[int, ...]:

@@ -55,6 +55,7 @@ from circle_jax.optim.precision import (
     master_weights_needed,
     to_dtype,
 )
+from circle_jax.optim.sparse_adam import SparseAdamState, keras_sparse_adam
 
 __all__ = [
     "FLOAT32_OPERATORS",
@@ -75,6 +76,7 @@ __all__ = [
     "OverflowPolicy",
     "Policy",
     "ScaledGrads",
+    "SparseAdamState",
     "StaticLossScale",
     "accumulate",
     "accumulate_in_step",
@@ -88,6 +90,7 @@ __all__ = [
     "has_updated",
     "hyperparameters",
     "is_update_step",
+    "keras_sparse_adam",
     "loss_scale_from_spec",
     "master_weights_needed",
     "optimizer_name",

@@ -19,6 +19,7 @@ import optax
 
 from circle_jax.codes import CodeTable, normalize_name
 from circle_jax.errors import ConfigError
+from circle_jax.optim.sparse_adam import adam_tf_moments, keras_sparse_adam
 
 ScalarOrSchedule = float | jax.Array | Callable[[jax.Array], jax.Array]
 
@@ -65,57 +66,21 @@ def adam_tf(
     gives the same bits as ``w -= ...``. Differs from `optax.adam`, whose eps is effectively
     ``eps * sqrt(1 - b2**t)``. Constants such as ``1 - b1`` are computed in the parameter
     dtype, as TF's kernel does (Keras 3 rounds the float64 ``1 - b1`` instead: a few ulps).
-
-    ``update(g, state, params, squares=tree)`` (an optax extra argument) gives, per leaf,
-    what ``v`` takes instead of ``g*g`` (None leaves: ``g*g``): Keras's Adam on a sparse
-    gradient (an embedding table's IndexedSlices, one row per index occurrence) gets the sum
-    over occurrences of the squared row gradients there, while ``m`` gets their sum ``g``,
-    and every row's ``m`` and ``v`` decay and every row moves, seen or not (measured on
-    Keras 3.15.1 / TF 2.21: a row absent from a step's batch has ``m`` and ``v`` times
-    ``b1`` and ``b2``; `circle_jax.lowering.interpreter.RowSquares` computes the sums).
+    Keras's Adam on sparse gradients (embedding tables) is
+    `circle_jax.optim.sparse_adam.keras_sparse_adam`.
     """
 
     def init_fn(params: optax.Params) -> AdamTFState:
         zeros = jax.tree.map(jnp.zeros_like, params)
         return AdamTFState(count=jnp.zeros([], jnp.int32), mu=zeros, nu=zeros)
 
-    def update_fn(updates, state: AdamTFState, params=None, *, squares=None, **extra):
-        del params, extra
-        lr = _lr_at(learning_rate, state.count)
-        t = optax.safe_int32_increment(state.count)
-
-        def consts(dt):
-            return jnp.ones([], dt), jnp.asarray(b1, dt), jnp.asarray(b2, dt)
-
-        def new_m(g, m):
-            one, b1_, _ = consts(m.dtype)
-            return m + (g.astype(m.dtype) - m) * (one - b1_)
-
-        def new_v(g, v, sq=None):
-            one, _, b2_ = consts(v.dtype)
-            g = g.astype(v.dtype)
-            sq = g * g if sq is None else sq.astype(v.dtype)
-            return v + (sq - v) * (one - b2_)
-
-        alphas: dict = {}
-
-        def alpha(dt):  # once per dtype, not per leaf (the same operations: the same bits)
-            if dt not in alphas:
-                one, b1_, b2_ = consts(dt)
-                tt = t.astype(dt)
-                alphas[dt] = lr.astype(dt) * jnp.sqrt(one - b2_**tt) / (one - b1_**tt)
-            return alphas[dt]
-
-        def step(m, v):
-            return -(alpha(m.dtype) * m / (jnp.sqrt(v) + jnp.asarray(eps, m.dtype)))
-
-        m = jax.tree.map(new_m, updates, state.mu)
-        v = (jax.tree.map(new_v, updates, state.nu) if squares is None
-             else jax.tree.map(new_v, updates, state.nu, squares))
-        u = jax.tree.map(step, m, v)
+    def update_fn(updates, state: AdamTFState, params=None):
+        del params
+        u, t, m, v = adam_tf_moments(learning_rate, b1, b2, eps, updates, state.count,
+                                     state.mu, state.nu)
         return u, AdamTFState(count=t, mu=m, nu=v)
 
-    return optax.GradientTransformationExtraArgs(init_fn, update_fn)
+    return optax.GradientTransformation(init_fn, update_fn)
 
 
 class DecoupledWeightDecayState(NamedTuple):
@@ -162,6 +127,12 @@ def _check_placement(eps_placement: str) -> str:
     return eps_placement
 
 
+def _check_sparse(sparse_rows: bool, placement: str) -> None:
+    if sparse_rows and placement != "tf":
+        raise ConfigError(f"Keras's sparse-gradient Adam takes eps_placement 'tf', not "
+                          f"{placement!r}")
+
+
 def sgd(
     learning_rate: ScalarOrSchedule, momentum: float = 0.0, nesterov: bool = False
 ) -> optax.GradientTransformation:
@@ -181,6 +152,7 @@ def adam(
     b2: float = 0.999,
     eps: float = 1e-7,
     eps_placement: str = "tf",
+    sparse_rows: bool = False,
 ) -> optax.GradientTransformation:
     """Adam with a choice of where ``eps`` goes (``m_hat``, ``v_hat``: bias-corrected moments).
 
@@ -189,8 +161,13 @@ def adam(
     - ``"onert_micro"``: ``m_hat / sqrt(v_hat + eps)``, i.e. ``optax.adam(eps=0, eps_root=eps)``.
 
     ``eps`` defaults to Keras'/onert's 1e-7 for every placement (optax's own default is 1e-8).
+    ``sparse_rows`` (``"tf"`` only): Keras's Adam on sparse gradients,
+    `circle_jax.optim.sparse_adam.keras_sparse_adam`.
     """
     placement = _check_placement(eps_placement)
+    _check_sparse(sparse_rows, placement)
+    if sparse_rows:
+        return keras_sparse_adam(learning_rate, b1, b2, eps)
     if placement == "tf":
         return adam_tf(learning_rate, b1, b2, eps)
     if placement == "optax":
@@ -206,14 +183,17 @@ def adamw(
     weight_decay: float = 0.004,
     eps_placement: str = "tf",
     mask: Any = None,
+    sparse_rows: bool = False,
 ) -> optax.GradientTransformation:
     """Adam with decoupled weight decay ``w -= lr * weight_decay * w``; defaults as Keras AdamW.
 
     ``eps_placement`` as in `adam`; ``"optax"`` is exactly `optax.adamw`. ``mask`` (a pytree of
     bools or a function of params) selects the decayed leaves. Keras decays before the Adam
-    step, here both are summed into one update: equal up to float rounding.
+    step, here both are summed into one update: equal up to float rounding. ``sparse_rows`` as
+    in `adam`.
     """
     placement = _check_placement(eps_placement)
+    _check_sparse(sparse_rows, placement)
     if placement == "optax":
         return optax.adamw(learning_rate, b1, b2, eps, weight_decay=weight_decay, mask=mask)
     if placement == "onert_micro":
@@ -223,7 +203,7 @@ def adamw(
     decay = decoupled_weight_decay(learning_rate, weight_decay)
     if mask is not None:
         decay = optax.masked(decay, mask)
-    return optax.chain(adam_tf(learning_rate, b1, b2, eps), decay)
+    return optax.chain(adam(learning_rate, b1, b2, eps, sparse_rows=sparse_rows), decay)
 
 
 def rmsprop(

@@ -2,11 +2,12 @@
 and ``fit``, the one loop around them.
 
 Modules: `config` (what a run is, resolved once), `state` (the values passed around),
-`data` (checks, validation split, batches), `trainer` (the step, its data flow, and the
-compiled epochs), `step` (``make_train_step``: that step as pure ``init`` and ``step``),
-`loop` (``fit``: epochs, chunks, callbacks, resumption), `programs`
-(compiled programs kept on disk between runs), `dispatch` (CPU programs run on the calling
-thread), `memory` (freed host memory kept for the next call).
+`data` (checks, validation split, batches), `compose` (the step: a core update and the
+transforms around it), `trainer` (the step's data flow, and the compiled epochs),
+`step` (``make_train_step``: that step as pure ``init`` and ``step``), `loop` (``fit``:
+epochs, chunks, callbacks, resumption), `programs` (compiled programs kept on disk between
+runs), `dispatch` (CPU programs run on the calling thread), `memory` (freed host memory
+kept for the next call).
 
 The package imports lazily (PEP 562), as ``circle_jax`` does: ``circle_jax.train.dispatch``
 and ``circle_jax.train.programs`` import without the trainer and the model's layers, so

@@ -299,14 +299,16 @@ def loss_function(config: TrainConfig, reduction: Reduction, from_logits: bool, 
     return get_loss(config.loss, **kwargs)
 
 
-def optimizer(config: TrainConfig, numerics: Any, reduction: Reduction
-              ) -> optax.GradientTransformation:
+def optimizer(config: TrainConfig, numerics: Any, reduction: Reduction,
+              sparse_rows: bool = False) -> optax.GradientTransformation:
     """The configuration's optimizer in the numerics profile's family and options
     (`circle_jax.train.numerics`): scaled by the batch size where the profile sums the
     batch's gradients under a mean loss, and accumulating ``accumulate`` steps' gradients
-    per update in "stream" mode."""
+    per update in "stream" mode. ``sparse_rows``: Keras's sparse-gradient Adam
+    (`circle_jax.optim.keras_sparse_adam`), for embedding tables that train."""
     tx = get_optimizer(config.optimizer, config.learning_rate, numerics.optimizers,
-                       **numerics.optimizer_kwargs)
+                       **numerics.optimizer_kwargs, **({"sparse_rows": True} if sparse_rows
+                                                       else {}))
     if numerics.sum_gradients and reduction is Reduction.SUM_OVER_BATCH_SIZE:
         tx = optax.chain(optax.scale(float(config.batch_size)), tx)
     if config.accumulate_mode == "stream" and config.accumulate > 1:

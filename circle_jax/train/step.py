@@ -2,8 +2,9 @@
 
 ``init(params) -> state`` and ``step(state, batch) -> (state, metrics)`` are pure and
 jit-able: no host work, no side effects, the same values for the same arguments. They are
-`Trainer.train_step`, the one training step ``fit``, `Trainer`'s compiled epochs and the
-checkpoint driver run (the same configuration gives the same step, value for value), with
+`Trainer.train_step` (the step composed in `circle_jax.train.compose`), the one training
+step ``fit``, `Trainer`'s compiled epochs and the checkpoint driver run (the same
+configuration gives the same step, value for value), with
 the frozen params carried in the state beside the `TrainState` so that nothing is closed
 over but the model and the configuration.
 """

@@ -19,18 +19,16 @@ from ..errors import ConfigError, DataError
 from ..losses import loss_name
 from ..lowering.interpreter import RANGES, RowSquares
 from ..model import Model
-from ..ops.fake_quant import moving_average
 from ..optim import (
     NoLossScale,
     Policy,
     get_policy,
     loss_scale_from_spec,
     optimizer_name,
-    scaled_value_and_grad,
-    select_tree,
 )
 from ..optim.flat import Packed, flattened, packable, per_weight, raveled
 from ..optim.precision import float32_weight_grads, grad_cast
+from .compose import training_step
 from .config import (
     TrainConfig,
     check_loss_output,
@@ -96,7 +94,6 @@ class Trainer(Scoring, AheadOfTime):
             self.loss_output)
         self.loss_fn = loss_function(config, reduction, self.numerics.from_logits,
                                      self.numerics.clip)
-        self.per_weight_tx = optimizer(config, self.numerics, reduction)  #: see `tx`
         self.micro_batches = config.accumulate if config.accumulate_mode == "in_step" else 1
         acc_reduction = "sum" if reduction.value == "sum" else "mean"
         # Masters and the loss are float32 at least; a float64 policy trains in float64.
@@ -119,12 +116,14 @@ class Trainer(Scoring, AheadOfTime):
                               "tables with Keras's sparse-gradient Adam, which does not combine "
                               "with gradient accumulation or loss scaling; drop those, or use "
                               "a profile with embedding_adam='dense'")
-        self._grads = {in_loop: scaled_value_and_grad(
-            functools.partial(self._loss, in_loop=in_loop), config.on_overflow, has_aux=True,
-            micro_batches=self.micro_batches, reduction=acc_reduction,
-            micro_batch_groups=1 if placement is None else placement.size,
-            test_unscaled=False,  # unscaled updates are all applied (see train_step)
-        ) for in_loop in (False, True)}
+        #: the configuration's optimizer, one state per weight (see `tx`)
+        self.per_weight_tx = optimizer(config, self.numerics, reduction,
+                                       sparse_rows=bool(self.row_squares))
+        self._step_options = {"on_overflow": config.on_overflow, "micro_batches":
+                              self.micro_batches, "reduction": acc_reduction,
+                              "micro_batch_groups": 1 if placement is None else placement.size,
+                              # unscaled updates are all applied (`compose.skip_overflows`)
+                              "test_unscaled": False}
         self._compiled: dict[str, Callable[..., Any]] = {}
         self._last_batches: tuple[tuple, jax.Array, tuple] | None = None
         #: the last `init`'s params (device arrays: immutable) and its result
@@ -250,9 +249,10 @@ class Trainer(Scoring, AheadOfTime):
         return {**p.cast_to_compute({**weights, **frozen}), **ranges}
 
     def _forward(self, trainable: dict, frozen: dict, x: Sequence[jax.Array],
-                 in_loop: bool = False, observed: dict | None = None) -> jax.Array:
+                 in_loop: bool = False, observed: dict | None = None,
+                 squares: Mapping[str, jax.Array] | None = None) -> jax.Array:
         p = self.policy
-        trainable, squares = trainable if isinstance(trainable, tuple) else (trainable, {})
+        squares = squares or {}
         params = self.forward_params(trainable, frozen)
         # an embedding table with per-occurrence squares (Keras's sparse Adam) in the compute
         # dtype, as the other params before the lowering
@@ -263,18 +263,31 @@ class Trainer(Scoring, AheadOfTime):
         out = apply(params, *p.cast_to_compute(tuple(x)), **seen)[self.loss_output]
         return p.cast_to_output(out).astype(self.loss_dtype)
 
-    def _loss(self, trainable: dict, frozen: dict, batch: Batch,
-              in_loop: bool = False) -> tuple[jax.Array, jax.Array]:
+    def _loss(self, trainable: dict, frozen: dict, batch: Batch, in_loop: bool = False,
+              squares: Mapping[str, jax.Array] | None = None) -> tuple[jax.Array, tuple]:
+        """(the loss, (the correct samples, the moving ranges' observed batch ranges: a
+        QAT model's, else empty)); ``squares``: Keras's sparse Adam's per-table zeros
+        (`compose.row_squares_gradients`)."""
         x, y = batch
         seen = {} if RANGES in frozen else None  # a QAT model's moving ranges: observed too
-        out = self._forward(trainable, frozen, x, in_loop, seen)
+        out = self._forward(trainable, frozen, x, in_loop, seen, squares)
         loss = self.loss_fn(out, y)  # first: it checks the output against the targets
-        right = correct(out, y, self.config.ignore_index)
-        return loss, right if seen is None else (right, seen)
+        return loss, (correct(out, y, self.config.ignore_index), seen or {})
+
+    @functools.cached_property
+    def _steps(self) -> dict[bool, Callable[..., tuple[TrainState, StepMetrics]]]:
+        """The composed step (`circle_jax.train.compose.training_step`) traced outside and
+        inside a loop body."""
+        return {in_loop: training_step(
+            functools.partial(self._loss, in_loop=in_loop), lambda: self.tx,
+            row_squares=self.row_squares, range_decay=self.model.qat_range_decay,
+            branch=self.platform == "cpu", **self._step_options) for in_loop in (False, True)}
 
     def train_step(self, state: TrainState, frozen: dict, batch: Batch, in_loop: bool = False
                    ) -> tuple[TrainState, StepMetrics]:
-        """One pure training step on one batch (one micro-batch when streaming).
+        """One pure training step on one batch (one micro-batch when streaming): the
+        composed step of `circle_jax.train.compose` (loss scaling, packed params, Keras's
+        sparse Adam and QAT statistics around one optimizer update).
 
         With loss scaling, a step whose gradients are not finite is skipped (or retried).
         Without it nothing is skipped: the update is applied as onert, Keras and optax do,
@@ -282,36 +295,7 @@ class Trainer(Scoring, AheadOfTime):
         finiteness test and the state selection cost a quarter of a small model's step.)
         """
         # in_loop: traced in a loop body (an epoch's scan, or the in-step micro-batch scan)
-        packed = state.params if isinstance(state.params, Packed) else None
-        params = state.params if packed is None else packed.unpack()
-        differentiated = params if not self.row_squares else (params, {
-            k: jnp.zeros_like(params[k]) for k in self.row_squares})
-        if state.stats:  # a QAT model's moving ranges: the forward reads them as params
-            frozen = {**frozen, RANGES: state.stats}
-        r = self._grads[in_loop or self.micro_batches > 1](state.loss_scale, differentiated,
-                                                           frozen, batch)
-        if self.row_squares:  # Keras's sparse-gradient Adam (circle_jax.optim.adam_tf)
-            grads, squares = r.grads
-            updates, opt_state = self.tx.update(grads, state.opt_state, state.params, squares={
-                k: squares.get(k) for k in grads})
-        else:
-            grads = r.grads if packed is None else packed.like(r.grads)
-            updates, opt_state = self.tx.update(grads, state.opt_state, state.params)
-        params = optax.apply_updates(state.params, updates)
-        right, seen = (r.aux, {}) if not state.stats else r.aux
-        stats = {k: moving_average(v, *seen[k], self.model.qat_range_decay)
-                 for k, v in state.stats.items()}  # over micro-batches too: their min, max
-        new = TrainState(params, opt_state, r.loss_scale, state.step + 1, stats)
-        correct = jnp.sum(right) if right is not None else jnp.zeros([], jnp.int32)
-        if isinstance(state.loss_scale, NoLossScale):  # static: the pytree's type
-            zero = jnp.zeros([], jnp.int32)
-            return new, StepMetrics(r.loss, correct, zero, zero, state.loss_scale.loss_scale)
-        kept = TrainState(state.params, state.opt_state, r.loss_scale, state.step + 1,
-                          state.stats)
-        new = select_tree(r.grads_finite, new, kept, branch=self.platform == "cpu")
-        metrics = StepMetrics(r.loss, correct, (~r.grads_finite).astype(jnp.int32),
-                              r.n_overflows, state.loss_scale.loss_scale)
-        return new, metrics
+        return self._steps[in_loop or self.micro_batches > 1](state, frozen, batch)
 
     def _epoch_impl(self, state: TrainState, frozen: dict, xs: tuple, ys: jax.Array):
         steps = ys.shape[0]

@@ -24,7 +24,7 @@ from circle_jax.checkpoints import fit_checkpointed, load_wof, wof_bytes
 from circle_jax.formats import read_model
 from circle_jax.lowering.interpreter import RowSquares
 from circle_jax.numerics import PROFILES
-from circle_jax.optim import adam_tf
+from circle_jax.optim import SparseAdamState, keras_sparse_adam
 from circle_jax.train import Trainer
 from circle_jax.train.numerics import softmax_logits_apply
 from tests.conformance import run_litert
@@ -196,16 +196,17 @@ def test_keras_embedding() -> None:
     probe = REF["sparse_adam"]
     assert abs(probe["v_after_step_2"][0] - probe["v_row0_sum_of_squares"]) < 1e-6
     assert probe["weights_after_step_2"][0] != probe["weights_after_step_1"][0]
-    # adam_tf given the per-occurrence squares steps as Keras did in the probe
-    tx, w = adam_tf(0.1), jnp.zeros((3, 1))
+    # keras_sparse_adam given the per-occurrence squares steps as Keras did in the probe
+    tx, w = keras_sparse_adam(0.1), jnp.zeros((3, 1))
     state = tx.init(w)
     for g, sq, want in ((np.array([[4.0], [0], [2]]), np.array([[10.0], [0], [4]]),
                          probe["weights_after_step_1"]),
                         (np.array([[0.0], [0], [1]]), np.array([[0.0], [0], [1]]),
                          probe["weights_after_step_2"])):
-        u, state = tx.update(jnp.asarray(g), state, w, squares=jnp.asarray(sq))
+        u, state = tx.update(jnp.asarray(g), state, w, row_squares=jnp.asarray(sq))
         w = w + u
         np.testing.assert_allclose(np.ravel(w), want, rtol=1e-5)
+    assert isinstance(state, SparseAdamState)
     # 1 - b2 in float32 (TF's kernel, adam_tf) is 1.3e-5 below Keras 3's float64 0.001: v
     # differs by that, relative, the step by half of it (measured 5e-6)
     np.testing.assert_allclose(np.ravel(state.nu), probe["v_after_step_2"], rtol=2e-5)

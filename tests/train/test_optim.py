@@ -231,3 +231,30 @@ def test_get_optimizer_codes_and_names():
 def test_clear_errors(call, match):
     with pytest.raises(ValueError, match=match):
         call()
+
+
+def test_keras_sparse_adam_is_an_optax_transformation():
+    """`keras_sparse_adam` keeps its own state; without ``row_squares`` (or with None
+    leaves) it steps exactly as `adam_tf` (the same arithmetic: bit for bit, jitted); where
+    squares are given, ``v`` takes them instead of ``g*g`` (``m`` still the gradient's
+    moment), so the weight moves otherwise; it runs inside ``optax.chain``, which hands the
+    extra argument on; a placement other than TF's is refused."""
+    w0, grads = _problem(steps=4)
+    sparse = optim.keras_sparse_adam(0.01)
+    assert isinstance(sparse.init(jnp.asarray(w0)), optim.SparseAdamState)
+    for got, want in zip(_run(sparse, w0, grads, jit=True),
+                         _run(optim.adam_tf(0.01), w0, grads, jit=True)):
+        np.testing.assert_array_equal(got, want)
+    params = {"table": jnp.asarray(w0), "bias": jnp.asarray(w0[:3])}
+    g = {"table": jnp.asarray(grads[0]), "bias": jnp.asarray(grads[0][:3])}
+    squares = {"table": 3 * g["table"] ** 2, "bias": None}  # as if 3 occurrences of g/sqrt(3)
+    chained = optax.chain(optax.scale(1.0), sparse)
+    u, state = jax.jit(lambda g, s, p, sq: chained.update(g, s, p, row_squares=sq))(
+        g, chained.init(params), params, squares)
+    dense_u, dense = optim.adam_tf(0.01).update(g, optim.adam_tf(0.01).init(params), params)
+    np.testing.assert_array_equal(u["bias"], dense_u["bias"])
+    np.testing.assert_array_equal(state[1].mu["table"], dense.mu["table"])
+    np.testing.assert_allclose(state[1].nu["table"], 3 * dense.nu["table"], rtol=1e-6)
+    assert not np.allclose(u["table"], dense_u["table"], rtol=1e-3)
+    with pytest.raises(ValueError, match="sparse-gradient Adam"):
+        optim.adam(0.01, eps_placement="optax", sparse_rows=True)
