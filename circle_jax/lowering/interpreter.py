@@ -170,7 +170,7 @@ class Lowered:
                     refusals.append(where)
                     unsupported = True
                     continue
-                ctx = OpContext(op, ins, outs, _no_subgraph, self.options)
+                ctx = OpContext(op, ins, outs, _no_subgraph, self.options, subgraph=sg)
                 try:
                     check_arity(op, d.fn)
                     _check_common(op)

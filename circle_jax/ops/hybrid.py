@@ -84,7 +84,9 @@ def hybrid_weight(key: str, inputs: tuple[ir.Tensor | None, ...], options: Any =
     if w is None or w.dtype != "float32" or not w.is_constant or w.quantization is None:
         return None
     q = w.quantization
-    if q.blockwise is not None or not q.scale or (
+    if q.blockwise is not None:
+        return w if key == "FULLY_CONNECTED" and len(w.shape or ()) == 2 else None
+    if not q.scale or (
             len(q.scale) > 1 and q.quantized_dimension != _channel_axis(key, w, options)):
         return None
     return w
@@ -134,7 +136,7 @@ def quantize_rows(x: Array, asymmetric: bool) -> tuple[Array, Array, Array]:
     scale = jnp.where(empty, f32(1), exact_divide(hi - lo, f32(255)))
     zero = jnp.clip(round_half_away(f32(-128) - exact_divide(lo, scale), jnp), -128, 127)
     inverse = exact_divide(f32(1), scale)[:, None]
-    q = jnp.clip(round_half_away(zero[:, None] + rounded(x * inverse), jnp), -128, 127)
+    q = jnp.clip(zero[:, None] + round_half_away(rounded(x * inverse), jnp), -128, 127)
     zero = jnp.where(empty, 0, zero).astype(jnp.int32)
     return jnp.where(empty[:, None], 0, q).astype(jnp.int32), scale, zero
 
@@ -159,9 +161,49 @@ def _zero_bias(ctx: OpContext, b: Array, channels: int) -> Array:
     return jnp.zeros((channels,), jnp.float32) if b is None else b
 
 
+def _block_scales(ctx: OpContext) -> np.ndarray | None:
+    """A blockwise FULLY_CONNECTED weight's block scales (float32 ``[N, K / block]``, from
+    its float16 scales tensor), or None for an affine one."""
+    q = ctx.inputs[1].quantization
+    if q.blockwise is None:
+        return None
+    assert ctx.subgraph is not None, "a blockwise weight's scales are in its subgraph"
+    return np.asarray(ctx.subgraph.tensors[q.blockwise.scales].data, np.float32)
+
+
+def _sequential_sum(terms: Array) -> Array:
+    """``terms[0] + terms[1] + ...`` in float32, one addition after the other (the order of
+    a C loop over the leading axis), each addend rounded first (:func:`rounded`)."""
+    def step(total: Array, term: Array) -> tuple[Array, None]:
+        return total + rounded(term), None
+
+    return lax.scan(step, jnp.zeros_like(terms[0]), terms)[0]
+
+
+def blockwise_rows(rows: Array, wq: Array, scales: np.ndarray) -> Array:
+    """Blockwise hybrid FULLY_CONNECTED of 2-d float ``rows`` ``[M, K]`` and integer weights
+    ``wq`` ``[N, K]`` with float32 block scales ``[N, K / block]``, without bias (module
+    docstring)."""
+    f32 = jnp.float32
+    blocks = scales.shape[1]
+    size = rows.shape[1] // blocks
+    q, s, z = quantize_rows(rows, asymmetric=True)
+    q3 = q.reshape(q.shape[0], blocks, size)
+    w3 = wq.reshape(wq.shape[0], blocks, size)
+    acc = lax.dot_general(q3, w3, (((2,), (2,)), ((1,), (1,))),
+                          preferred_element_type=jnp.int32)  # [blocks, M, N]
+    y = _sequential_sum(acc.astype(f32) * scales.T[:, None, :])
+    kfsum = _sequential_sum(jnp.sum(w3, axis=2).T.astype(f32) * scales.T)  # [N]
+    y = y - rounded(z.astype(f32)[:, None] * kfsum[None, :])
+    return rounded(y * s[:, None])
+
+
 @register("FULLY_CONNECTED", hybrid=True, check=float_ops.check_fully_connected)
 def fully_connected(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
-    """Hybrid FULLY_CONNECTED (module docstring)."""
+    """Hybrid FULLY_CONNECTED (module docstring), affine or blockwise weights."""
+    blocks = _block_scales(ctx)
+    if blocks is not None:
+        return _blockwise_fully_connected(ctx, x, w, b, blocks)
     scale = _grid(ctx, 0, 2)
     asymmetric = bool(ctx.options.asymmetric_quantize_inputs)
 
@@ -174,6 +216,24 @@ def fully_connected(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Arra
                               preferred_element_type=jnp.int32)
         acc = acc - z[:, None] * jnp.sum(wq, axis=1)[None, :]
         y = b + rounded(acc.astype(jnp.float32) * (s[:, None] * scale.reshape(1, -1)))
+        return y.reshape((*rows.shape[:-1], y.shape[-1]))
+
+    def reference(x: Array, w: Array, b: Array) -> Array:
+        return float_ops.dense_rows(ctx, x, w) @ w.T + b
+
+    y = _straight_through(hybrid, reference, x, w, _zero_bias(ctx, b, w.shape[0]))
+    return fused_activation(y, ctx.options.fused_activation_function)
+
+
+def _blockwise_fully_connected(ctx: OpContext, x: Array, w: Array, b: Array,
+                               scales: np.ndarray) -> Array:
+    """Hybrid FULLY_CONNECTED with blockwise weights (module docstring)."""
+    per_value = np.repeat(scales, w.shape[1] // scales.shape[1], axis=1)
+
+    def hybrid(x: Array, w: Array, b: Array) -> Array:
+        rows = float_ops.dense_rows(ctx, x, w)
+        flat = rows.reshape(-1, rows.shape[-1])
+        y = b + blockwise_rows(flat, weight_integers(w, per_value), scales)
         return y.reshape((*rows.shape[:-1], y.shape[-1]))
 
     def reference(x: Array, w: Array, b: Array) -> Array:
