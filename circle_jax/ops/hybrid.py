@@ -13,9 +13,18 @@ tests/ops/test_ops_hybrid.py):
 
 - FULLY_CONNECTED: each row of the input on its own; symmetric (``s = max|x| / 127``,
   ``q = round(x * (127 / max|x|))`` clipped to [-127, 127]) or, with
-  ``asymmetric_quantize_inputs``, asymmetric (``s = (max(x, 0) - min(x, 0)) / 255``, a zero
-  point ``z = round(-128 - min / s)`` and ``q = round(z + x / s)`` in [-128, 127]); output
-  ``bias + (acc - z * sum(w_q)) * (s * scale)``.
+  ``asymmetric_quantize_inputs``, asymmetric (``s = (max(x, 0) - min(x, 0)) / 255``, the
+  zero point LiteRT computes in float64, :func:`asymmetric_zero_point`, and
+  ``q = z + round(x * (1 / s))`` in [-128, 127]: the zero point added after rounding);
+  output ``bias + (acc - z * sum(w_q)) * (s * scale)``.
+- Blockwise FULLY_CONNECTED (int4 weights ``[N, K]``, one float16 scale per block of ``b``
+  input channels, ai-edge-quantizer's ``dynamic_wi4b32``): each row asymmetric whatever the
+  option says; per block an int32 accumulator, then in float32, block after block,
+  ``y += acc_block * scale_block`` and ``k += scale_block * sum(w_q of the block)``; output
+  ``bias + (y - z * k) * s`` (products rounded before each sum). LiteRT's kernel drops the
+  fused activation and returns the bias alone for layers of fewer than 4 outputs (its
+  faults, tests/ops/test_ops_hybrid_blockwise.py): circle-jax applies the activation and
+  computes every output.
 - CONV_2D: each sample (the whole image) on its own; with per-channel weights asymmetric,
   whatever the option says (LiteRT's per-channel hybrid convolution), with per-tensor
   weights symmetric; padding contributes nothing; ``bias + acc * (s * scale)``.
@@ -119,6 +128,65 @@ def rounded(t: Array) -> Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def _split(a: Array) -> tuple[Array, Array]:
+    """``a = hi + lo`` exactly, ``hi`` of 12 significant bits (Veltkamp's split)."""
+    c = rounded(jnp.float32(4097) * a)
+    hi = rounded(c - rounded(c - a))
+    return hi, a - hi
+
+
+def _two_product(a: Array, b: Array) -> tuple[Array, Array]:
+    """``a * b = p + e`` exactly (Dekker's product; no fused multiply-add)."""
+    p = rounded(a * b)
+    (ah, al), (bh, bl) = _split(a), _split(b)
+    e = rounded(rounded(rounded(ah * bh) - p) + rounded(ah * bl) + rounded(al * bh)) \
+        + rounded(al * bl)
+    return p, e
+
+
+def _two_sum(a: Array, b: Array) -> tuple[Array, Array]:
+    """``a + b = s + e`` exactly (Knuth's sum; each step opaque to XLA's simplifier, which
+    would read ``(a + b) - a`` as ``b``)."""
+    s = rounded(a + b)
+    v = rounded(s - a)
+    return s, rounded(a - rounded(s - v)) + rounded(b - v)
+
+
+def _ratio(v: Array, r: Array) -> tuple[Array, Array]:
+    """``255 * v / r`` as a float32 pair (hi, lo), to about 44 bits."""
+    p, e = _two_product(jnp.full_like(v, 255), v)
+    q1 = exact_divide(p, r)
+    t, te = _two_product(q1, r)
+    return q1, exact_divide(rounded(rounded(p - t) - te) + e, r)
+
+
+def _round_pair(hi: Array, lo: Array) -> Array:
+    """``hi + lo`` rounded to an integer, ties away from zero (float32)."""
+    n = round_half_away(hi, jnp)
+    t = rounded(hi - n) + lo
+    up = (t > 0.5) | ((t == 0.5) & (n >= 0))
+    down = (t < -0.5) | ((t == -0.5) & (n <= 0))
+    return n + up.astype(n.dtype) - down.astype(n.dtype)
+
+
+def asymmetric_zero_point(lo: Array, hi: Array, width: Array) -> Array:
+    """LiteRT's asymmetric input zero point of a row with ``lo = min(x, 0)``, ``hi = max(x,
+    0)`` and ``width = hi - lo`` (float32): in float64 there, ``-128 - lo / s`` or
+    ``127 - hi / s`` (``s = width / 255``), whichever has the smaller error ``128 + |lo / s|``
+    against ``127 + |hi / s|``, rounded and clamped to [-128, 127]. Computed here in float32
+    pairs (``lo / s = 255 lo / width`` to about 44 bits), which decide every rounding as
+    float64 does but where the value lies within about 1e-12 of a half-integer."""
+    a1, a2 = _ratio(lo, width)
+    b1, b2 = _ratio(hi, width)
+    s, e = _two_sum(a1, b1)  # from the minimum when 128 - a < 127 + b: a + b > 1
+    from_min = (rounded(s - 1) + rounded(rounded(e + a2) + b2)) > 0
+    m1, me = _two_sum(jnp.full_like(a1, -128), -a1)
+    x1, xe = _two_sum(jnp.full_like(b1, 127), -b1)
+    zero = _round_pair(jnp.where(from_min, m1, x1),
+                       rounded(jnp.where(from_min, me - a2, xe - b2)))
+    return jnp.clip(zero, -128, 127)
+
+
 def quantize_rows(x: Array, asymmetric: bool) -> tuple[Array, Array, Array]:
     """(int32 values, float32 scale, int32 zero point) of each row of 2-d ``x``, quantized
     to int8 as LiteRT's hybrid kernels quantize their input (module docstring)."""
@@ -133,8 +201,9 @@ def quantize_rows(x: Array, asymmetric: bool) -> tuple[Array, Array, Array]:
     lo = jnp.minimum(jnp.min(x, axis=1), 0)
     hi = jnp.maximum(jnp.max(x, axis=1), 0)
     empty = lo == hi
-    scale = jnp.where(empty, f32(1), exact_divide(hi - lo, f32(255)))
-    zero = jnp.clip(round_half_away(f32(-128) - exact_divide(lo, scale), jnp), -128, 127)
+    width = jnp.where(empty, f32(1), hi - lo)
+    scale = jnp.where(empty, f32(1), exact_divide(width, f32(255)))
+    zero = asymmetric_zero_point(lo, hi, width)
     inverse = exact_divide(f32(1), scale)[:, None]
     q = jnp.clip(zero[:, None] + round_half_away(rounded(x * inverse), jnp), -128, 127)
     zero = jnp.where(empty, 0, zero).astype(jnp.int32)
