@@ -6,11 +6,10 @@ circle-jax on it (by hand, not CI; the table is in benchmarks/README.md).
 
 Per cell: ``fwd`` the largest absolute difference from LiteRT on the quantizer's file over
 the output's largest value (0 = equal), ``exp`` the same on the export after one epoch of
-``fit`` on 32 random samples (static recipes by QAT, ``qat=True``, on the real values of
-the samples); or the one-line refusal (the quantizer's, LiteRT's or circle-jax's). Blockwise
-cells are measured on a copy whose blockwise operators have no fused activation (LiteRT's
-blockwise kernel drops it, `tests.aeq_files.blockwise_without_activation`), marked ``*``
-where the file has one.
+``fit`` on 32 random samples (static recipes by QAT, ``qat=True``); or the one-line
+refusal (the quantizer's, LiteRT's or circle-jax's). Blockwise cells are measured on a copy
+whose blockwise operators have no fused activation (LiteRT's blockwise kernel drops it,
+`tests.aeq_files.blockwise_without_activation`), marked ``*`` where the file has one.
 """
 
 from __future__ import annotations
@@ -48,21 +47,6 @@ def _feeds(data: bytes, seed: int = 1, batch: int | None = None) -> list[np.ndar
         else:
             info = np.iinfo(t.dtype)
             out.append(rng.integers(info.min, info.max + 1, shape).astype(t.dtype))
-    return out
-
-
-def _real(data: bytes, feeds: list[np.ndarray]) -> list[np.ndarray]:
-    """The real values ``s * (q - z)`` (float32) of feeds for quantized inputs, as a QAT
-    model (float inputs) takes the samples the file's integers stand for; others as given."""
-    from circle_jax.formats.reader import read_model
-
-    main = read_model(data).main
-    out = []
-    for t, x in zip((main.tensors[i] for i in main.inputs), feeds):
-        q = t.quantization
-        out.append(x if q is None or not q.scale else
-                   ((x.astype(np.float32) - np.float32(q.zero_point[0]))
-                    * np.float32(q.scale[0])).astype(np.float32))
     return out
 
 
@@ -104,9 +88,7 @@ def cell(path: Path, recipe: str) -> str:
     try:
         model = cj.load(data, qat=True) if recipe.startswith("static") else cj.load(data)
         fwd = _relative(_run(cj.load(plain(data)), data, feeds), ref)
-        x = _feeds(data, 2, batch=32)
-        if recipe.startswith("static"):
-            x = _real(data, x)
+        x = _feeds(data, 2, batch=32)  # a QAT model reads int8 data as the stored integers
         y = np.asarray(_run(model, data, x)[0])
         target = (y + 0.1 * np.random.default_rng(3).standard_normal(y.shape)).astype(y.dtype)
         if target.dtype != np.float32:

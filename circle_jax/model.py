@@ -84,6 +84,24 @@ class TensorSpec:
     stored: QParams | None = field(default=None, compare=False)
 
 
+def _stored_as_real(spec: TensorSpec, x: jax.Array) -> jax.Array:
+    """``x`` itself, or its real values (float32) when it is in the integer dtype the file
+    stores input ``spec`` in: ``(q - zp) * scale``, per tensor or per channel (the float32
+    product of exact integers, as float64 rounded once)."""
+    q = spec.stored
+    if q is None or x.dtype != q.np_dtype:
+        return x
+    scale = np.asarray(q.scale, np.float32).reshape(-1)
+    zero = np.broadcast_to(np.asarray(q.zero_point, np.float32).reshape(-1), scale.shape)
+    if scale.size > 1:
+        shape = [1] * x.ndim
+        shape[q.axis] = scale.size
+        scale, zero = scale.reshape(shape), zero.reshape(shape)
+    else:
+        scale, zero = scale.reshape(()), zero.reshape(())
+    return ((x.astype(jnp.float32) - zero) * scale).astype(spec.dtype)
+
+
 class Model:
     """A loaded model: ``apply(params, *inputs) -> tuple`` and its float weights ``params``.
 
@@ -161,8 +179,13 @@ class Model:
         call 7 s against 1.0 s). Operator by operator run: a model with WHILE or IF (concrete
         conditions stay Python booleans, `circle_jax.ops.control`), a call without inputs
         (outputs folded from constants stay numpy, int64 included), and a call that raises
-        a `CircleJaxError` (raised again there, without JAX's note on traced frames)."""
-        inputs = tuple(jnp.asarray(x) for x in inputs)
+        a `CircleJaxError` (raised again there, without JAX's note on traced frames).
+        Data in the integer dtype the file stores a float input in (`TensorSpec.stored`: a
+        QAT or dequantized model of a quantized file) is those stored integers, dequantized
+        with the file's scale and zero point, as `fit` reads it."""
+        inputs = tuple(_stored_as_real(spec, jnp.asarray(x))
+                       for spec, x in zip(self.inputs, inputs)) + tuple(
+            jnp.asarray(x) for x in inputs[len(self.inputs):])
         if observed or self._control_flow or not inputs:
             return self._lowered.apply(params, *inputs, **observed)
         try:

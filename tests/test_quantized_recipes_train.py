@@ -271,13 +271,18 @@ def test_untied_copies_of_a_blockwise_weight_get_scales_of_their_own() -> None:
     agrees_with_litert(data, "torch_mlp", "dynamic_wi4b32_afp32")
 
 
-def test_integer_data_to_a_qat_model_is_read_as_real_numbers() -> None:
-    """A QAT model's inputs are real values (float32); the file's int8 integers given as
-    data are read as the numbers they hold, as float32 data of the same values is (it was
-    NaN: the grid's scale truncated to the data's integer type)."""
+def test_int8_data_to_a_qat_model_is_the_stored_integers() -> None:
+    """A QAT model's inputs are real values (float32); data in the file's int8 is the
+    stored integers, dequantized (``s * (q - z)``), in ``apply`` as in ``fit`` (``apply``
+    gave NaN: the grid's scale truncated to int8); other integer data is read as the
+    numbers it holds."""
     m = cj.load(quantized(MODELS["torch_mlp"], "static_wi8_ai8"), qat=True)
-    assert m.inputs[0].dtype == "float32"
-    x = np.random.default_rng(0).integers(-128, 128, (4, *m.inputs[0].shape[1:]))
-    ints, floats = (np.asarray(m.apply(m.params, x.astype(t))[0]) for t in (np.int8, np.float32))
-    assert np.isfinite(ints).all()
-    np.testing.assert_array_equal(ints, floats)
+    spec = m.inputs[0]
+    assert spec.dtype == "float32" and spec.stored.dtype == "int8"
+    x = np.random.default_rng(0).integers(-128, 128, (4, *spec.shape[1:]))
+    out = np.asarray(m.apply(m.params, x.astype(np.int8))[0])
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out, np.asarray(m.apply(m.params, spec.stored.real(x))[0]))
+    as_numbers = np.asarray(m.apply(m.params, x.astype(np.int32))[0])
+    np.testing.assert_array_equal(as_numbers, np.asarray(
+        m.apply(m.params, x.astype(np.float32))[0]))

@@ -52,9 +52,10 @@ def _channels(values: Array, ndim: int, axis: int | None) -> Array:
 
 def fake_quant(x: Array, scale: Array, zero_point: Array, qmin: float, qmax: float) -> Array:
     """``x`` rounded to the grid (see the module docstring), with the clipped
-    straight-through gradient; integer ``x`` (data given to a QAT model's float input) is
-    read as the real numbers it holds, in float32 (in its own type the scale would
-    truncate to an integer: NaN or garbage)."""
+    straight-through gradient; integer ``x`` (data given to a QAT model's float input in
+    another dtype than the stored one, which `circle_jax.Model.apply` dequantizes) is read
+    as the numbers it holds, in float32 (in its own type the scale would truncate to an
+    integer: NaN or garbage)."""
     if not jnp.issubdtype(x.dtype, jnp.inexact):
         x = jnp.asarray(x, jnp.float32)
     scale = jax.lax.stop_gradient(jnp.asarray(scale, x.dtype))
