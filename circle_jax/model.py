@@ -25,7 +25,7 @@ from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
 from .graph.checks import check_graph, check_tensor_quantization
 from .graph.params_policy import CONTROL_FLOW, ParamRole, classify_params, describe_roles
-from .graph.quantization import QParams, stored_integers
+from .graph.quantization import QParams, as_real_inputs, stored_integers
 from .lowering import LoweringOptions
 from .lowering.interpreter import RANGES, Lowered, ParamKey, param_table
 from .numerics import Numerics, get_numerics
@@ -82,24 +82,6 @@ class TensorSpec:
     shape: tuple[int, ...]
     dtype: str
     stored: QParams | None = field(default=None, compare=False)
-
-
-def _stored_as_real(spec: TensorSpec, x: jax.Array) -> jax.Array:
-    """``x`` itself, or its real values (float32) when it is in the integer dtype the file
-    stores input ``spec`` in: ``(q - zp) * scale``, per tensor or per channel (the float32
-    product of exact integers, as float64 rounded once)."""
-    q = spec.stored
-    if q is None or x.dtype != q.np_dtype:
-        return x
-    scale = np.asarray(q.scale, np.float32).reshape(-1)
-    zero = np.broadcast_to(np.asarray(q.zero_point, np.float32).reshape(-1), scale.shape)
-    if scale.size > 1:
-        shape = [1] * x.ndim
-        shape[q.axis] = scale.size
-        scale, zero = scale.reshape(shape), zero.reshape(shape)
-    else:
-        scale, zero = scale.reshape(()), zero.reshape(())
-    return ((x.astype(jnp.float32) - zero) * scale).astype(spec.dtype)
 
 
 class Model:
@@ -179,13 +161,9 @@ class Model:
         call 7 s against 1.0 s). Operator by operator run: a model with WHILE or IF (concrete
         conditions stay Python booleans, `circle_jax.ops.control`), a call without inputs
         (outputs folded from constants stay numpy, int64 included), and a call that raises
-        a `CircleJaxError` (raised again there, without JAX's note on traced frames).
-        Data in the integer dtype the file stores a float input in (`TensorSpec.stored`: a
-        QAT or dequantized model of a quantized file) is those stored integers, dequantized
-        with the file's scale and zero point, as `fit` reads it."""
-        inputs = tuple(_stored_as_real(spec, jnp.asarray(x))
-                       for spec, x in zip(self.inputs, inputs)) + tuple(
-            jnp.asarray(x) for x in inputs[len(self.inputs):])
+        a `CircleJaxError` (raised again there, without JAX's note on traced frames). Data
+        in an input's `TensorSpec.stored` dtype is those integers, dequantized, as in `fit`."""
+        inputs = as_real_inputs([s.stored for s in self.inputs], map(jnp.asarray, inputs), jnp)
         if observed or self._control_flow or not inputs:
             return self._lowered.apply(params, *inputs, **observed)
         try:
