@@ -24,7 +24,7 @@ from .graph import ir
 from .graph.aliases import param_aliases, resolve_param_names
 from .graph.checks import check_graph
 from .graph.params_policy import CONTROL_FLOW, ParamRole, classify_params, describe_roles
-from .graph.quantization import QParams, stored_integers
+from .graph.quantization import QParams, as_real_inputs, stored_integers
 from .lowering import LoweringOptions
 from .lowering.interpreter import RANGES, Lowered, ParamKey, param_table
 from .numerics import Numerics, get_numerics
@@ -158,8 +158,9 @@ class Model:
         call 7 s against 1.0 s). Operator by operator run: a model with WHILE or IF (concrete
         conditions stay Python booleans, `circle_jax.ops.control`), a call without inputs
         (outputs folded from constants stay numpy, int64 included), and a call that raises
-        a `CircleJaxError` (raised again there, without JAX's note on traced frames)."""
-        inputs = tuple(jnp.asarray(x) for x in inputs)
+        a `CircleJaxError` (raised again there, without JAX's note on traced frames). Data
+        in an input's `TensorSpec.stored` dtype is those integers, dequantized, as in `fit`."""
+        inputs = as_real_inputs([s.stored for s in self.inputs], map(jnp.asarray, inputs), jnp)
         if observed or self._control_flow or not inputs:
             return self._lowered.apply(params, *inputs, **observed)
         try:

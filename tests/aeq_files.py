@@ -7,6 +7,7 @@ import functools
 import os
 import tempfile
 import warnings
+from dataclasses import replace
 
 import numpy as np
 
@@ -53,3 +54,21 @@ def quantized_path(path: str, recipe_name: str) -> str:
         with open(out, "wb") as f:
             f.write(quantized(path, recipe_name))
     return out
+
+
+def blockwise_without_activation(data: bytes) -> bytes:
+    """A copy of ``data`` whose operators reading blockwise weights have no fused
+    activation (written by circle-jax's writer, which keeps the blockwise details)."""
+    from circle_jax.formats.reader import read_model
+    from circle_jax.formats.writer import write_model
+    from circle_jax.graph import ir
+
+    model = read_model(data)
+    sg = model.main
+    ops = tuple(
+        replace(op, options=ir.Options({**op.options, "fused_activation_function": 0}))
+        if any(i >= 0 and (q := sg.tensors[i].quantization) is not None
+               and q.blockwise is not None for i in op.inputs) else op
+        for op in sg.operators)
+    return write_model(replace(model, subgraphs=(replace(sg, operators=ops),
+                                                 *model.subgraphs[1:])))

@@ -7,9 +7,10 @@
   stays int4 per channel, int2 int2, blockwise int4 blockwise with the same block size and
   recomputed float16 scales, weights read through DEQUANTIZE read through it again. Every
   trained weight is within half a quantization step of its float master.
-- ``static_*`` files load for QAT (``qat=True``) and export integer: the keras LayerNorm's
-  files by the fake-quant forward (:data:`QAT_FORWARD`: the integer QAT forward refuses the
-  ADD reading its quantized epsilon, asserted below).
+- ``static_*`` files load for QAT (``qat=True``, the integer forward) and export integer;
+  the keras LayerNorm's quantized constants read by ADD and MUL (epsilon, gamma, beta) are
+  grid constants (`circle_jax.passes.fake_quant`): trained on the file's own scale and zero
+  point, written back on it; by both QAT forwards.
 - LiteRT runs every export and agrees with circle-jax on it as on the quantizer's own files
   (`tests.test_ai_edge_quantizer.agrees_with_litert`: the same tolerances, the same LiteRT
   faults pinned).
@@ -29,7 +30,7 @@ import pytest
 
 import circle_jax as cj
 from circle_jax.cli import main
-from circle_jax.errors import ConfigError, UnsupportedOperatorError
+from circle_jax.errors import ConfigError
 from circle_jax.formats.reader import read_model
 from circle_jax.formats.writer import write_model
 from circle_jax.graph import ir
@@ -39,7 +40,7 @@ from tests.aeq_files import quantized, quantized_path
 from tests.test_ai_edge_quantizer import CELLS, MODELS, agrees_with_litert
 
 #: The QAT forward each model's static files train with (default "integer").
-QAT_FORWARD = {"keras_layernorm": "fake_quant"}
+QAT_FORWARD: dict[str, str] = {}
 STATIC = [c for c in CELLS if c[1].startswith("static")]
 FLOAT = [c for c in CELLS if not c[1].startswith("static")]
 #: The default tier trains every recipe but static_wi8_ai16 (int16 QAT) of the smallest model;
@@ -183,12 +184,28 @@ def test_requantized_float_weights_are_the_quantizers(model: str, recipe: str) -
             assert scales.tobytes() == sg.tensors[t.quantization.blockwise.scales].data.tobytes()
 
 
-def test_the_integer_qat_forward_refuses_the_layernorm_epsilon() -> None:
-    """Why :data:`QAT_FORWARD` trains the LayerNorm's static files by fake quantization:
-    fails once the integer QAT forward runs an ADD of a quantized constant."""
+@pytest.mark.parametrize("forward", ["integer", "fake_quant"])
+def test_the_layernorm_s_grid_constants_train_on_the_file_s_grid(forward: str) -> None:
+    """The LayerNorm's static file trains by QAT (either forward): its ADD / MUL constants
+    (epsilon, gamma, beta) move, written on the file's own scale and zero point; LiteRT
+    runs the export as circle-jax does."""
     data = quantized(MODELS["keras_layernorm"], "static_wi8_ai8")
-    with pytest.raises(UnsupportedOperatorError, match=r"\(ADD\) reads quantized constant"):
-        cj.load(data, qat=True)
+    m = cj.load(data, qat=True, qat_forward=forward)
+    x, y = _data(m)
+    r = cj.fit(m, x[0], y[0], epochs=3, batch_size=4, loss="mse", optimizer="adam",
+               learning_rate=1e-2)
+    assert r.history.loss[-1] < r.history.loss[0]
+    out = m.export(r.params, file_format="tflite")
+    before, after = read_model(data).main, read_model(out).main
+    readers = {i for op in before.operators if op.type in ("ADD", "MUL")
+               for i in op.inputs if i >= 0 and before.tensors[i].is_constant}
+    constants = [i for i in readers if is_quantized(before.tensors[i])]
+    assert len(constants) == 3
+    for i in constants:
+        assert after.tensors[i].quantization == before.tensors[i].quantization
+    assert any(after.tensors[i].data.tobytes() != before.tensors[i].data.tobytes()
+               for i in constants)
+    agrees_with_litert(out, "keras_layernorm", "static_wi8_ai8")
 
 
 @pytest.mark.parametrize("model, recipe", STATIC[:1])
@@ -252,3 +269,20 @@ def test_untied_copies_of_a_blockwise_weight_get_scales_of_their_own() -> None:
             for t, s in zip(read, scales)]
     assert sorted(kept) == [False, True]
     agrees_with_litert(data, "torch_mlp", "dynamic_wi4b32_afp32")
+
+
+def test_int8_data_to_a_qat_model_is_the_stored_integers() -> None:
+    """A QAT model's inputs are real values (float32); data in the file's int8 is the
+    stored integers, dequantized (``s * (q - z)``), in ``apply`` as in ``fit`` (``apply``
+    gave NaN: the grid's scale truncated to int8); other integer data is read as the
+    numbers it holds."""
+    m = cj.load(quantized(MODELS["torch_mlp"], "static_wi8_ai8"), qat=True)
+    spec = m.inputs[0]
+    assert spec.dtype == "float32" and spec.stored.dtype == "int8"
+    x = np.random.default_rng(0).integers(-128, 128, (4, *spec.shape[1:]))
+    out = np.asarray(m.apply(m.params, x.astype(np.int8))[0])
+    assert np.isfinite(out).all()
+    np.testing.assert_array_equal(out, np.asarray(m.apply(m.params, spec.stored.real(x))[0]))
+    as_numbers = np.asarray(m.apply(m.params, x.astype(np.int32))[0])
+    np.testing.assert_array_equal(as_numbers, np.asarray(
+        m.apply(m.params, x.astype(np.float32))[0]))

@@ -14,6 +14,7 @@ away from zero, as ``sign(v) * floor(|v| + 0.5)`` in float32.
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -108,6 +109,17 @@ class QParams:
         """Zero points all 0 on a signed type."""
         return self.qmin < 0 and not np.any(np.asarray(self.zero_point) != 0)
 
+    def real_of(self, q: Any, xp: Any = np) -> Any:
+        """:meth:`real` in float32 arithmetic of ``xp`` (numpy or jax.numpy, traced values
+        too): ``(q - zp) * scale``, the product of exact values rounded once, as float64's
+        rounded to float32."""
+        scale = np.asarray(self.scale, np.float32).reshape(-1)
+        zero = np.broadcast_to(np.asarray(self.zero_point, np.float32).reshape(-1), scale.shape)
+        shape = [1] * q.ndim
+        if scale.size > 1:
+            shape[self.axis] = scale.size
+        return (xp.asarray(q).astype(np.float32) - zero.reshape(shape)) * scale.reshape(shape)
+
     def real(self, q: Any) -> np.ndarray:
         """The real values of integers ``q`` stored with these parameters, as float32."""
         return dequantize(q, self.scale, self.zero_point, self.axis).astype(np.float32)
@@ -132,4 +144,17 @@ def stored_integers(file: ir.Model, loaded: ir.Model) -> tuple[QParams | None, .
         takes_real = np.issubdtype(ir.as_numpy_dtype(loaded.main.tensors[j].dtype), np.floating)
         out.append(QParams.of(t) if q is not None and q.scale and takes_real
                    and np.issubdtype(ir.as_numpy_dtype(t.dtype), np.integer) else None)
+    return tuple(out)
+
+
+def as_real_inputs(stored: Sequence[QParams | None], inputs: Iterable[Any],
+                   xp: Any = np) -> tuple[Any, ...]:
+    """``inputs`` with each one in the integer dtype its float input is stored in
+    (``stored``, one entry per declared input: `circle_jax.TensorSpec.stored`) replaced by
+    its real values (:meth:`QParams.real_of`, float32); the others, and any beyond the
+    declared inputs, as given."""
+    out = list(inputs)
+    for k, q in enumerate(stored[:len(out)]):
+        if q is not None and out[k].dtype == q.np_dtype:
+            out[k] = q.real_of(out[k], xp)
     return tuple(out)

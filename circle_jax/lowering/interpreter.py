@@ -312,6 +312,8 @@ class Lowered:
             if name is not None and not (static and t.data is not None):
                 if plan is not None and (k, i) in plan.weights:
                     return fq.fake_quant_weight(params[name], plan.weights[(k, i)])[0]
+                if plan is not None and (k, i) in plan.constants:
+                    return fq.fake_quant_constant(params[name], plan.constants[(k, i)])
                 return params[name]
             if t.data is not None:
                 return t.data
@@ -407,6 +409,9 @@ class _IntegerForward:
         if (0, i) in plan.weights:
             q, scale, zero = fq.quantize_weight(params[names[(0, i)]], plan.weights[(0, i)])
             return Requantized(q.astype(t.dtype), scale, zero)
+        if (0, i) in plan.constants:
+            return fq.constant_on_grid(params[names[(0, i)]], plan.constants[(0, i)])[0] \
+                .astype(t.dtype)
         if (0, i) in plan.biases:
             bias = plan.biases[(0, i)]
             w = params[names[(0, bias.weight)]]
@@ -458,7 +463,7 @@ def operator_table(model: ir.Model, options: LoweringOptions
                 refusals.append(where)
                 unsupported = True
                 continue
-            ctx = OpContext(op, ins, outs, _no_subgraph, options)
+            ctx = OpContext(op, ins, outs, _no_subgraph, options, subgraph=sg)
             try:
                 check_arity(op, d.fn)
                 _check_common(op)

@@ -52,7 +52,12 @@ def _channels(values: Array, ndim: int, axis: int | None) -> Array:
 
 def fake_quant(x: Array, scale: Array, zero_point: Array, qmin: float, qmax: float) -> Array:
     """``x`` rounded to the grid (see the module docstring), with the clipped
-    straight-through gradient."""
+    straight-through gradient; integer ``x`` (data given to a QAT model's float input in
+    another dtype than the stored one, which `circle_jax.Model.apply` dequantizes) is read
+    as the numbers it holds, in float32 (in its own type the scale would truncate to an
+    integer: NaN or garbage)."""
+    if not jnp.issubdtype(x.dtype, jnp.inexact):
+        x = jnp.asarray(x, jnp.float32)
     scale = jax.lax.stop_gradient(jnp.asarray(scale, x.dtype))
     zero = jax.lax.stop_gradient(jnp.asarray(zero_point, x.dtype))
     v = x / scale + zero
@@ -126,6 +131,24 @@ def fake_quant_weight(w: Array, g: QParams) -> tuple[Array, Array]:
     axis = g.axis if g.per_channel else None
     real = (q - _channels(zero, w.ndim, axis)) * _channels(scale, w.ndim, axis)
     return w + jax.lax.stop_gradient(real - w), scale
+
+
+def constant_on_grid(w: Array, g: QParams) -> tuple[Array, Array]:
+    """(integers as floats, their real values) of float constant ``w`` on the file's grid
+    ``g`` itself (a grid constant of `circle_jax.passes.fake_quant`): ``clip(round(w / s) +
+    zp, qmin, qmax)`` with ``g``'s scale and zero point, per tensor or per channel."""
+    xp = _xp(w)
+    axis = g.axis if g.per_channel else None
+    s = _channels(np.asarray(g.scale, np.float32), w.ndim, axis)
+    z = _channels(np.asarray(g.zero_point, np.float32), w.ndim, axis)
+    q = xp.clip(_round(_constant(w) / s) + z, g.qmin, g.qmax)
+    return q, (q - z) * s
+
+
+def fake_quant_constant(w: Array, g: QParams) -> Array:
+    """``w`` rounded on its file grid (:func:`constant_on_grid`), straight-through."""
+    real = constant_on_grid(w, g)[1]
+    return w + jax.lax.stop_gradient(real - w)
 
 
 def bias_scale(input_scale: Array, weight_scale: Array) -> Array:

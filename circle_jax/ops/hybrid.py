@@ -13,9 +13,18 @@ tests/ops/test_ops_hybrid.py):
 
 - FULLY_CONNECTED: each row of the input on its own; symmetric (``s = max|x| / 127``,
   ``q = round(x * (127 / max|x|))`` clipped to [-127, 127]) or, with
-  ``asymmetric_quantize_inputs``, asymmetric (``s = (max(x, 0) - min(x, 0)) / 255``, a zero
-  point ``z = round(-128 - min / s)`` and ``q = round(z + x / s)`` in [-128, 127]); output
-  ``bias + (acc - z * sum(w_q)) * (s * scale)``.
+  ``asymmetric_quantize_inputs``, asymmetric (``s = (max(x, 0) - min(x, 0)) / 255``, the
+  zero point LiteRT computes in float64, :func:`asymmetric_zero_point`, and
+  ``q = z + round(x * (1 / s))`` in [-128, 127]: the zero point added after rounding);
+  output ``bias + (acc - z * sum(w_q)) * (s * scale)``.
+- Blockwise FULLY_CONNECTED (int4 weights ``[N, K]``, one float16 scale per block of ``b``
+  input channels, ai-edge-quantizer's ``dynamic_wi4b32``): each row asymmetric whatever the
+  option says; per block an int32 accumulator, then in float32, block after block,
+  ``y += acc_block * scale_block`` and ``k += scale_block * sum(w_q of the block)``; output
+  ``bias + (y - z * k) * s`` (products rounded before each sum). LiteRT's kernel drops the
+  fused activation and returns the bias alone for layers of fewer than 4 outputs (its
+  faults, tests/ops/test_ops_hybrid_blockwise.py): circle-jax applies the activation and
+  computes every output.
 - CONV_2D: each sample (the whole image) on its own; with per-channel weights asymmetric,
   whatever the option says (LiteRT's per-channel hybrid convolution), with per-tensor
   weights symmetric; padding contributes nothing; ``bias + acc * (s * scale)``.
@@ -84,7 +93,9 @@ def hybrid_weight(key: str, inputs: tuple[ir.Tensor | None, ...], options: Any =
     if w is None or w.dtype != "float32" or not w.is_constant or w.quantization is None:
         return None
     q = w.quantization
-    if q.blockwise is not None or not q.scale or (
+    if q.blockwise is not None:
+        return w if key == "FULLY_CONNECTED" and len(w.shape or ()) == 2 else None
+    if not q.scale or (
             len(q.scale) > 1 and q.quantized_dimension != _channel_axis(key, w, options)):
         return None
     return w
@@ -117,6 +128,65 @@ def rounded(t: Array) -> Array:
     return lax.bitcast_convert_type(bits, jnp.float32)
 
 
+def _split(a: Array) -> tuple[Array, Array]:
+    """``a = hi + lo`` exactly, ``hi`` of 12 significant bits (Veltkamp's split)."""
+    c = rounded(jnp.float32(4097) * a)
+    hi = rounded(c - rounded(c - a))
+    return hi, a - hi
+
+
+def _two_product(a: Array, b: Array) -> tuple[Array, Array]:
+    """``a * b = p + e`` exactly (Dekker's product; no fused multiply-add)."""
+    p = rounded(a * b)
+    (ah, al), (bh, bl) = _split(a), _split(b)
+    e = rounded(rounded(rounded(ah * bh) - p) + rounded(ah * bl) + rounded(al * bh)) \
+        + rounded(al * bl)
+    return p, e
+
+
+def _two_sum(a: Array, b: Array) -> tuple[Array, Array]:
+    """``a + b = s + e`` exactly (Knuth's sum; each step opaque to XLA's simplifier, which
+    would read ``(a + b) - a`` as ``b``)."""
+    s = rounded(a + b)
+    v = rounded(s - a)
+    return s, rounded(a - rounded(s - v)) + rounded(b - v)
+
+
+def _ratio(v: Array, r: Array) -> tuple[Array, Array]:
+    """``255 * v / r`` as a float32 pair (hi, lo), to about 44 bits."""
+    p, e = _two_product(jnp.full_like(v, 255), v)
+    q1 = exact_divide(p, r)
+    t, te = _two_product(q1, r)
+    return q1, exact_divide(rounded(rounded(p - t) - te) + e, r)
+
+
+def _round_pair(hi: Array, lo: Array) -> Array:
+    """``hi + lo`` rounded to an integer, ties away from zero (float32)."""
+    n = round_half_away(hi, jnp)
+    t = rounded(hi - n) + lo
+    up = (t > 0.5) | ((t == 0.5) & (n >= 0))
+    down = (t < -0.5) | ((t == -0.5) & (n <= 0))
+    return n + up.astype(n.dtype) - down.astype(n.dtype)
+
+
+def asymmetric_zero_point(lo: Array, hi: Array, width: Array) -> Array:
+    """LiteRT's asymmetric input zero point of a row with ``lo = min(x, 0)``, ``hi = max(x,
+    0)`` and ``width = hi - lo`` (float32): in float64 there, ``-128 - lo / s`` or
+    ``127 - hi / s`` (``s = width / 255``), whichever has the smaller error ``128 + |lo / s|``
+    against ``127 + |hi / s|``, rounded and clamped to [-128, 127]. Computed here in float32
+    pairs (``lo / s = 255 lo / width`` to about 44 bits), which decide every rounding as
+    float64 does but where the value lies within about 1e-12 of a half-integer."""
+    a1, a2 = _ratio(lo, width)
+    b1, b2 = _ratio(hi, width)
+    s, e = _two_sum(a1, b1)  # from the minimum when 128 - a < 127 + b: a + b > 1
+    from_min = (rounded(s - 1) + rounded(rounded(e + a2) + b2)) > 0
+    m1, me = _two_sum(jnp.full_like(a1, -128), -a1)
+    x1, xe = _two_sum(jnp.full_like(b1, 127), -b1)
+    zero = _round_pair(jnp.where(from_min, m1, x1),
+                       rounded(jnp.where(from_min, me - a2, xe - b2)))
+    return jnp.clip(zero, -128, 127)
+
+
 def quantize_rows(x: Array, asymmetric: bool) -> tuple[Array, Array, Array]:
     """(int32 values, float32 scale, int32 zero point) of each row of 2-d ``x``, quantized
     to int8 as LiteRT's hybrid kernels quantize their input (module docstring)."""
@@ -131,10 +201,11 @@ def quantize_rows(x: Array, asymmetric: bool) -> tuple[Array, Array, Array]:
     lo = jnp.minimum(jnp.min(x, axis=1), 0)
     hi = jnp.maximum(jnp.max(x, axis=1), 0)
     empty = lo == hi
-    scale = jnp.where(empty, f32(1), exact_divide(hi - lo, f32(255)))
-    zero = jnp.clip(round_half_away(f32(-128) - exact_divide(lo, scale), jnp), -128, 127)
+    width = jnp.where(empty, f32(1), hi - lo)
+    scale = jnp.where(empty, f32(1), exact_divide(width, f32(255)))
+    zero = asymmetric_zero_point(lo, hi, width)
     inverse = exact_divide(f32(1), scale)[:, None]
-    q = jnp.clip(round_half_away(zero[:, None] + rounded(x * inverse), jnp), -128, 127)
+    q = jnp.clip(zero[:, None] + round_half_away(rounded(x * inverse), jnp), -128, 127)
     zero = jnp.where(empty, 0, zero).astype(jnp.int32)
     return jnp.where(empty[:, None], 0, q).astype(jnp.int32), scale, zero
 
@@ -159,9 +230,49 @@ def _zero_bias(ctx: OpContext, b: Array, channels: int) -> Array:
     return jnp.zeros((channels,), jnp.float32) if b is None else b
 
 
+def _block_scales(ctx: OpContext) -> np.ndarray | None:
+    """A blockwise FULLY_CONNECTED weight's block scales (float32 ``[N, K / block]``, from
+    its float16 scales tensor), or None for an affine one."""
+    q = ctx.inputs[1].quantization
+    if q.blockwise is None:
+        return None
+    assert ctx.subgraph is not None, "a blockwise weight's scales are in its subgraph"
+    return np.asarray(ctx.subgraph.tensors[q.blockwise.scales].data, np.float32)
+
+
+def _sequential_sum(terms: Array) -> Array:
+    """``terms[0] + terms[1] + ...`` in float32, one addition after the other (the order of
+    a C loop over the leading axis), each addend rounded first (:func:`rounded`)."""
+    def step(total: Array, term: Array) -> tuple[Array, None]:
+        return total + rounded(term), None
+
+    return lax.scan(step, jnp.zeros_like(terms[0]), terms)[0]
+
+
+def blockwise_rows(rows: Array, wq: Array, scales: np.ndarray) -> Array:
+    """Blockwise hybrid FULLY_CONNECTED of 2-d float ``rows`` ``[M, K]`` and integer weights
+    ``wq`` ``[N, K]`` with float32 block scales ``[N, K / block]``, without bias (module
+    docstring)."""
+    f32 = jnp.float32
+    blocks = scales.shape[1]
+    size = rows.shape[1] // blocks
+    q, s, z = quantize_rows(rows, asymmetric=True)
+    q3 = q.reshape(q.shape[0], blocks, size)
+    w3 = wq.reshape(wq.shape[0], blocks, size)
+    acc = lax.dot_general(q3, w3, (((2,), (2,)), ((1,), (1,))),
+                          preferred_element_type=jnp.int32)  # [blocks, M, N]
+    y = _sequential_sum(acc.astype(f32) * scales.T[:, None, :])
+    kfsum = _sequential_sum(jnp.sum(w3, axis=2).T.astype(f32) * scales.T)  # [N]
+    y = y - rounded(z.astype(f32)[:, None] * kfsum[None, :])
+    return rounded(y * s[:, None])
+
+
 @register("FULLY_CONNECTED", hybrid=True, check=float_ops.check_fully_connected)
 def fully_connected(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Array:
-    """Hybrid FULLY_CONNECTED (module docstring)."""
+    """Hybrid FULLY_CONNECTED (module docstring), affine or blockwise weights."""
+    blocks = _block_scales(ctx)
+    if blocks is not None:
+        return _blockwise_fully_connected(ctx, x, w, b, blocks)
     scale = _grid(ctx, 0, 2)
     asymmetric = bool(ctx.options.asymmetric_quantize_inputs)
 
@@ -174,6 +285,24 @@ def fully_connected(ctx: OpContext, x: Array, w: Array, b: Array = None) -> Arra
                               preferred_element_type=jnp.int32)
         acc = acc - z[:, None] * jnp.sum(wq, axis=1)[None, :]
         y = b + rounded(acc.astype(jnp.float32) * (s[:, None] * scale.reshape(1, -1)))
+        return y.reshape((*rows.shape[:-1], y.shape[-1]))
+
+    def reference(x: Array, w: Array, b: Array) -> Array:
+        return float_ops.dense_rows(ctx, x, w) @ w.T + b
+
+    y = _straight_through(hybrid, reference, x, w, _zero_bias(ctx, b, w.shape[0]))
+    return fused_activation(y, ctx.options.fused_activation_function)
+
+
+def _blockwise_fully_connected(ctx: OpContext, x: Array, w: Array, b: Array,
+                               scales: np.ndarray) -> Array:
+    """Hybrid FULLY_CONNECTED with blockwise weights (module docstring)."""
+    per_value = np.repeat(scales, w.shape[1] // scales.shape[1], axis=1)
+
+    def hybrid(x: Array, w: Array, b: Array) -> Array:
+        rows = float_ops.dense_rows(ctx, x, w)
+        flat = rows.reshape(-1, rows.shape[-1])
+        y = b + blockwise_rows(flat, weight_integers(w, per_value), scales)
         return y.reshape((*rows.shape[:-1], y.shape[-1]))
 
     def reference(x: Array, w: Array, b: Array) -> Array:

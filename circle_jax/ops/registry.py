@@ -106,7 +106,8 @@ class OpContext:
     (read by fast implementations only; None outside a lowering). ``variables``: while a
     signature runs (`circle_jax.signatures`), the resource variables' values by shared_name,
     which the variable operators (`circle_jax.ops.variables`) read and assign in place;
-    None otherwise.
+    None otherwise. ``subgraph``: the operator's subgraph, where a kernel reads a tensor
+    its inputs only name (a blockwise weight's scales tensor); None outside a lowering.
     """
 
     op: ir.Operator
@@ -115,6 +116,7 @@ class OpContext:
     run_subgraph: Callable[[int, Sequence[Any]], tuple[Any, ...]]
     lowering: Any = None
     variables: dict[str, Any] | None = None
+    subgraph: ir.Subgraph | None = None
 
     @property
     def options(self) -> ir.Options:

@@ -144,21 +144,27 @@ _HYBRID_WEIGHTS = {("FULLY_CONNECTED", 1), ("CONV_2D", 1), ("DEPTHWISE_CONV_2D",
 
 
 def hybrid_weights(sg: ir.Subgraph) -> set[int]:
-    """The affine-quantized (per tensor or per channel, not blockwise) constants of ``sg``
-    read only as the weight of a FULLY_CONNECTED, CONV_2D or DEPTHWISE_CONV_2D with a float
-    input, or as the int8 right operand of a BATCH_MATMUL with a float left one (LiteRT
-    refuses an int4 one; circle-jax computes it in float): the weights of hybrid
-    operators."""
+    """The quantized constants of ``sg`` read only as the weight of a hybrid operator: an
+    affine (per tensor or per channel) one as the weight of a FULLY_CONNECTED, CONV_2D or
+    DEPTHWISE_CONV_2D with a float input, or as the int8 right operand of a BATCH_MATMUL
+    with a float left one (LiteRT refuses an int4 one; circle-jax computes it in float); a
+    blockwise 2-d one as the weight of a FULLY_CONNECTED with a float input (LiteRT's only
+    blockwise hybrid kernel)."""
     uses: dict[int, bool] = {}
     for op in sg.operators:
         float_input = bool(op.inputs) and op.inputs[0] >= 0 and sg.tensors[op.inputs[0]].is_float
         for pos, i in enumerate(op.inputs):
             if i >= 0:
-                hybrid = float_input and ((op.key, pos) in _HYBRID_WEIGHTS or (
-                    (op.key, pos) == ("BATCH_MATMUL", 1) and sg.tensors[i].dtype == "int8"))
+                t = sg.tensors[i]
+                if t.quantization is not None and t.quantization.blockwise is not None:
+                    hybrid = float_input and (op.key, pos) == ("FULLY_CONNECTED", 1) \
+                        and len(t.shape or ()) == 2
+                else:
+                    hybrid = float_input and ((op.key, pos) in _HYBRID_WEIGHTS or (
+                        (op.key, pos) == ("BATCH_MATMUL", 1) and t.dtype == "int8"))
                 uses[i] = uses.get(i, True) and hybrid
     return {i for i, only in uses.items() if only and is_quantized(t := sg.tensors[i])
-            and t.is_constant and t.quantization.blockwise is None}
+            and t.is_constant}
 
 
 def _where(model: ir.Model, sg: ir.Subgraph, what: str) -> str:

@@ -20,10 +20,18 @@ rounding it describes, from the :class:`FakeQuantPlan` of the source model
   ``scale = max|w| / qmax`` with ``q`` in ``[-qmax, qmax]``, asymmetric as
   ``scale = (max(w, 0) - min(w, 0)) / (qmax - qmin)`` with the zero point that maps 0 to an
   integer; per channel along the file's quantized dimension, or per tensor, as the file has it;
+- a *grid constant* (a quantized constant no operator reads as such a weight or through a
+  QUANTIZE / DEQUANTIZE: the constant operand of an ADD or MUL, e.g. a LayerNorm's epsilon,
+  gamma and beta) is rounded on the file's grid, its scale and zero point (per tensor or per
+  channel), clamped to its type's range: the integer kernel reading it reads the file's
+  parameters, so it trains as its integers move on that grid;
 - a *bias* (input 2 of CONV_2D, DEPTHWISE_CONV_2D, FULLY_CONNECTED; input 3 of
   TRANSPOSE_CONV) is re-quantized at scale ``s_input * s_weight`` (per output channel) with
   the weight's scales of that call, zero point 0, as int32 (int64 biases are not clamped),
   when its weight is a constant (a bias of a computed weight rounds as a weight does).
+
+A *weight* is a quantized constant read as input 1 of CONV_2D, DEPTHWISE_CONV_2D,
+FULLY_CONNECTED or TRANSPOSE_CONV, or read through a QUANTIZE / DEQUANTIZE (QDQ files).
 """
 
 from __future__ import annotations
@@ -58,6 +66,25 @@ class FakeQuantPlan:
     biases: dict[tuple[int, int], Bias]
     #: main-subgraph activations whose ranges move (`moving_ranges`; empty: the file's)
     moving: dict[str, tuple[int, ...]] = field(default_factory=dict)
+    #: grid constants (module docstring): rounded with the file's own parameters
+    constants: dict[tuple[int, int], QParams] = field(default_factory=dict)
+
+
+#: Operators whose input 1, a quantized constant, is a weight (module docstring).
+WEIGHT_READERS = frozenset(BIAS_POSITION)
+
+
+def _grid_constants(sg: ir.Subgraph) -> set[int]:
+    """Tensors of ``sg`` read, and only read, by operators other than QUANTIZE and
+    DEQUANTIZE at positions other than a weight's (module docstring)."""
+    grid: dict[int, bool] = {}
+    for op in sg.operators:
+        for pos, i in enumerate(op.inputs):
+            if i >= 0:
+                weight = op.type in ("QUANTIZE", "DEQUANTIZE") or (
+                    op.type in WEIGHT_READERS and pos == 1)
+                grid[i] = grid.get(i, True) and not weight
+    return {i for i, only in grid.items() if only}
 
 
 def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
@@ -66,6 +93,7 @@ def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
     acts: dict[tuple[int, int], QParams] = {}
     weights: dict[tuple[int, int], QParams] = {}
     biases: dict[tuple[int, int], Bias] = {}
+    constants: dict[tuple[int, int], QParams] = {}
     for sg in source.subgraphs:
         for op in sg.operators:
             pos = BIAS_POSITION.get(op.type)
@@ -73,12 +101,14 @@ def fake_quant_plan(source: ir.Model) -> FakeQuantPlan:
                 b, x, w = (sg.tensors[op.inputs[j]] for j in (pos, 0, 1))
                 if all(map(is_quantized, (b, x, w))) and b.is_constant and w.is_constant:
                     biases[(sg.index, b.index)] = Bias(x.index, w.index, QParams.of(b))
+        grid = _grid_constants(sg)
         for t in sg.tensors:
             key = (sg.index, t.index)
             if not is_quantized(t) or key in biases:
                 continue
-            (weights if t.is_constant else acts)[key] = QParams.of(t)
-    return FakeQuantPlan(acts, weights, biases)
+            kind = acts if not t.is_constant else constants if t.index in grid else weights
+            kind[key] = QParams.of(t)
+    return FakeQuantPlan(acts, weights, biases, constants=constants)
 
 
 def fake_quantize(model: ir.Model) -> ir.Model:

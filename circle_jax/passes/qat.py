@@ -10,6 +10,8 @@ and bias, the integers and parameters the simulation used (:func:`integer_model`
 by the same functions of `circle_jax.ops.fake_quant`):
 
 - a weight: ``quantize_weight`` of its master (re-quantized with the file's scheme);
+- a grid constant (an ADD's or MUL's constant operand): ``constant_on_grid`` of its master,
+  the file's scale and zero point;
 - a bias: ``round(b / (s_input * s_weight))`` at that scale, zero point 0;
 - activations keep the file's scales and zero points, as the simulation used them; with
   moving ranges (``load(qat_ranges="ema")``) those of the ranges given, computed by the
@@ -30,7 +32,13 @@ import numpy as np
 from ..errors import ConfigError
 from ..graph import ir
 from ..graph.quantization import QParams
-from ..ops.fake_quant import bias_scale, quantize_bias, quantize_weight, range_params
+from ..ops.fake_quant import (
+    bias_scale,
+    constant_on_grid,
+    quantize_bias,
+    quantize_weight,
+    range_params,
+)
 from .edit import replace_subgraph
 from .fake_quant import FakeQuantPlan
 
@@ -151,6 +159,10 @@ def integer_model(source: ir.Model, plan: FakeQuantPlan, params: Mapping[str, An
             q, scale, zero = quantize_weight(np.asarray(params[names[(k, i)]], np.float32), g)
             weights[(k, i)] = (scale, zero)
             tensors[i] = _written(tensors[i], q, replace(g, scale=scale, zero_point=zero))
+        for (k, i), g in plan.constants.items():
+            if k == sg.index and (k, i) in names:
+                q = constant_on_grid(np.asarray(params[names[(k, i)]], np.float32), g)[0]
+                tensors[i] = _written(tensors[i], q, g)
         for (k, i), b in plan.biases.items():
             if k != sg.index or (k, i) not in names or (k, b.weight) not in weights:
                 continue

@@ -203,3 +203,39 @@ def test_hybrid_batch_matmul_with_two_batch_dimensions_is_refused() -> None:
                          False, False)
     msg = refused_at_load(data, cj.UnsupportedOperatorError)
     assert "two batch dimensions above 1" in msg
+
+
+def _identity_fc(rows: int, depth: int) -> bytes:
+    """A hybrid FULLY_CONNECTED with identity int8 weights (scale 1) and
+    ``asymmetric_quantize_inputs``: its output is ``s * (q - z)``, the input's quantization
+    laid bare."""
+    b = Builder()
+    x = b.input("x", (rows, depth))
+    w = b.constant("w", np.eye(depth, dtype=np.int8),
+                   quantization=(np.ones(depth, np.float32), np.zeros(depth, int), 0))
+    bias = b.constant("b", np.zeros(depth, np.float32))
+    b.output(b.op("FULLY_CONNECTED", [x, w, bias], {"asymmetric_quantize_inputs": True},
+                  shapes=[(rows, depth)]))
+    return b.to_bytes("tflite")
+
+
+def test_asymmetric_input_quantization_at_its_edges_equals_litert() -> None:
+    """Where float32 arithmetic would part from LiteRT's: values whose ``x / s`` is a tie
+    (LiteRT adds the zero point after rounding: ``z + round(x / s)``), and rows whose zero
+    point lies within 2e-4 of a half-integer (LiteRT computes it in float64, from the
+    minimum or the maximum, whichever errs less), 360 of a million random rows."""
+    ties = np.zeros((2, 16), np.float32)
+    ties[0, :2], ties[1, :2] = (-15.875, 16.0), (-7.875, 24.0)  # s = 1/8, z = -1 and -65
+    ties[:, 2:11] = np.array([0.5, 1.5, 2.5, 3.5, -0.5, -1.5, -2.5, 10.5, 11.5]) / 8
+    rng = np.random.default_rng(11)
+    x = (rng.normal(size=(1_000_000, 16)) * rng.uniform(0.01, 50, (1_000_000, 1))
+         + rng.uniform(-5, 5, (1_000_000, 1))).astype(np.float32)
+    lo, hi = np.minimum(x.min(1), 0), np.maximum(x.max(1), 0)
+    z = np.float32(-128) - lo / ((hi - lo) / np.float32(255))  # float32's zero point
+    near = x[np.abs(np.abs(z - np.trunc(z)) - 0.5) < 2e-4]
+    assert len(near) > 300
+    for rows in (ties, near):
+        data = _identity_fc(*rows.shape)
+        model = cj.load(data)
+        np.testing.assert_array_equal(np.asarray(model.apply(model.params, rows)[0]),
+                                      run_litert(data, [rows])[0])

@@ -389,16 +389,25 @@ def test_builder_made_uint8_model_exports_what_it_simulates() -> None:
 
 
 def test_qat_forward_option_and_refusals() -> None:
-    """An unknown ``qat_forward`` and a quantized constant the integer forward cannot
-    re-quantize (an ADD operand) are refused in one line; the float forward takes it."""
+    """An unknown ``qat_forward`` is refused in one line. An ADD's quantized constant operand
+    is a grid constant both forwards train (`circle_jax.passes.fake_quant`); one a
+    FULLY_CONNECTED also reads as its weight, which the integer forward cannot give both
+    ways, is refused in one line there; the float forward takes it."""
     with pytest.raises(ValueError, match="qat_forward 'int8'") as e:
         cj.load(_fc_model(), qat=True, qat_forward="int8")
     b = cj.Builder()
     x = b.input("x", (1, 4), "int8", quantization=(0.05, 3))
     c = b.constant("c", np.arange(4, dtype=np.int8).reshape(1, 4), quantization=(0.1, 0))
     b.output(b.op("ADD", [x, c], quantization=[(0.1, -1)]))
-    with pytest.raises(cj.UnsupportedOperatorError, match="operator 0 .ADD. reads quantized "
-                       "constant 'c'") as e2:
+    model = cj.load(b.to_bytes("tflite"), qat=True)
+    assert model.qat_forward == "integer" and "c" in model.trainable_params
+    b = cj.Builder()
+    x = b.input("x", (4, 4), "int8", quantization=(0.05, 3))
+    w = b.constant("w", np.arange(16, dtype=np.int8).reshape(4, 4), quantization=(0.1, 0))
+    y = b.op("FULLY_CONNECTED", [x, w, -1], quantization=[(0.2, 0)])
+    b.output(b.op("ADD", [y, w], quantization=[(0.3, 0)]))
+    with pytest.raises(cj.UnsupportedOperatorError, match="operator 1 .ADD. reads quantized "
+                       "constant 'w'") as e2:
         cj.load(b.to_bytes("tflite"), qat=True)
     assert "\n" not in str(e.value) + str(e2.value)
     model = cj.load(b.to_bytes("tflite"), qat=True, qat_forward="fake_quant")
