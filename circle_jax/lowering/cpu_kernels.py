@@ -17,7 +17,8 @@ The rules:
   the baseline, ``x86_64_v3`` (AVX2) and ``x86_64_v4`` (AVX-512); elsewhere ``generic``.
   No ``-march=native``, no fused multiply-adds (``-ffp-contract=off``), no fast math: every
   level computes the same bits, whichever machine compiled it.
-- **Loaded** on first use: the highest installed level whose instructions this CPU has
+- **Loaded** on first use, where every object of the library was compiled for its level
+  (`compiled_for`): the highest installed level whose instructions this CPU has
   (`LEVELS`; ``/proc/cpuinfo``'s flags; without them, the baseline only).
   ``CIRCLE_JAX_CPU_KERNELS=<level>`` asks for one level; ``=0`` turns them off. A compiled
   program kept on disk registers them before it loads (`circle_jax.train.programs`).
@@ -53,6 +54,8 @@ TARGETS = ("circle_jax_depthwise_forward", "circle_jax_depthwise_weight_gradient
            "circle_jax_depthwise_clamped_forward", "circle_jax_depthwise_masked_gradient",
            "circle_jax_conv3x3_forward", "circle_jax_conv3x3_weight_gradient",
            "circle_jax_conv3x3_clamped_forward", "circle_jax_conv3x3_masked_gradient")
+#: each source file's record of the level its object was compiled for (``setup.py``)
+LEVEL_MARKERS = ("circle_jax_conv_level", "circle_jax_depthwise_level")
 _V3 = frozenset({"avx", "avx2", "bmi1", "bmi2", "f16c", "fma", "movbe", "xsave"})
 #: each level ``setup.py`` builds, best first, and the CPU flags it needs
 LEVELS: dict[str, frozenset[str]] = {
@@ -124,10 +127,26 @@ def _load() -> tuple[bool, str]:
         library = ctypes.CDLL(str(path))
     except OSError as e:
         return False, f"{path.name} does not load: {str(e)[:200]}"
+    built = compiled_for(library)
+    if set(built) != {detail}:
+        return False, f"{path.name} is linked from objects of levels {built}, not {detail} only"
     for name in TARGETS:
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, name)),
                                     platform="cpu")
     return True, f"{path} ({detail})"
+
+
+def compiled_for(library: ctypes.CDLL) -> list[str]:
+    """The level each of the library's object files was compiled for (`LEVEL_MARKERS`)."""
+    built = []
+    for marker in LEVEL_MARKERS:
+        function = getattr(library, marker, None)
+        if function is None:
+            built.append("none recorded")
+        else:
+            function.restype = ctypes.c_char_p
+            built.append(function().decode())
+    return built
 
 
 def _loaded() -> tuple[bool, str]:

@@ -12,7 +12,9 @@ any indexing error (a wrong tap or border is a difference of order 1)."""
 
 from __future__ import annotations
 
+import ctypes
 import os
+import platform
 import subprocess
 import sys
 
@@ -159,7 +161,9 @@ def test_float64_and_a_program_split_over_devices_lower_through_xla() -> None:
     """The depthwise weight gradient and the clamped layer's kernels, in a program on one
     CPU device only."""
     code = """
+import ctypes
 import os
+import platform
 os.environ["XLA_FLAGS"] = "--xla_force_host_platform_device_count=2"
 import jax, jax.numpy as jnp, numpy as np
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -188,12 +192,14 @@ print([[t in text for t in cpu_kernels.TARGETS[1:4]] for text in (one, split, wi
 
 def test_every_installed_level_is_registered_and_nothing_is_compiled() -> None:
     """The install built every level ``setup.py`` names for this machine (the kernels' files
-    sit beside their sources), the best one this CPU runs is loaded, and loading compiles
-    nothing: the module runs no compiler."""
+    sit beside their sources), each from objects compiled for that level alone, the best
+    one this CPU runs is loaded, and loading compiles nothing: the module runs no compiler."""
     levels = list(cpu_kernels.installed())
     want = [lv for lv in cpu_kernels.LEVELS if lv.startswith("x86_64")] \
-        if "x86_64" in levels else ["generic"]
-    assert levels and set(levels) <= set(want) and levels[-1] == want[-1]  # the baseline
+        if platform.machine().lower() in ("x86_64", "amd64") else ["generic"]
+    assert levels == want
+    for level, path in cpu_kernels.installed().items():
+        assert cpu_kernels.compiled_for(ctypes.CDLL(str(path))) == [level] * 2, level
     assert cpu_kernels.status().startswith("on: ") and cpu_kernels.status().endswith(
         f"({[lv for lv in levels if cpu_kernels.LEVELS[lv] <= cpu_kernels._cpu_flags()][0]})")
     source = open(cpu_kernels.__file__, encoding="utf-8").read()

@@ -18,6 +18,13 @@
 
 #include "xla/ffi/api/ffi.h"
 
+// The instruction-set level this object is compiled for (setup.py defines it); each source
+// file exports it as circle_jax_<file>_level, so a library linked from another level's
+// objects is caught at load (circle_jax/lowering/cpu_kernels.py).
+#ifndef CIRCLE_JAX_LEVEL
+#define CIRCLE_JAX_LEVEL "unnamed"
+#endif
+
 namespace circle_jax {
 
 namespace ffi = xla::ffi;

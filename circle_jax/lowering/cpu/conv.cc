@@ -226,6 +226,8 @@ ffi::Error MaskedGradient(ffi::ThreadPool pool, F32 x, F32 y, F32 ct,
 
 }  // namespace
 
+extern "C" const char* circle_jax_conv_level() { return CIRCLE_JAX_LEVEL; }
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_conv3x3_forward, Forward,
                               circle_jax::convolution_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_conv3x3_weight_gradient, WeightGradient,

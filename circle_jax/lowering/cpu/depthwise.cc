@@ -285,6 +285,8 @@ ffi::Error MaskedGradient(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> x,
 
 }  // namespace
 
+extern "C" const char* circle_jax_depthwise_level() { return CIRCLE_JAX_LEVEL; }
+
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_forward, Forward,
                               circle_jax::convolution_binding());
 XLA_FFI_DEFINE_HANDLER_SYMBOL(circle_jax_depthwise_weight_gradient, WeightGradient,
