@@ -115,25 +115,27 @@ def _choose() -> tuple[Path | None, str]:
 
 
 _LOCK = threading.Lock()
-#: (whether the kernels are registered, the library and level or why not); None: not yet
-_state: tuple[bool, str] | None = None
+#: (whether the kernels are registered, the library and level or why not, the library's
+#: file where registered); None: not yet
+_state: tuple[bool, str, Path | None] | None = None
 
 
-def _load() -> tuple[bool, str]:
+def _load() -> tuple[bool, str, Path | None]:
     path, detail = _choose()
     if path is None:
-        return False, detail
+        return False, detail, None
     try:
         library = ctypes.CDLL(str(path))
     except OSError as e:
-        return False, f"{path.name} does not load: {str(e)[:200]}"
+        return False, f"{path.name} does not load: {str(e)[:200]}", None
     built = compiled_for(library)
     if set(built) != {detail}:
-        return False, f"{path.name} is linked from objects of levels {built}, not {detail} only"
+        return (False, f"{path.name} is linked from objects of levels {built}, not {detail} "
+                "only (reinstall to rebuild it)", None)
     for name in TARGETS:
         jax.ffi.register_ffi_target(name, jax.ffi.pycapsule(getattr(library, name)),
                                     platform="cpu")
-    return True, f"{path} ({detail})"
+    return True, f"{path} ({detail})", path
 
 
 def compiled_for(library: ctypes.CDLL) -> list[str]:
@@ -149,7 +151,7 @@ def compiled_for(library: ctypes.CDLL) -> list[str]:
     return built
 
 
-def _loaded() -> tuple[bool, str]:
+def _loaded() -> tuple[bool, str, Path | None]:
     global _state
     with _LOCK:
         if _state is None:
@@ -164,7 +166,7 @@ def available() -> bool:
 
 def status() -> str:
     """"on: <library> (<level>)" or "off: <why>": what ``circle-jax train -v 2`` reports."""
-    on, detail = _loaded()
+    on, detail, _ = _loaded()
     return f"{'on' if on else 'off'}: {detail}"
 
 
@@ -176,8 +178,8 @@ def _digest(path: Path) -> str:
 def cache_key() -> str:
     """What a compiled program kept on disk depends on (`circle_jax.train.programs`):
     the library the kernels are (its level and bytes), or why they are off."""
-    path, detail = _choose()
-    return f"off: {detail}" if path is None else f"on: {detail} {_digest(path)}"
+    on, detail, path = _loaded()
+    return f"on: {detail} {_digest(path)}" if on else f"off: {detail}"
 
 
 def on_one_cpu(ctx: mlir.LoweringRuleContext) -> bool:

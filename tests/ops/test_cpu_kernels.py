@@ -306,11 +306,29 @@ def test_off_where_the_install_built_none(monkeypatch, tmp_path) -> None:
     """An install without a C++ compiler has no libraries: off, saying so, and a kept
     program's key says it too."""
     monkeypatch.setattr(cpu_kernels, "LIBRARY_DIR", tmp_path)
+    monkeypatch.setattr(cpu_kernels, "_state", None)
     monkeypatch.delenv(cpu_kernels.SWITCH, raising=False)
     assert cpu_kernels.installed() == {}
     path, why = cpu_kernels._choose()
     assert path is None and why.startswith("not built at install")
     assert cpu_kernels.cache_key() == f"off: {why}"
+
+
+@pytest.mark.skipif(platform.machine().lower() not in ("x86_64", "amd64"),
+                    reason="the levels are x86-64's")
+def test_a_library_of_another_levels_objects_is_refused(monkeypatch, tmp_path) -> None:
+    """A library whose objects were compiled for another level (what a parallel build into
+    one object folder linked) is not loaded: off, naming the levels found."""
+    v3 = cpu_kernels.installed()["x86_64_v3"]
+    (tmp_path / v3.name.replace("kernels_x86_64_v3", "kernels_x86_64")).write_bytes(
+        v3.read_bytes())
+    monkeypatch.setattr(cpu_kernels, "LIBRARY_DIR", tmp_path)
+    monkeypatch.setattr(cpu_kernels, "_state", None)
+    monkeypatch.setenv(cpu_kernels.SWITCH, "x86_64")
+    assert cpu_kernels.status().startswith("off: kernels_x86_64.") and cpu_kernels.status(
+        ).endswith("objects of levels ['x86_64_v3', 'x86_64_v3'], not x86_64 only "
+                   "(reinstall to rebuild it)")
+    assert not cpu_kernels.available() and cpu_kernels.cache_key().startswith("off: ")
 
 
 @pytest.mark.slow  # a build or float64 AD traces: the slow tier (CI runs it)
