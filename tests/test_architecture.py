@@ -155,6 +155,33 @@ def test_every_allowance_is_used(layer: str) -> None:
     assert not unused, f"{layer} is allowed imports it does not make: {sorted(unused)}"
 
 
+# The training step is defined below what drives it: `make_train_step`'s step and the
+# composed step import no driver (the compiled epochs, ``fit``, the programs kept on disk,
+# scoring, the checkpoint driver); the drivers import the step.
+STEP = ("circle_jax.train.step", "circle_jax.train.compose", "circle_jax.train.config")
+DRIVERS = ("circle_jax.train.trainer", "circle_jax.train.loop", "circle_jax.train.programs",
+           "circle_jax.train.scoring", "circle_jax.checkpoints")
+
+
+def _reachable(graph: dict[str, set[str]], start: str) -> set[str]:
+    seen, todo = set(), [start]
+    while todo:
+        m = todo.pop()
+        for d in graph.get(m, ()):
+            if d not in seen:
+                seen.add(d)
+                todo.append(d)
+    return seen
+
+
+@pytest.mark.parametrize("module", STEP)
+def test_the_training_step_imports_none_of_its_drivers(module: str) -> None:
+    reached = _reachable(_graph(), module)
+    bad = sorted(m for m in reached if any(_inside(m, d) for d in DRIVERS))
+    assert not bad, f"{module} reaches the drivers {bad}"
+    assert "circle_jax.train.step" in _graph()["circle_jax.train.trainer"]
+
+
 def test_the_allowances_read_as_written() -> None:
     assert _allows("circle_jax.ops.*", "circle_jax.ops") \
         and _allows("circle_jax.ops.*", "circle_jax.ops.integer.params")

@@ -3,8 +3,9 @@ and ``fit``, the one loop around them.
 
 Modules: `config` (what a run is, resolved once), `state` (the values passed around),
 `data` (checks, validation split, batches), `compose` (the step: a core update and the
-transforms around it), `trainer` (the step's data flow, and the compiled epochs),
-`step` (``make_train_step``: that step as pure ``init`` and ``step``), `loop` (``fit``:
+transforms around it), `step` (`TrainingStep`: the step's data flow, resolved once;
+``make_train_step``: that step as pure ``init`` and ``step``), `trainer` (the step driven
+as compiled epochs), `loop` (``fit``:
 epochs, chunks, callbacks, resumption), `programs` (compiled programs kept on disk between
 runs), `dispatch` (CPU programs run on the calling thread), `memory` (freed host memory
 kept for the next call).
@@ -28,7 +29,7 @@ if TYPE_CHECKING:
     from .memory import retain_host_memory
     from .programs import CLASSIC_EMITTERS, ProgramCache, cpu_compiler_options
     from .state import History, StepMetrics, TrainState
-    from .step import StepState, TrainStep, make_train_step
+    from .step import StepState, TrainingStep, TrainStep, make_train_step
     from .trainer import Trainer
 
 # public name -> the module that defines it
@@ -42,7 +43,7 @@ _LAZY = {
     "CLASSIC_EMITTERS": ".programs", "ProgramCache": ".programs",
     "cpu_compiler_options": ".programs",
     "History": ".state", "StepMetrics": ".state", "TrainState": ".state",
-    "StepState": ".step", "TrainStep": ".step", "make_train_step": ".step",
+    "StepState": ".step", "TrainingStep": ".step", "TrainStep": ".step", "make_train_step": ".step",
     "Trainer": ".trainer",
 }
 
@@ -62,7 +63,7 @@ def __dir__() -> list[str]:
 
 __all__ = [
     "CLASSIC_EMITTERS", "Callback", "FitResult", "History", "ProgramCache", "StepMetrics",
-    "StepState", "TrainConfig", "TrainStep",
+    "StepState", "TrainConfig", "TrainStep", "TrainingStep",
     "TrainState", "Trainer", "batched", "cpu_compiler_options", "fit", "inline_cpu_dispatch",
     "make_train_step", "prepare_data",
     "record_epoch", "retain_host_memory", "select_trainable", "split_validation",

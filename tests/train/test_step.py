@@ -22,7 +22,7 @@ def test_pure_step_scanned_is_fits_epoch(optimizer):
     model = reshape_mlp()
     x, y = toy_data(32)
     kw = {"batch_size": 8, "loss": "cce", "optimizer": optimizer, "learning_rate": 0.05}
-    init, step, trainer = make_train_step(model, **kw)
+    init, step, definition = make_train_step(model, **kw)
     state = jax.jit(init)(None)
 
     def epoch(s, batches):
@@ -30,7 +30,7 @@ def test_pure_step_scanned_is_fits_epoch(optimizer):
 
     batches = (jnp.reshape(x, (4, 8, *x.shape[1:])), jnp.reshape(y, (4, 8, *y.shape[1:])))
     state, metrics = jax.jit(epoch)(state, batches)
-    ours = trainer.merge(state.train, state.frozen)
+    ours = definition.merge(state.train, state.frozen)
     theirs = fit(model, x, y, epochs=1, **kw)
     assert set(ours) == set(theirs.params)
     for k in ours:
@@ -40,6 +40,24 @@ def test_pure_step_scanned_is_fits_epoch(optimizer):
     assert int(state.train.step) == 4
     moved = [k for k in ours if not np.array_equal(ours[k], model.params[k])]
     assert moved, "the step changed no weight"
+
+
+def test_the_step_is_defined_without_a_trainer():
+    """`make_train_step` builds the step alone (no compiled epochs, no program cache: a
+    `TrainingStep`, not a `Trainer`), and a `Trainer` of the same configuration steps the
+    same values: it is that step, driven."""
+    from circle_jax.train import Trainer, TrainingStep
+
+    model = reshape_mlp()
+    x, y = toy_data(8)
+    kw = {"batch_size": 8, "loss": "cce", "optimizer": "adam"}
+    init, step, definition = make_train_step(model, **kw)
+    assert type(definition) is TrainingStep and not isinstance(definition, Trainer)
+    ours, _ = jax.jit(step)(init(), ((x,), y))
+    trainer = Trainer(model, **kw)
+    state, frozen = trainer.init()
+    theirs, _ = jax.jit(trainer.train_step)(state, frozen, ((x,), y))
+    jax.tree.map(np.testing.assert_array_equal, ours.train.params, theirs.params)
 
 
 def test_pure_step_is_pure():
@@ -76,8 +94,8 @@ def test_repeated_fit_does_no_fixed_work(monkeypatch):
     monkeypatch.setattr(programs, "compile_for", counted("compiled", programs.compile_for))
     monkeypatch.setattr(data_module, "check_training_data",
                         counted("checked", data_module.check_training_data))
-    monkeypatch.setattr(trainer_module.Trainer, "_fresh_state",
-                        counted("fresh", trainer_module.Trainer._fresh_state))
+    monkeypatch.setattr(trainer_module.Trainer, "fresh_state",
+                        counted("fresh", trainer_module.Trainer.fresh_state))
     monkeypatch.setattr(trainer_module.Packed, "pack",
                         counted("packed", trainer_module.Packed.pack))
     monkeypatch.setattr(jax, "device_put", counted("device_put", jax.device_put))
