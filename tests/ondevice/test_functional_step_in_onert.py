@@ -48,15 +48,11 @@ np.savez(out, losses=np.array(losses), **{f"state{i}": v for i, v in enumerate(s
 MODELS = {
     "torch_mlp": ("tests/data/torch/mlp.tflite", "mse"),
     "planestrike": ("tfexamples_planestrike_mlp.tflite", "cce"),
-}
-#: models whose step needs operators onert's CPU backend does not have: CUMSUM (max
-#: pooling's gradient takes each window's first maximum) or TRANSPOSE_CONV (a convolution's
-#: input gradient)
-NO_TRANSPOSE_CONV = {
+    # convolutions, max pooling and their gradients (no CUMSUM, no TRANSPOSE_CONV: onert's
+    # CPU backend has neither for these steps)
     "onert_micro_mnist": ("onert_micro_simple_mnist_model.circle", "cce"),
     "keras_branching_cnn": ("tests/data/keras/branching_cnn.tflite", "cce"),
 }
-
 
 def _onert_run(tmp_path, export, feeds: list[np.ndarray], steps: int
                ) -> subprocess.CompletedProcess:
@@ -80,8 +76,8 @@ def _onert_steps(tmp_path, export, feeds: list[np.ndarray], steps: int
     return list(out["losses"]), {n: out[f"state{i}"] for i, n in enumerate(export.state)}
 
 
-def _problem(name: str, table: dict) -> tuple[cj.Model, np.ndarray, np.ndarray, str]:
-    path, loss = table[name]
+def _problem(name: str) -> tuple[cj.Model, np.ndarray, np.ndarray, str]:
+    path, loss = MODELS[name]
     model = cj.load(f"{REPO_ROOT}/{path}" if path.startswith("tests/") else shared_model(path))
     rng = np.random.default_rng(2)
     batch = 16
@@ -96,7 +92,7 @@ def _problem(name: str, table: dict) -> tuple[cj.Model, np.ndarray, np.ndarray, 
 @pytest.mark.parametrize("name", sorted(MODELS))
 def test_onert_inference_trains_the_functional_step_as_fit_does(tmp_path, name: str,
                                                                 optimizer: str) -> None:
-    model, x, y, loss = _problem(name, MODELS)
+    model, x, y, loss = _problem(name)
     steps = 20
     config = dict(loss=loss, optimizer=optimizer, learning_rate=0.001, batch_size=len(x))
     export = export_training_graph(model, file_format="circle", **config)
@@ -107,16 +103,3 @@ def test_onert_inference_trains_the_functional_step_as_fit_does(tmp_path, name: 
         w, w_ref = state[param], np.asarray(ref.params[param])
         assert np.max(np.abs(w - w_ref)) <= 1e-5 * np.max(np.abs(w_ref)), param
     assert losses[-1] < losses[0]
-
-
-@pytest.mark.parametrize("name", sorted(NO_TRANSPOSE_CONV))
-def test_onert_lacks_operators_of_convolution_steps(tmp_path, name: str) -> None:
-    """The known limit (docs/training-files.md): onert's CPU backend refuses the step of a
-    model whose gradients need CUMSUM or TRANSPOSE_CONV. Fails once onert runs them: then
-    these models join the ones above."""
-    model, x, y, loss = _problem(name, NO_TRANSPOSE_CONV)
-    export = export_training_graph(model, file_format="circle", loss=loss, optimizer="sgd",
-                                   learning_rate=0.001, batch_size=len(x))
-    done = _onert_run(tmp_path, export, [x, y], 1)
-    lacks = ("Unsupported operation: CUMSUM", "NYI for operation 'TransposeConv'")
-    assert done.returncode != 0 and any(m in done.stderr for m in lacks), done.stderr[-1500:]

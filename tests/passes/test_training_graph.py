@@ -160,6 +160,16 @@ RULE_CASES = [
     ("DEPTHWISE_CONV_2D", [_normal(2, 9, 9, 2), _normal(1, 3, 3, 4), _normal(4)],
      {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 2,
       "dilation_h_factor": 2, "dilation_w_factor": 2}),
+    # one channel out per channel in (the transpose a DEPTHWISE_CONV_2D): dilated, and
+    # strided with SAME padding of an even size (one more row after than before)
+    ("DEPTHWISE_CONV_2D", [_normal(2, 9, 8, 3), _normal(1, 3, 2, 3), _normal(3)],
+     {"padding": "SAME", "stride_h": 1, "stride_w": 1, "depth_multiplier": 1,
+      "dilation_h_factor": 2, "dilation_w_factor": 3}),
+    ("DEPTHWISE_CONV_2D", [_normal(1, 8, 10, 2), _normal(1, 3, 3, 2), _normal(2)],
+     {"padding": "SAME", "stride_h": 2, "stride_w": 2, "depth_multiplier": 1,
+      "fused_activation_function": "RELU6"}),
+    ("CONV_2D", [_normal(1, 8, 10, 2), _normal(3, 5, 4, 2), _normal(3)],
+     {"padding": "SAME", "stride_h": 2, "stride_w": 3}),
     ("RESIZE_BILINEAR", [_normal(2, 5, 4, 3), Const([9, 7], "int32")], {}),
     ("RESIZE_BILINEAR", [_normal(1, 6, 5, 2), Const([11, 3], "int32")],
      {"align_corners": True}),

@@ -1,14 +1,15 @@
 """Backward rules of CONV_2D, DEPTHWISE_CONV_2D and TRANSPOSE_CONV (NHWC input, filters
 ``[O, KH, KW, C]``, ``[1, KH, KW, C*M]``), from the cotangent ``gz`` before the fused
-activation (TRANSPOSE_CONV: see `transpose_conv`).
+activation (TRANSPOSE_CONV: see `transpose_conv`). No rule emits TRANSPOSE_CONV (onert's CPU
+backend has none for such a step): a transposed convolution is written as a CONV_2D
+(`transposed`).
 
 - Bias: ``gz`` summed over batch and space.
-- Input: TRANSPOSE_CONV of ``gz`` to the input's shape, with the convolution's strides and
-  padding (TRANSPOSE_CONV computes SAME padding from that shape as the convolution did):
-  CONV_2D's filter transposed to ``[C, KH, KW, O]``; DEPTHWISE_CONV_2D's made the
-  block-diagonal ``[C, KH, KW, C*M]`` (channel ``j`` of the output reads input channel
-  ``j // M``); a dilated convolution's filter with zeros between its taps (TRANSPOSE_CONV
-  has no dilation).
+- Input: the convolution transposed (`transposed`) from ``gz`` to the input's shape:
+  CONV_2D's filter transposed to ``[C, KH, KW, O]``; DEPTHWISE_CONV_2D's with one output
+  channel per input channel (``M = 1``) a DEPTHWISE_CONV_2D of its own filter, with
+  ``M > 1`` made the block-diagonal ``[C, KH, KW, C*M]`` (channel ``j`` of the output
+  reads input channel ``j // M``).
 - Filter: the correlation of the input with ``gz`` over batch and space, one CONV_2D with
   the batch as the channels: the input transposed to ``[C, H, W, N]`` and padded as the
   convolution pads it, filtered by ``gz`` transposed to ``[O, OH, OW, N]`` with stride = the
@@ -21,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...graph import ir
+from .emit import Emitter, Shape
 from .rule import Backward, Cotangents, Rule, activation_backward
 
 _NHWC_TO_CHWN = (3, 1, 2, 0)
@@ -35,10 +37,9 @@ def _padding(size: int, k: int, stride: int, dilation: int, padding: int, out: i
     return before, extent - before - size
 
 
-def _pad_crop(b: Backward, t: int, pads: list[tuple[int, int]]) -> int:
+def _pad_crop(e: Emitter, t: int, pads: list[tuple[int, int]]) -> int:
     """``t`` (NHWC) padded with zeros ``pads`` = [(top, bottom), (left, right)], a negative
     after part cropping instead."""
-    e = b.e
     (top, bottom), (left, right) = pads
     t = e.pad(t, [(0, 0), (top, max(bottom, 0)), (left, max(right, 0)), (0, 0)])
     n, hp, wp, c = e.shape(t)
@@ -70,39 +71,81 @@ def _filter_correlation(b: Backward, gz: int, n_out: int) -> int:
     kh, kw = b.shape(1)[1:3]
     sh, sw = o.stride_h or 1, o.stride_w or 1
     dh, dw = o.dilation_h_factor or 1, o.dilation_w_factor or 1
-    x = _pad_crop(b, b.x(0), [_padding(h, kh, sh, dh, o.padding, oh),
+    x = _pad_crop(e, b.x(0), [_padding(h, kh, sh, dh, o.padding, oh),
                               _padding(w, kw, sw, dw, o.padding, ow)])
     return _correlate(b, x, gz, (kh, kw), (dh, dw), (sh, sw))
 
 
-def _dilated(b: Backward, w: int) -> int:
-    """The filter ``w`` ``[A, KH, KW, B]`` with the convolution's dilation made zeros between
-    its taps, ``[A, (KH-1)*dh+1, (KW-1)*dw+1, B]``: per spatial axis, RESHAPE a unit axis
-    after it, PAD that axis to the dilation, RESHAPE the two into one, SLICE the trailing
-    zeros off (no operator for a dilation of 1)."""
-    e, o = b.e, b.op.options
-    for axis, d in ((1, o.dilation_h_factor or 1), (2, o.dilation_w_factor or 1)):
-        if d == 1:
+def zero_interleaved(e: Emitter, t: int, factors: tuple[int, int]) -> int:
+    """``t`` (NHWC) with ``factor - 1`` zeros between its positions along H and W,
+    ``[N, (H-1)*fh+1, (W-1)*fw+1, C]``: per spatial axis, RESHAPE to ``[before, axis, 1,
+    after]`` (the dimensions before and after it merged: PAD and RESHAPE stay rank 4, as
+    onert's PAD requires), PAD the unit axis to the factor, RESHAPE back with the axis that
+    many times longer, SLICE the trailing zeros off (no operator for a factor of 1)."""
+    for axis, f in ((1, factors[0]), (2, factors[1])):
+        if f == 1:
             continue
-        shape = list(e.shape(w))
+        shape = list(e.shape(t))
         k = shape[axis]
-        split = e.reshape(w, shape[:axis + 1] + [1] + shape[axis + 1:])
-        pads = [(0, 0)] * 5
-        pads[axis + 1] = (0, d - 1)
-        shape[axis] = k * d
+        split = e.reshape(t, [int(np.prod(shape[:axis])), k, 1, int(np.prod(shape[axis + 1:]))])
+        pads = [(0, 0), (0, 0), (0, f - 1), (0, 0)]
+        shape[axis] = k * f
         spread = e.reshape(e.pad(split, pads), shape)
-        shape[axis] = (k - 1) * d + 1
-        w = e.slice(spread, [0, 0, 0, 0], shape)
+        shape[axis] = (k - 1) * f + 1
+        t = e.slice(spread, [0, 0, 0, 0], shape)
+    return t
+
+
+def flipped(e: Emitter, w: int) -> int:
+    """The filter ``w`` ``[A, KH, KW, B]`` with its taps reversed along KH and KW: a GATHER
+    of the reversed positions per axis of more than one tap."""
+    for axis in (1, 2):
+        k = e.shape(w)[axis]
+        if k > 1:
+            w = e.op("GATHER", [w, e.const(np.arange(k - 1, -1, -1), "int32")], e.shape(w),
+                     {"axis": axis, "batch_dims": 0})
     return w
 
 
-def _input_grad(b: Backward, gz: int, weights: int) -> int:
-    """TRANSPOSE_CONV of ``gz`` to the input's shape with ``weights`` ``[C, KH, KW, O]``,
-    dilated as the convolution is (`_dilated`)."""
-    e, o = b.e, b.op.options
-    shape = b.shape(0)
-    return e.op("TRANSPOSE_CONV", [e.const(shape, "int32"), _dilated(b, weights), gz], shape,
-                {"padding": o.padding, "stride_h": o.stride_h or 1, "stride_w": o.stride_w or 1})
+def transposed(e: Emitter, g: int, w: int, out: Shape, strides: tuple[int, int],
+               dilation: tuple[int, int], padding: int, depthwise: bool = False,
+               flip: bool = True) -> int:
+    """The transpose of a convolution of ``out`` ``[N, H, W, B]`` (filter ``[A, KH, KW, B]``
+    read as TRANSPOSE_CONV's: ``A`` channels out of the convolution, ``B`` into it; with
+    ``depthwise``, ``[1, KH, KW, B]``) applied to ``g`` ``[N, OH, OW, A]``: each position of
+    ``g`` put back over the taps that made it, ``out[j] = sum over i, f with i*s - p + f*d
+    = j of g[i] w[f]``. Written as one VALID, stride-1 convolution with dilation ``d`` of
+    ``g`` with ``s - 1`` zeros between its positions (`zero_interleaved`), padded by ``(K-1)*d
+    - p`` before and ``H - 1 + p - (OH-1)*s`` after (cropped where negative), with the
+    filter `flipped` (CONV_2D's ``[B, KH, KW, A]``: the transposed filter's layout as it is;
+    or DEPTHWISE_CONV_2D's). ``p``: the convolution's padding before, SAME's from ``out``'s
+    size as the convolution computed it. ``flip=False``: ``w`` comes flipped already (a
+    constant filter, flipped when written)."""
+    _, oh, ow, _ = e.shape(g)
+    kh, kw = e.shape(w)[1:3]
+    pads = []
+    for size, k, s, d, n in ((out[1], kh, strides[0], dilation[0], oh),
+                             (out[2], kw, strides[1], dilation[1], ow)):
+        before = _padding(size, k, s, d, padding, n)[0]
+        pads.append(((k - 1) * d - before, size - 1 + before - (n - 1) * s))
+    x = _pad_crop(e, zero_interleaved(e, g, strides), pads)
+    options = {"padding": ir.PAD_VALID, "stride_h": 1, "stride_w": 1,
+               "dilation_h_factor": dilation[0], "dilation_w_factor": dilation[1]}
+    zero_bias = e.const(np.zeros(out[3], np.float32))  # LiteRT's convolutions need one
+    w = flipped(e, w) if flip else w
+    if depthwise:
+        return e.op("DEPTHWISE_CONV_2D", [x, w, zero_bias], tuple(out),
+                    {**options, "depth_multiplier": 1})
+    return e.op("CONV_2D", [x, w, zero_bias], tuple(out), options)
+
+
+def _input_grad(b: Backward, gz: int, weights: int, depthwise: bool = False) -> int:
+    """The convolution transposed (`transposed`) from ``gz`` to the input's shape, with
+    ``weights`` ``[C, KH, KW, O]`` (``depthwise``: the filter ``[1, KH, KW, C]``)."""
+    o = b.op.options
+    return transposed(b.e, gz, weights, b.shape(0), (o.stride_h or 1, o.stride_w or 1),
+                      (o.dilation_h_factor or 1, o.dilation_w_factor or 1), o.padding,
+                      depthwise)
 
 
 def conv_2d(b: Backward) -> Cotangents:
@@ -132,7 +175,9 @@ def depthwise_conv_2d(b: Backward) -> Cotangents:
     out: Cotangents = {}
     if 0 in b.wanted or 1 in b.wanted:
         mask = _block_mask(b)
-    if 0 in b.wanted:
+    if 0 in b.wanted and b.shape(1)[3] == b.shape(0)[3]:  # M = 1: a depthwise transpose
+        out[0] = _input_grad(b, gz, b.x(1), depthwise=True)
+    elif 0 in b.wanted:
         out[0] = _input_grad(b, gz, e.mul(b.x(1), mask))
     if 1 in b.wanted:
         full = _filter_correlation(b, gz, b.shape(1)[3])
@@ -169,7 +214,7 @@ def transpose_conv(b: Backward) -> Cotangents:
     e, o = b.e, b.op.options
     gz = activation_backward(b)
     strides = (o.stride_h or 1, o.stride_w or 1)
-    gp = _pad_crop(b, gz, _transpose_pads(b))
+    gp = _pad_crop(e, gz, _transpose_pads(b))
     out: Cotangents = {}
     if 2 in b.wanted:
         w = e.transpose(b.x(1), _NHWC_TO_CHWN)

@@ -1,15 +1,16 @@
 """Backward rules of AVERAGE_POOL_2D and MAX_POOL_2D (NHWC), from the cotangent ``gz``
-before the fused activation.
+before the fused activation, in operators every runtime here runs (no CUMSUM, no
+TRANSPOSE_CONV).
 
 - AVERAGE_POOL_2D: ``spread(gz / count)``, ``count`` the input positions each window
   averages (padding left out, as LiteRT's kernel averages). :func:`spread` puts values of
   the output back over each window: the channels moved into the batch
-  (``[N*C, OH, OW, 1]``), one TRANSPOSE_CONV with an all-ones ``[1, KH, KW, 1]`` filter and
-  the pool's strides and padding, moved back; each input position then holds the sum, over
-  the windows that contain it, of their values.
+  (``[N*C, OH, OW, 1]``), the pool as a convolution with an all-ones ``[1, KH, KW, 1]``
+  filter transposed (`conv.transposed`: a CONV_2D), moved back; each input position then
+  holds the sum, over the windows that contain it, of their values.
 - MAX_POOL_2D, any windows (overlapping ones too): each window's cotangent goes to its
   first maximum in row-major order, as TF's and circle-jax's reference gradient take it
-  (`max_pool_2d`: the windows' taps as channels, TRANSPOSE_CONV with one-hot filters).
+  (`max_pool_2d`: the windows' taps as channels, put back through one-hot filters).
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import numpy as np
 
 from ...graph import ir
+from .conv import transposed
 from .rule import Backward, Cotangents, Rule, activation_backward
 
 
@@ -33,9 +35,8 @@ def spread(b: Backward, g: int) -> int:
     kh, kw, sh, sw = _window(b)
     rows = e.reshape(e.transpose(g, (0, 3, 1, 2)), (n * c, oh, ow, 1))
     ones = e.const(np.ones((1, kh, kw, 1), np.float32))
-    full = e.op("TRANSPOSE_CONV", [e.const((n * c, h, w, 1), "int32"), ones, rows],
-                (n * c, h, w, 1), {"padding": b.op.options.padding, "stride_h": sh,
-                                   "stride_w": sw})
+    full = transposed(e, rows, ones, (n * c, h, w, 1), (sh, sw), (1, 1), b.op.options.padding,
+                      flip=False)
     return e.transpose(e.reshape(full, (n, c, h, w)), (0, 2, 3, 1))
 
 
@@ -85,9 +86,10 @@ def max_pool_2d(b: Backward) -> Cotangents:
     """The windows' values as channels, one per tap: DEPTHWISE_CONV_2D of the input (channels
     moved into the batch, ``[N*C, H, W, 1]``) with the one-hot filter of the taps, the
     padding's taps pushed to -3e38; a window's maximum its REDUCE_MAX; its first maximum
-    the tap equal to it with no equal tap before it (an exclusive CUMSUM of the equalities
-    is 0). The cotangent times that one-hot, put back by TRANSPOSE_CONV with the same
-    filter and geometry, and moved back to NHWC."""
+    the tap equal to it with no equal tap before it (the count of equal taps before each,
+    a FULLY_CONNECTED of the equalities with the strictly lower-triangular ones, is 0:
+    sums of a few 0/1 values, exact). The cotangent times that one-hot, put back by the
+    same filter's convolution transposed (`conv.transposed`), moved back to NHWC."""
     e, o = b.e, b.op.options
     n, h, w, c = b.shape(0)
     kh, kw, sh, sw = _window(b)
@@ -103,12 +105,15 @@ def max_pool_2d(b: Backward) -> Cotangents:
     windows = e.add(windows, e.const(penalty))
     top = e.reduce("REDUCE_MAX", windows, [3], keep_dims=True)
     equal = e.mask("EQUAL", windows, top)
-    before = e.op("CUMSUM", [equal, e.const(3, "int32")], e.shape(equal),
-                  {"exclusive": True, "reverse": False})
-    first = e.mul(equal, e.mask("EQUAL", before, e.scalar(0.0)))
+    earlier = np.tril(np.ones((t, t), np.float32), -1)  # row u: the taps before tap u
+    flat = e.reshape(equal, (n * c * oh * ow, t))
+    before = e.op("FULLY_CONNECTED", [flat, e.const(earlier), e.const(np.zeros(t, np.float32))],
+                  (n * c * oh * ow, t), {"fused_activation_function": ir.ACT_NONE,
+                                         "keep_num_dims": False})
+    first = e.mul(equal, e.reshape(e.mask("EQUAL", before, e.scalar(0.0)), e.shape(equal)))
     g_rows = e.reshape(e.transpose(gz, (0, 3, 1, 2)), (n * c, oh, ow, 1))
-    full = e.op("TRANSPOSE_CONV", [e.const((n * c, h, w, 1), "int32"), filt,
-                                   e.mul(first, g_rows)], (n * c, h, w, 1), geometry)
+    full = transposed(e, e.mul(first, g_rows), e.const(np.flip(taps, (1, 2)).copy()),
+                      (n * c, h, w, 1), (sh, sw), (1, 1), o.padding, flip=False)
     return {0: e.transpose(e.reshape(full, (n, c, h, w)), (0, 2, 3, 1))}
 
 
