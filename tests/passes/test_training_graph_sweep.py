@@ -40,11 +40,15 @@ REFUSED = {
 SKIPPED = {"oww_melspectrogram.tflite"}
 
 
+def model_source(name: str) -> str | bytes:
+    """A sweep name's file (``torch:<file>``: tests/data/torch's) or built model."""
+    return name.replace("torch:", f"{REPO_ROOT}/tests/data/torch/") \
+        if name.startswith("torch:") else model_zoo.source(name)
+
+
 def _outcome(name: str) -> str:
     """"exports", or the refusal's line."""
-    src = name.replace("torch:", f"{REPO_ROOT}/tests/data/torch/") \
-        if name.startswith("torch:") else model_zoo.source(name)
-    model = cj.load(src)
+    model = cj.load(model_source(name))
     declared = model.inputs[0].shape
     batch = 2 if model.batch_blocker is None else (declared[0] if declared else 1)
     try:
