@@ -124,7 +124,8 @@ class TrainingStep:
 
     @staticmethod
     def unpacked(state: TrainState) -> TrainState:
-        """``state`` with its params by name (the inverse of `packed`)."""
+        """``state`` with its params by name (the inverse of `Trainer.packed`; as it is
+        where they are by name already)."""
         if not isinstance(state.params, Packed):
             return state
         return state._replace(params=state.params.unpack())
@@ -139,6 +140,9 @@ class TrainingStep:
         return trainable, frozen
 
     def fresh_state(self, trainable: dict) -> TrainState:
+        """The state before the first step: the ``trainable`` params as masters, the
+        optimizer's initial state, the configured loss scale, step 0 and the model's
+        moving ranges."""
         trainable = self.split_params(trainable)[0]
         return TrainState(trainable, self.tx.init(trainable),
                           loss_scale_from_spec(self.config.loss_scale), jnp.zeros([], jnp.int32),

@@ -173,12 +173,13 @@ def depthwise_conv_2d(b: Backward) -> Cotangents:
     e = b.e
     gz = activation_backward(b)
     out: Cotangents = {}
-    if 0 in b.wanted or 1 in b.wanted:
+    one_per_channel = b.shape(1)[3] == b.shape(0)[3]  # M = 1: a depthwise transpose
+    # the block-diagonal mask, for the filter's gradient and an input's with M > 1 only
+    if 1 in b.wanted or (0 in b.wanted and not one_per_channel):
         mask = _block_mask(b)
-    if 0 in b.wanted and b.shape(1)[3] == b.shape(0)[3]:  # M = 1: a depthwise transpose
-        out[0] = _input_grad(b, gz, b.x(1), depthwise=True)
-    elif 0 in b.wanted:
-        out[0] = _input_grad(b, gz, e.mul(b.x(1), mask))
+    if 0 in b.wanted:
+        out[0] = _input_grad(b, gz, b.x(1), depthwise=True) if one_per_channel \
+            else _input_grad(b, gz, e.mul(b.x(1), mask))
     if 1 in b.wanted:
         full = _filter_correlation(b, gz, b.shape(1)[3])
         out[1] = e.reduce("SUM", e.mul(full, mask), [0], keep_dims=True)
