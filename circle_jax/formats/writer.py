@@ -70,12 +70,15 @@ def pack(model_object: Any, file_format: str) -> bytes:
 
 
 def write_model(model: ir.Model, file_format: str | None = None,
-                metadata: Mapping[str, bytes | None] | None = None) -> bytes:
+                metadata: Mapping[str, bytes | None] | None = None, *,
+                share_equal_buffers: bool = False) -> bytes:
     """The bytes of ``model`` as ``"circle"`` or ``"tflite"`` (default: its own format); see
     the module docstring for what is kept. ``metadata`` adds or replaces named metadata
-    buffers (``None`` removes one)."""
+    buffers (``None`` removes one). ``share_equal_buffers``: constants (not variables)
+    whose new buffers hold equal bytes read one buffer."""
     file_format = file_format or model.format
-    return pack(model_object(model, metadata, file_format), file_format)
+    return pack(model_object(model, metadata, file_format, share_equal_buffers),
+                file_format)
 
 
 def export_model(
@@ -115,7 +118,7 @@ def with_weights(model: ir.Model, weights: Mapping[TensorKey, np.ndarray]) -> ir
 
 
 def model_object(model: ir.Model, metadata: Mapping[str, bytes | None] | None = None,
-                 file_format: str | None = None) -> Any:
+                 file_format: str | None = None, share_equal_buffers: bool = False) -> Any:
     """circle-schema's ``ModelT`` of ``model`` (see the module docstring), its tensor types
     and quantization details coded by the schema of ``file_format`` (default: the model's)."""
     identifier = CIRCLE_IDENTIFIER if (file_format or model.format) == "circle" \
@@ -136,8 +139,11 @@ def model_object(model: ir.Model, metadata: Mapping[str, bytes | None] | None = 
     users.update(e.buffer for e in m.metadata or [])
     codes = _Codes(m)
     sources = m.subgraphs or []
+    first_new = len(m.buffers)
     m.subgraphs = [_subgraph(sg, before, sources, m.buffers, users, codes, identifier)
                    for sg in model.subgraphs]
+    if share_equal_buffers:
+        _share_equal_buffers(m, first_new)
     signatures = _signatures(model, before, m.signatureDefs or [])
     m.signatureDefs = signatures if signatures or m.signatureDefs is not None else None
     wanted = {**model.metadata, **(metadata or {})}
@@ -238,6 +244,27 @@ def _buffer(t: ir.Tensor, buffers: list[Any], users: Counter) -> int:
     buffers.append(new)
     users[len(buffers) - 1] = 1
     return len(buffers) - 1
+
+
+def _share_equal_buffers(m: Any, first_new: int) -> None:
+    """Point each constant reading a new buffer (index ``first_new`` on) at the first new
+    buffer of equal bytes, and drop the buffers no tensor reads any more."""
+    first: dict[bytes, int] = {}
+    target = list(range(len(m.buffers)))
+    for b in range(first_new, len(m.buffers)):
+        target[b] = first.setdefault(_buffer_data(m.buffers[b]).tobytes(), b)
+    read = set(range(first_new))
+    for sg in m.subgraphs:
+        for t in sg.tensors or []:
+            if t.buffer >= first_new and not t.isVariable:
+                t.buffer = target[t.buffer]
+            read.add(t.buffer)
+    kept = [b for b in range(len(m.buffers)) if b in read]
+    index = {b: k for k, b in enumerate(kept)}
+    m.buffers = [m.buffers[b] for b in kept]
+    for sg in m.subgraphs:
+        for t in sg.tensors or []:
+            t.buffer = index[t.buffer]
 
 
 def _buffer_data(b: Any) -> np.ndarray:

@@ -3,6 +3,6 @@ operators (`export_training_graph`; the graph pass is `circle_jax.passes.trainin
 
 from __future__ import annotations
 
-from .export import PACKAGINGS, TrainingExport, export_training_graph, step_config
+from .export import PACKAGINGS, TrainingExport, export_training_graph, exportable, step_config
 
-__all__ = ["PACKAGINGS", "TrainingExport", "export_training_graph", "step_config"]
+__all__ = ["PACKAGINGS", "TrainingExport", "export_training_graph", "exportable", "step_config"]

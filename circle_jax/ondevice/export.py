@@ -19,6 +19,10 @@ a runtime trains by feeding each step's new state into the next. The ``.wof`` ho
 initial state (buffer k = tensor k of subgraph 0: the state inputs' values, no buffer for
 the other tensors).
 
+A model whose subgraph 0 holds STABLEHLO_COMPOSITE operators is exported as its
+decompositions inlined (`exportable`): the decompositions' builtin operators have backward
+rules, and the exported forward computes what circle-jax runs.
+
 What the step cannot take is refused in one line (`ConfigError`, or
 `UnsupportedOperatorError` naming every operator without a backward rule on the trainable
 path) before anything is written: optimizers other than SGD (with or without momentum,
@@ -42,6 +46,8 @@ from ..formats.writer import write_model
 from ..losses import get_clip, loss_name
 from ..model import Model
 from ..optim import hyperparameters, optimizer_name
+from ..passes.composite import COMPOSITE, inline_composites
+from ..passes.signature import keep_reachable
 from ..passes.training_graph import (
     LossSpec,
     OptimizerSpec,
@@ -83,6 +89,7 @@ def export_training_graph(model: Model, config: TrainConfig | None = None, *,
     if packaging not in PACKAGINGS:
         raise ConfigError(f"unknown training-graph packaging {packaging!r}: expected one of "
                           f"{', '.join(PACKAGINGS)}")
+    model = exportable(model)
     params = {k: np.asarray(v) for k, v in (model.params if params is None else params).items()}
     step = step_config(model, config, **overrides)
     built = functional_step(model.ir, step, params)
@@ -92,7 +99,7 @@ def export_training_graph(model: Model, config: TrainConfig | None = None, *,
         except ValueError as e:
             raise ConfigError(str(e)) from None
         sg = packed.main
-        return TrainingExport(write_model(packed, file_format), None,
+        return TrainingExport(write_model(packed, file_format, share_equal_buffers=True), None,
                               tuple(sg.tensors[i].name for i in sg.inputs),
                               tuple(sg.tensors[i].name for i in sg.outputs),
                               {name: value for name, value in built.state})
@@ -100,10 +107,20 @@ def export_training_graph(model: Model, config: TrainConfig | None = None, *,
     buffers: list[np.ndarray | None] = [None] * len(sg.tensors)
     for (_, value), i in zip(built.state, built.state_inputs):
         buffers[i] = value
-    return TrainingExport(write_model(built.model, file_format), encode_wof(buffers),
+    return TrainingExport(write_model(built.model, file_format, share_equal_buffers=True),
+                          encode_wof(buffers),
                           tuple(sg.tensors[i].name for i in sg.inputs),
                           tuple(sg.tensors[i].name for i in sg.outputs),
                           {name: value for name, value in built.state})
+
+
+def exportable(model: Model) -> Model:
+    """The model the step is built from: ``model`` with subgraph 0's composites inlined and
+    the subgraphs nothing runs any more dropped (same lowering and numerics); ``model``
+    itself when it has none."""
+    if not any(op.type == COMPOSITE for op in model.ir.main.operators):
+        return model
+    return Model(keep_reachable(inline_composites(model.ir)), model.lowering, model.numerics)
 
 
 def step_config(model: Model, config: TrainConfig | None = None, **overrides: Any

@@ -19,6 +19,8 @@ and :func:`keep_reachable` (`.signature`),
 :func:`fake_quantize` (`.fake_quant`: a fully quantized model as the float model that
 simulates it, for quantization-aware training),
 :func:`untie_shared_constants` (`.untie`), :func:`add_missing_biases` (`.bias`),
+:func:`inline_composites` (`.composite`: STABLEHLO_COMPOSITE as its decomposition, for the
+exported training step),
 :func:`read_variables_as_constants` (`.variables`: an on-device training file's signature
 as an ordinary model);
 personalizing ones (:func:`personalize`): :func:`replace_head` (`.head`), :func:`add_lora`
@@ -35,6 +37,7 @@ from functools import partial
 from ..errors import ConfigError
 from ..graph import ir
 from .bias import add_missing_biases, bias_operators, bias_selection
+from .composite import inline_composites
 from .dequantize import dequantize_model, requantize_weights, weight_only
 from .edit import (
     add_constant,
@@ -152,8 +155,8 @@ __all__ = [
     "FakeQuantPlan", "add_tensor", "bias_operators", "bias_selection", "check_lora_options",
     "check_personalizable",
     "dequantize_model", "fake_quantize_pairs", "fill_conversion_shapes",
-    "fake_quant_plan", "fake_quantize", "keep_reachable", "lora_frozen", "lora_targets",
-    "merge_lora",
+    "fake_quant_plan", "fake_quantize", "inline_composites", "keep_reachable", "lora_frozen",
+    "lora_targets", "merge_lora",
     "personal_params", "personalize", "pipeline", "pipeline_stages", "ran", "reachable",
     "read_variables_as_constants", "record", "replace_head", "replace_inputs",
     "replace_subgraph", "requantize_weights", "run", "run_stages", "Stage", "When",

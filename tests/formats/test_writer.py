@@ -52,3 +52,29 @@ def test_a_round_trip_with_no_pass_keeps_every_field(name: str) -> None:
     data = open(shared_model(name), "rb").read()
     written = write_model(read_model(data))
     assert differences(source_tree(data), source_tree(written)) == []
+
+
+def test_shared_equal_buffers_merge_constants_and_keep_variables_apart() -> None:
+    """``share_equal_buffers``: two constants of equal bytes read one buffer; a variable
+    of the same bytes keeps its own (a runtime may write it); a different constant its own."""
+    from circle_jax.formats.schema import OPERATOR_CODES
+    from circle_jax.graph import ir
+
+    ones, twos = np.ones(4, np.float32), np.full(4, 2, np.float32)
+    tensors = (ir.Tensor(0, "x", (4,), "float32", 0),
+               *(ir.Tensor(k, n, (4,), "float32", ir.NEW_BUFFER, d, is_variable=n == "v")
+                 for k, (n, d) in enumerate([("a", ones), ("b", ones), ("v", ones),
+                                             ("c", twos)], start=1)),
+               *(ir.Tensor(k, f"y{k}", (4,), "float32", 0) for k in range(5, 9)))
+    ops = tuple(ir.Operator(k, "ADD", OPERATOR_CODES["ADD"], (0, k + 1), (k + 5,))
+                for k in range(4))
+    model = ir.Model((ir.Subgraph(0, "main", tensors, ops, (0,), (5, 6, 7, 8)),),
+                     "TFL3", 3, "shared", {})
+    apart, shared = (unpack(write_model(model, "tflite", share_equal_buffers=s))
+                     for s in (False, True))
+    buffer = {t.name.decode(): t.buffer for t in shared.subgraphs[0].tensors}
+    assert buffer["a"] == buffer["b"] and len({buffer["a"], buffer["v"], buffer["c"]}) == 3
+    assert len(shared.buffers) == len(apart.buffers) - 1
+    read = read_model(write_model(model, "tflite", share_equal_buffers=True)).main.tensors
+    for t, written in zip(tensors[1:5], read[1:5]):
+        np.testing.assert_array_equal(written.data, t.data)

@@ -503,3 +503,24 @@ def test_litert_trains_the_signatures_packaging_as_fit_does() -> None:
     np.testing.assert_allclose(out, model.apply(ref.params, x[:1])[0], rtol=RTOL, atol=ATOL)
     interp.get_signature_runner("restore")(**export.state)
     assert float(train(flatten_input=x, target=y)["loss"]) == pytest.approx(losses[0], rel=1e-6)
+
+
+@pytest.mark.parametrize("packaging", ["signatures", "functional"])
+def test_the_export_stores_each_constant_once(packaging: str) -> None:
+    """The plane-strike MLP with its last layer trained under Adam: the frozen weights,
+    read by both ``train`` and ``infer``, and the zero-initialised slots of equal shapes
+    are stored once (no two buffers hold equal bytes); ``infer`` still computes with them."""
+    from circle_jax.formats.reader import unpack
+
+    model = cj.load(shared_model("tfexamples_planestrike_mlp.tflite"))
+    export = export_training_graph(model, packaging=packaging, loss="cce", optimizer="adam",
+                                   learning_rate=1e-3, batch_size=4, trainable=2)
+    stored = [b.data.tobytes() for b in unpack(export.model).buffers if b.data is not None]
+    assert len(stored) == len(set(stored))
+    if packaging == "signatures":
+        from ai_edge_litert import interpreter as litert
+
+        x = np.random.default_rng(4).uniform(-1, 1, (1, 8, 8)).astype(np.float32)
+        infer = litert.Interpreter(model_content=export.model).get_signature_runner("infer")
+        (out,) = infer(flatten_input=x).values()
+        np.testing.assert_allclose(out, model.apply(model.params, x)[0], rtol=RTOL, atol=ATOL)
