@@ -19,9 +19,10 @@ a runtime trains by feeding each step's new state into the next. The ``.wof`` ho
 initial state (buffer k = tensor k of subgraph 0: the state inputs' values, no buffer for
 the other tensors).
 
-A model whose subgraph 0 holds STABLEHLO_COMPOSITE operators is exported as its
-decompositions inlined (`exportable`): the decompositions' builtin operators have backward
-rules, and the exported forward computes what circle-jax runs.
+A model whose subgraph 0 holds STABLEHLO_COMPOSITE operators is exported with their
+decompositions inlined, its loops of a static trip count (a converted Keras RNN's WHILE)
+and its plain LSTM layers unrolled into their iterations (`exportable`): those builtin
+operators have backward rules, and the exported forward computes what circle-jax runs.
 
 What the step cannot take is refused in one line (`ConfigError`, or
 `UnsupportedOperatorError` naming every operator without a backward rule on the trainable
@@ -47,6 +48,8 @@ from ..losses import get_clip, loss_name
 from ..model import Model
 from ..optim import hyperparameters, optimizer_name
 from ..passes.composite import COMPOSITE, inline_composites
+from ..passes.loops import unroll_static_whiles
+from ..passes.recurrent import LSTM, unroll_lstms
 from ..passes.signature import keep_reachable
 from ..passes.training_graph import (
     LossSpec,
@@ -89,9 +92,10 @@ def export_training_graph(model: Model, config: TrainConfig | None = None, *,
     if packaging not in PACKAGINGS:
         raise ConfigError(f"unknown training-graph packaging {packaging!r}: expected one of "
                           f"{', '.join(PACKAGINGS)}")
-    model = exportable(model)
+    flat = exportable(model)
     params = {k: np.asarray(v) for k, v in (model.params if params is None else params).items()}
-    step = step_config(model, config, **overrides)
+    step = step_config(flat, config, trainable_of=model, **overrides)
+    model = flat
     built = functional_step(model.ir, step, params)
     if packaging == "signatures":
         try:
@@ -115,18 +119,24 @@ def export_training_graph(model: Model, config: TrainConfig | None = None, *,
 
 
 def exportable(model: Model) -> Model:
-    """The model the step is built from: ``model`` with subgraph 0's composites inlined and
-    the subgraphs nothing runs any more dropped (same lowering and numerics); ``model``
-    itself when it has none."""
-    if not any(op.type == COMPOSITE for op in model.ir.main.operators):
+    """The model the step is built from: ``model`` with subgraph 0's composites inlined, its
+    loops of a static trip count and its plain LSTM layers unrolled
+    (`circle_jax.passes.unroll_static_whiles`, `circle_jax.passes.unroll_lstms`), the
+    subgraphs nothing runs any more dropped (same lowering and numerics); ``model`` itself
+    when there is none."""
+    if not any(op.type in (COMPOSITE, LSTM, "WHILE") for op in model.ir.main.operators):
         return model
-    return Model(keep_reachable(inline_composites(model.ir)), model.lowering, model.numerics)
+    flat = keep_reachable(unroll_lstms(unroll_static_whiles(inline_composites(model.ir))))
+    return Model(flat, model.lowering, model.numerics)
 
 
-def step_config(model: Model, config: TrainConfig | None = None, **overrides: Any
-                ) -> StepConfig:
+def step_config(model: Model, config: TrainConfig | None = None, *,
+                trainable_of: Model | None = None, **overrides: Any) -> StepConfig:
     """The `StepConfig` of ``model`` trained with ``config`` and ``overrides`` (see
-    `export_training_graph`); ConfigError (one line) for what the step cannot take."""
+    `export_training_graph`); ConfigError (one line) for what the step cannot take.
+    ``trainable_of``: the model whose operators and params the trainable set is chosen
+    from (default ``model``): the loaded model, when ``model`` is its `exportable` form
+    (``--num_of_trainable_ops N`` counts the file's operators, not the unrolled ones)."""
     cfg = (config or TrainConfig())
     if overrides:
         from dataclasses import replace
@@ -150,14 +160,15 @@ def step_config(model: Model, config: TrainConfig | None = None, **overrides: An
     loss_spec = _loss_spec(loss, reduction.value, num)
     opt_spec = _optimizer_spec(opt, float(cfg.learning_rate), num.optimizer_kwargs,
                                float(cfg.batch_size) if num.sum_gradients else 1.0)
-    names = select_trainable(model, cfg.trainable)
+    names = select_trainable(trainable_of or model, cfg.trainable)
     if not names:
         raise ConfigError("nothing trains: the trainable set is empty (expected "
                           "--num_of_trainable_ops -1 or N > 0, or params named)")
     keys = model.param_keys
-    outside = sorted(n for n in names if keys[n][0] != 0)
+    outside = sorted(n for n in names if n not in keys or keys[n][0] != 0)
     if outside:
-        raise ConfigError(f"trainable params outside subgraph 0 cannot be exported: {outside}")
+        raise ConfigError(f"trainable params outside subgraph 0 cannot be exported (a loop "
+                          f"whose trip count is not static, a branch): {outside}")
     trainable = tuple((n, keys[n][1]) for n in sorted(names, key=lambda n: keys[n][1]))
     reads = num.logits_of[0] if num.logits_of else model.ir.main.outputs[output]
     return StepConfig(loss_spec, opt_spec, reads, trainable,

@@ -20,7 +20,9 @@ and :func:`keep_reachable` (`.signature`),
 simulates it, for quantization-aware training),
 :func:`untie_shared_constants` (`.untie`), :func:`add_missing_biases` (`.bias`),
 :func:`inline_composites` (`.composite`: STABLEHLO_COMPOSITE as its decomposition, for the
-exported training step),
+exported training step), :func:`unroll_lstms` (`.recurrent`: a plain LSTM layer as its
+time steps' builtin operators, for the same), :func:`unroll_static_whiles` (`.loops`: a
+WHILE of a static trip count as copies of its body, for the same),
 :func:`read_variables_as_constants` (`.variables`: an on-device training file's signature
 as an ordinary model);
 personalizing ones (:func:`personalize`): :func:`replace_head` (`.head`), :func:`add_lora`
@@ -51,8 +53,10 @@ from .edit import (
 )
 from .fake_quant import FakeQuantPlan, fake_quant_plan, fake_quantize
 from .head import replace_head
+from .loops import unroll_static_whiles
 from .lora import adapter_names, add_lora, lora_frozen, lora_targets, merge_lora
 from .qdq import fake_quantize_pairs
+from .recurrent import unroll_lstms
 from .shapes import fill_conversion_shapes
 from .signature import (
     keep_reachable,
@@ -161,5 +165,6 @@ __all__ = [
     "read_variables_as_constants", "record", "replace_head", "replace_inputs",
     "replace_subgraph", "requantize_weights", "run", "run_stages", "Stage", "When",
     "select_signature", "select_subgraph", "set_inputs", "set_outputs", "signature_keys",
-    "untie_shared_constants", "uses_variables", "weight_only",
+    "unroll_lstms", "unroll_static_whiles", "untie_shared_constants", "uses_variables",
+    "weight_only",
 ]

@@ -188,6 +188,10 @@ RULE_CASES = [
     ("EXP", [_normal(3, 4)], {}),
     ("LOG", [np.abs(_normal(3, 4)) + 0.5], {}),
     ("PRELU", [_normal(2, 3, 4), _normal(1, 4)], {}),
+    ("MAXIMUM", [_normal(2, 3, 4), _normal(3, 1)], {}),
+    # whole numbers: ties, whose cotangent goes to the first operand
+    ("MINIMUM", [np.round(_normal(4, 5)), np.round(_normal(4, 5))], {}),
+    ("MAXIMUM", [np.round(_normal(4, 5)), np.round(_normal(5))], {}),
 ]
 
 

@@ -31,9 +31,6 @@ REFUSED = {
     "aeq_bmm.tflite": "nothing trains",  # two runtime inputs, no weight
     "aeq_toy_transformer_kv_cache_2sig.tflite": OUTSIDE,
     "one_vscode_while_000.circle": OUTSIDE,  # the WHILE body's weight
-    "tflm_mnist_lstm_float.tflite": "UNIDIRECTIONAL_SEQUENCE_LSTM #0",
-    "keras:lstm.tflite": OUTSIDE,
-    "keras:lstm_b16.tflite": OUTSIDE,
 }
 # shapes of its own (a waveform of at least 512 samples, `model_zoo.SAMPLE_SHAPES`)
 SKIPPED = {"oww_melspectrogram.tflite"}
@@ -53,10 +50,11 @@ def sweep_batch(model: cj.Model) -> int:
 
 def _outcome(name: str) -> str:
     """"exports", or the refusal's line."""
-    model = exportable(cj.load(model_source(name)))
+    loaded = cj.load(model_source(name))
+    model = exportable(loaded)
     batch = sweep_batch(model)
     try:
-        config = step_config(model, batch_size=batch, trainable=-1)
+        config = step_config(model, batch_size=batch, trainable=-1, trainable_of=loaded)
     except cj.CircleJaxError as e:
         return str(e)
     missing = unsupported(model.ir, config)

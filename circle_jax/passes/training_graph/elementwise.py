@@ -11,6 +11,9 @@ activations, and the activation operators, each from its output where that is en
   ``2 g (a - b)`` and its negation, each summed over its broadcast axes; RSQRT
   ``y = x**-0.5``: ``-0.5 g y**3``; SQRT ``g * 0.5 / y``; SQUARE ``2 g x``; EXP ``g y``;
   LOG ``g / x``.
+- MAXIMUM / MINIMUM: ``g`` to the first operand where it is selected, ties included
+  (``x >= y`` / ``x <= y``, TF's mask), to the second elsewhere, each summed over its
+  broadcast axes.
 - PRELU ``y = x`` where ``x > 0`` else ``alpha * x`` (alpha broadcast): the input's
   ``g`` where ``x > 0`` else ``alpha * g``; alpha's ``g * x`` where ``x <= 0``, summed over
   its broadcast axes.
@@ -55,6 +58,20 @@ def div(b: Backward) -> Cotangents:
         ratio = e.div(b.x(0), b.x(1))
         out[1] = e.unbroadcast(e.unary("NEG", e.mul(gn, ratio)), b.shape(1))
     return out
+
+
+def _select(comparison: str) -> Rule:
+    def backward(b: Backward) -> Cotangents:
+        e = b.e
+        first = e.mask(comparison, b.x(0), b.x(1))
+        out: Cotangents = {}
+        if 0 in b.wanted:
+            out[0] = e.unbroadcast(e.mul(b.grad, first), b.shape(0))
+        if 1 in b.wanted:
+            out[1] = e.unbroadcast(e.mul(b.grad, e.sub(e.scalar(1.0), first)), b.shape(1))
+        return out
+
+    return Rule(backward)
 
 
 def _clamp(lo: float | None, hi: float | None) -> Rule:
@@ -146,4 +163,5 @@ RULES = {
     "SOFTMAX": Rule(softmax), "NEG": Rule(neg),
     "SQUARED_DIFFERENCE": Rule(squared_difference), "RSQRT": Rule(rsqrt), "SQRT": Rule(sqrt),
     "SQUARE": Rule(square), "EXP": Rule(exp), "LOG": Rule(log), "PRELU": Rule(prelu),
+    "MAXIMUM": _select("GREATER_EQUAL"), "MINIMUM": _select("LESS_EQUAL"),
 }
