@@ -15,10 +15,22 @@ amplify float32's rounding. circle-jax's steps are ``fit``'s, or `make_train_ste
 jitted where the output does not follow the inputs' batch (one call is one sample: ``fit``
 cannot slice the targets by the inputs' samples).
 
-The contract: losses 1e-5 relative, each weight within 1e-5 of its largest element (two
-float32 summation orders over 20 steps). Each exception is in ``DRIFT`` with its measured
-bound, and its parting is shown to be float32 rounding both sides share: the export's first
-gradient is as near float64's as circle-jax's (`gradient_errors`).
+The contract, on LiteRT's builtin kernels: each step's loss within 1e-5 relative; each
+weight within 1e-5 of its largest element, or, where float32 itself does not reach that (a
+bias whose gradient is a sum that cancels; under Adam, elements whose gradients are rounding
+noise that its per-element scaling turns into full steps), the export as near float64
+training (circle-jax's, ``precision="float64"``) as circle-jax's float32 training is, to a
+factor of 3 (`FLOAT64_RATIO`). Measured on 2026-12-04 (2-core AMD EPYC): the losses within
+7e-7 on every model; the weights past 1e-5 on the face detector (SGD 6.6e-4 from
+circle-jax's; from float64's 2.7e-4 against circle-jax's 6.4e-4), the audio classifier (SGD
+2.4e-5; 1.9e-4 against 1.7e-4) and under Adam on both and the autoencoder (1.1e-4; 6.3e-5
+against 8.4e-5).
+
+LiteRT's default kernels (the XNNPACK delegate) sum in other orders: on every model their
+first gradient is as near float64's as circle-jax's (`test_litert_default_kernels_...`), but
+over 20 steps Adam's per-element scaling can carry that order into another trajectory (the
+autoencoder under Adam on the machine above: losses 8.1e-4 apart at step 20, first parting
+at step 6; 4e-7 on the builtin kernels), so the trajectories run on the builtin kernels.
 """
 
 from __future__ import annotations
@@ -45,21 +57,8 @@ from tests.passes.test_training_graph_sweep import (
 STEPS = 20
 BACKTRACKS = 8
 TOLERANCE = 1e-5
-# (model, optimizer): (losses' bound, weights' bound), about twice the drift measured
-# (benchmarks/TRAINING_GRAPH.md); every loss stays within the tolerance, and the weights
-# that part are small ones (zero-initialised biases, whose largest element after 20 steps is
-# the steps themselves) whose float32 gradients already differ from float64's
-# (`gradient_errors`: face detector 2.6e-5 of the largest gradient element, LiteRT and
-# circle-jax alike), or, under Adam, elements whose gradients are rounding noise that Adam's
-# per-element scaling turns into full steps.
-DRIFT: dict[tuple[str, str], tuple[float, float]] = {
-    ("mediapipe_face_detection_short_range_fp16w.tflite", "sgd"): (TOLERANCE, 5e-4),  # 2.3e-4
-    ("mediapipe_face_detection_short_range_fp16w.tflite", "adam"): (TOLERANCE, 2e-3),  # 7.7e-4
-    ("mediapipe_hand_recrop_fp32.tflite", "sgd"): (TOLERANCE, 2e-3),  # 7.6e-4, a bias
-    ("mlperftiny_ad01_autoencoder_fp32.tflite", "adam"): (TOLERANCE, 1e-3),  # 4.5e-4
-    ("tflite_support_audio_classifier_float.tflite", "sgd"): (TOLERANCE, 5e-5),  # 1.8e-5
-    ("tflite_support_audio_classifier_float.tflite", "adam"): (TOLERANCE, 1.5e-4),  # 5.5e-5
-}
+# the largest ratio of the export's distance to float64 training over circle-jax's float32's
+FLOAT64_RATIO = 3.0
 
 
 class Problem(NamedTuple):
@@ -123,48 +122,35 @@ def _circle_jax_steps(model: cj.Model, xs: list[np.ndarray], y: np.ndarray, step
     return {k: np.asarray(v) for k, v in state.train.params.items()}, losses
 
 
-def agreement(name: str, optimizer: str, steps: int = STEPS) -> tuple[float, float, str]:
-    """(the losses' largest relative difference, the worst weight's, that weight)."""
-    model, xs, y, config, params, theirs = problem(name, optimizer, steps)
-    losses, state = _steps(export_training_graph(model, **config), [*xs, y], steps)
-    theirs = np.asarray(theirs)
-    dl = float(np.max(np.abs(np.asarray(losses) - theirs) / np.maximum(np.abs(theirs), 1e-30)))
+class Distance(NamedTuple):
+    losses: float  # the largest relative difference of a step's loss
+    weights: float  # the worst weight's largest difference over its largest element
+    worst: str  # that weight
+
+
+def distance(losses: list[float], params: dict[str, np.ndarray], ref_losses: list[float],
+             ref_params: dict[str, np.ndarray]) -> Distance:
+    """How far a run (its per-step losses, its final params) is from a reference run."""
+    ref = np.asarray(ref_losses, np.float64)
+    dl = float(np.max(np.abs(np.asarray(losses, np.float64) - ref)
+                      / np.maximum(np.abs(ref), 1e-30)))
     worst, dw = "", 0.0
-    for param, w_ref in params.items():
-        d = float(np.max(np.abs(state[param] - w_ref)) / max(np.max(np.abs(w_ref)), 1e-30))
+    for param, w_ref in ref_params.items():
+        w_ref = np.asarray(w_ref, np.float64)
+        d = float(np.max(np.abs(np.asarray(params[param], np.float64) - w_ref))
+                  / max(float(np.max(np.abs(w_ref))), 1e-30))
         if d >= dw:
             worst, dw = param, d
-    return dl, dw, worst
+    return Distance(dl, dw, worst)
 
 
-def gradient_errors(name: str) -> tuple[float, float]:
-    """The first gradient of the problem's MSE (one SGD step at learning rate 1) of LiteRT's
-    export and of circle-jax, each against float64's (`jax.enable_x64`, the model's apply in
-    float64, scaled by circle-jax's loss over float64's mean square: the loss's reduction):
-    the largest difference over all weights, each over its weight's largest gradient
-    element."""
-    model, xs, y, config, _, _ = problem(name, "sgd", 1)
-    assert config["loss"] == "mse", "the float64 reference is written for MSE"
-    config = dict(config, learning_rate=1.0)
-    _, theirs = _steps(export_training_graph(model, **config), [*xs, y], 1)
-    ours, (first,) = _circle_jax_steps(model, xs, y, 1, config)
+def float64_steps(p: Problem, config: dict | None = None, steps: int = STEPS
+                  ) -> tuple[dict[str, np.ndarray], list[float]]:
+    """circle-jax's training of the problem in float64 (``precision="float64"``)."""
     with jax.enable_x64(True):
-        wide = {k: jax.numpy.asarray(np.asarray(v), np.float64) for k, v in model.params.items()}
-
-        def loss(trained: dict) -> jax.Array:
-            out = model.apply({**wide, **trained}, *(np.asarray(x, np.float64)
-                                                     if x.dtype.kind == "f" else x for x in xs))
-            return jax.numpy.mean((out[0] - y) ** 2)
-
-        value, grads = jax.value_and_grad(loss)({k: wide[k] for k in ours})
-        reduction = first / float(value)
-        exact = {k: np.asarray(g) * reduction for k, g in grads.items()}
-    err_litert = err_ours = 0.0
-    for k, g in exact.items():
-        w0, scale = np.asarray(model.params[k], np.float64), max(float(np.max(np.abs(g))), 1e-30)
-        err_litert = max(err_litert, float(np.max(np.abs(w0 - theirs[k] - g))) / scale)
-        err_ours = max(err_ours, float(np.max(np.abs(w0 - ours[k] - g))) / scale)
-    return err_litert, err_ours
+        return _circle_jax_steps(p.model, p.inputs, p.targets, steps,
+                                 dict(config or p.config, precision="float64"),
+                                 fit_can_slice=False)
 
 
 EXPORTING = [n for n in model_zoo.all_models() + TORCH if n not in REFUSED and n not in SKIPPED]
@@ -174,18 +160,38 @@ EXPORTING = [n for n in model_zoo.all_models() + TORCH if n not in REFUSED and n
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
 @pytest.mark.parametrize("name", EXPORTING)
 def test_litert_trains_every_exported_step_as_circle_jax_does(name: str, optimizer: str) -> None:
-    dl, dw, worst = agreement(name, optimizer)
-    bound_l, bound_w = DRIFT.get((name, optimizer), (TOLERANCE, TOLERANCE))
-    assert dl <= bound_l, f"losses {dl:.1e} apart"
-    assert dw <= bound_w, f"{worst} {dw:.1e} apart"
+    p = problem(name, optimizer)
+    losses, state = _steps(export_training_graph(p.model, **p.config), [*p.inputs, p.targets],
+                           STEPS, builtin_kernels=True)
+    d = distance(losses, state, p.losses, p.params)
+    assert d.losses <= TOLERANCE, f"losses {d.losses:.1e} apart"
+    if d.weights > TOLERANCE:
+        wide_params, wide_losses = float64_steps(p)
+        theirs = distance(losses, state, wide_losses, wide_params).weights
+        ours = distance(p.losses, p.params, wide_losses, wide_params).weights
+        assert theirs <= FLOAT64_RATIO * ours, (
+            f"{d.worst} {d.weights:.1e} apart; from float64 training: LiteRT {theirs:.1e}, "
+            f"circle-jax {ours:.1e}")
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted({n for n, _ in DRIFT}))
-def test_a_drifting_models_exported_gradient_is_as_near_float64_as_circle_jaxs(name: str
-                                                                               ) -> None:
-    """Where the trajectories part by more than the tolerance (``DRIFT``), the parting is
-    float32 rounding both sides share: the export's first gradient is no further from
-    float64's than 3 times circle-jax's is (plus 1e-6)."""
-    err_litert, err_ours = gradient_errors(name)
-    assert err_litert <= 3 * err_ours + 1e-6, (err_litert, err_ours)
+@pytest.mark.parametrize("name", EXPORTING)
+def test_litert_default_kernels_take_a_gradient_as_near_float64_as_circle_jax(name: str
+                                                                              ) -> None:
+    """One SGD step at learning rate 1 (the first gradient) on LiteRT's default kernels
+    (XNNPACK), on circle-jax's and in float64: over all weights, each difference from
+    float64's over its weight's largest gradient element, LiteRT's no more than 3 times
+    circle-jax's (plus 1e-6)."""
+    p = problem(name, "sgd", 1)
+    config = dict(p.config, learning_rate=1.0)
+    _, theirs = _steps(export_training_graph(p.model, **config), [*p.inputs, p.targets], 1)
+    ours, _ = _circle_jax_steps(p.model, p.inputs, p.targets, 1, config, fit_can_slice=False)
+    wide, _ = float64_steps(p, config, 1)
+    err_litert = err_ours = 0.0
+    for k, w in wide.items():
+        w0 = np.asarray(p.model.params[k], np.float64)
+        g = w0 - np.asarray(w, np.float64)
+        scale = max(float(np.max(np.abs(g))), 1e-30)
+        err_litert = max(err_litert, float(np.max(np.abs(w0 - theirs[k] - g))) / scale)
+        err_ours = max(err_ours, float(np.max(np.abs(w0 - ours[k] - g))) / scale)
+    assert err_litert <= FLOAT64_RATIO * err_ours + 1e-6, (err_litert, err_ours)
