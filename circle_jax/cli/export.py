@@ -44,13 +44,29 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--batch_size", type=int, metavar="N",
                    help="samples per step, the graph's batch (default: the model's circle+ "
                    "value, else 32)")
+    g.add_argument("--input_shapes", type=_shapes, metavar="SHAPES",
+                   help="each input's shape in the step, batch first, e.g. 1x1760 or "
+                   "8x28x28,8x10 (default: the declared ones at --batch_size; needed where "
+                   "an input's shape is dynamic past the batch)")
     add_step_arguments(g)
     add_selection_arguments(g)
 
 
+def _shapes(text: str) -> list[tuple[int, ...]]:
+    """``--input_shapes``: shapes separated by commas, dimensions by ``x``."""
+    try:
+        shapes = [tuple(int(d) for d in s.split("x")) for s in text.split(",")]
+    except ValueError:
+        shapes = []
+    if not shapes or any(d <= 0 for s in shapes for d in s):
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected shapes such as 1x1760 or 8x28x28,8x10 (positive sizes)")
+    return shapes
+
+
 _STEP_FLAGS = ("batch_size", "learning_rate", "loss", "loss_reduction_type", "optimizer",
                "num_of_trainable_ops", "trainable", "from_logits", "loss_output", "beta1",
-               "beta2", "epsilon", "weight_decay", "momentum", "ignore_index")
+               "beta2", "epsilon", "weight_decay", "momentum", "ignore_index", "input_shapes")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -104,7 +120,8 @@ def _training_graph(args: argparse.Namespace, model: Any, params: Mapping[str, A
     for flag, fmt in (("--tflite", "tflite"), ("--circle", "circle")):
         if outputs[flag]:
             done = export_training_graph(model, config, params=params,
-                                         packaging=args.training_graph, file_format=fmt)
+                                         packaging=args.training_graph, file_format=fmt,
+                                         input_shapes=args.input_shapes)
             files[outputs[flag]] = done.model
             if args.wof:
                 files[args.wof] = done.wof

@@ -326,9 +326,8 @@ def check_inputs(model: ir.Model, inputs: Sequence[Any]) -> None:
     declared = [main.tensors[i] for i in main.inputs]
     check_input_count(len(declared), len(inputs))
     for t, x in zip(declared, inputs, strict=True):
-        given, free = tuple(np.shape(x)), t.shape_signature or ()
-        fixed = [k for k in range(1, len(t.shape)) if not (k < len(free) and free[k] < 0)]
-        if len(given) != len(t.shape) or any(given[k] != t.shape[k] for k in fixed):
+        given = tuple(np.shape(x))
+        if not takes_samples(t, given):
             want = ", ".join(["N", *map(str, t.shape[1:])] if t.shape else [])
             raise DataError(f"input {t.name!r}: an array of shape {list(given)}, the model "
                             f"expects [{want}] (N samples on axis 0)")
@@ -337,6 +336,15 @@ def check_inputs(model: ir.Model, inputs: Sequence[Any]) -> None:
                                                                                 np.inexact):
             raise DataError(f"input {t.name!r}: {dtype} data, the model expects {t.dtype} "
                             "(integers: convert them yourself, circle-jax does not round)")
+
+
+def takes_samples(t: ir.Tensor, given: Sequence[int]) -> bool:
+    """Whether input ``t`` takes an array of shape ``given``: its rank, and its declared size
+    on each axis past 0 but those its shape signature leaves free (-1)."""
+    free = t.shape_signature or ()
+    return len(given) == len(t.shape) and all(
+        given[k] == t.shape[k] for k in range(1, len(t.shape))
+        if not (k < len(free) and free[k] < 0))
 
 
 def check_input_count(declared: int, given: int) -> None:

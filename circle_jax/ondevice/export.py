@@ -19,6 +19,11 @@ a runtime trains by feeding each step's new state into the next. The ``.wof`` ho
 initial state (buffer k = tensor k of subgraph 0: the state inputs' values, no buffer for
 the other tensors).
 
+A model of several signatures exports the step of its main one (subgraph 0, or the one
+``load(signature=...)`` picked): the subgraphs it never runs are dropped, and the weights
+only they read take no gradient from that step (``fit`` leaves them as they are) and are
+not in the file.
+
 A model whose subgraph 0 holds STABLEHLO_COMPOSITE operators is exported with their
 decompositions inlined, its loops of a static trip count (a converted Keras RNN's WHILE)
 and its plain LSTM layers unrolled into their iterations (`exportable`): those builtin
@@ -34,7 +39,7 @@ follow the batch at a batch size other than its declared one.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -50,7 +55,7 @@ from ..optim import hyperparameters, optimizer_name
 from ..passes.composite import COMPOSITE, inline_composites
 from ..passes.loops import unroll_static_whiles
 from ..passes.recurrent import LSTM, unroll_lstms
-from ..passes.signature import keep_reachable
+from ..passes.signature import keep_reachable, reachable
 from ..passes.training_graph import (
     LossSpec,
     OptimizerSpec,
@@ -83,18 +88,23 @@ class TrainingExport:
 def export_training_graph(model: Model, config: TrainConfig | None = None, *,
                           params: Mapping[str, Any] | None = None,
                           packaging: str = "functional", file_format: str = "tflite",
+                          input_shapes: Sequence[Sequence[int]] | None = None,
                           **overrides: Any) -> TrainingExport:
     """``model``'s training step as builtin operators (module docstring), its state
     initialised from ``params`` (default: the model's). ``config`` with ``overrides``
     (`TrainConfig` fields: ``loss``, ``optimizer``, ``learning_rate``, ``batch_size``,
     ``trainable``, ``reduction``, ``from_logits``, ``loss_output``, ``optimizer_kwargs``,
-    ``numerics``) is resolved as ``fit`` resolves it; ``file_format`` "tflite" or "circle"."""
+    ``numerics``) is resolved as ``fit`` resolves it; ``file_format`` "tflite" or "circle".
+    ``input_shapes``: each input's shape in the step, batch first (default: the declared
+    ones at the batch size); needed where an input's shape signature leaves a dimension
+    past the batch dynamic, whose declared size is a placeholder."""
     if packaging not in PACKAGINGS:
         raise ConfigError(f"unknown training-graph packaging {packaging!r}: expected one of "
                           f"{', '.join(PACKAGINGS)}")
     flat = exportable(model)
     params = {k: np.asarray(v) for k, v in (model.params if params is None else params).items()}
-    step = step_config(flat, config, trainable_of=model, **overrides)
+    step = step_config(flat, config, trainable_of=model, input_shapes=input_shapes,
+                       **overrides)
     model = flat
     built = functional_step(model.ir, step, params)
     if packaging == "signatures":
@@ -122,16 +132,19 @@ def exportable(model: Model) -> Model:
     """The model the step is built from: ``model`` with subgraph 0's composites inlined, its
     loops of a static trip count and its plain LSTM layers unrolled
     (`circle_jax.passes.unroll_static_whiles`, `circle_jax.passes.unroll_lstms`), the
-    subgraphs nothing runs any more dropped (same lowering and numerics); ``model`` itself
-    when there is none."""
-    if not any(op.type in (COMPOSITE, LSTM, "WHILE") for op in model.ir.main.operators):
+    subgraphs subgraph 0 does not run (any more) dropped (same lowering and numerics);
+    ``model`` itself when there is none."""
+    if not any(op.type in (COMPOSITE, LSTM, "WHILE") for op in model.ir.main.operators) \
+            and not _unreached(model):
         return model
     flat = keep_reachable(unroll_lstms(unroll_static_whiles(inline_composites(model.ir))))
     return Model(flat, model.lowering, model.numerics)
 
 
 def step_config(model: Model, config: TrainConfig | None = None, *,
-                trainable_of: Model | None = None, **overrides: Any) -> StepConfig:
+                trainable_of: Model | None = None,
+                input_shapes: Sequence[Sequence[int]] | None = None,
+                **overrides: Any) -> StepConfig:
     """The `StepConfig` of ``model`` trained with ``config`` and ``overrides`` (see
     `export_training_graph`); ConfigError (one line) for what the step cannot take.
     ``trainable_of``: the model whose operators and params the trainable set is chosen
@@ -160,7 +173,8 @@ def step_config(model: Model, config: TrainConfig | None = None, *,
     loss_spec = _loss_spec(loss, reduction.value, num)
     opt_spec = _optimizer_spec(opt, float(cfg.learning_rate), num.optimizer_kwargs,
                                float(cfg.batch_size) if num.sum_gradients else 1.0)
-    names = select_trainable(trainable_of or model, cfg.trainable)
+    chosen_from = trainable_of or model
+    names = select_trainable(chosen_from, cfg.trainable) - _unreached(chosen_from)
     if not names:
         raise ConfigError("nothing trains: the trainable set is empty (expected "
                           "--num_of_trainable_ops -1 or N > 0, or params named)")
@@ -172,7 +186,14 @@ def step_config(model: Model, config: TrainConfig | None = None, *,
     trainable = tuple((n, keys[n][1]) for n in sorted(names, key=lambda n: keys[n][1]))
     reads = num.logits_of[0] if num.logits_of else model.ir.main.outputs[output]
     return StepConfig(loss_spec, opt_spec, reads, trainable,
-                      _batch_shapes(model, int(cfg.batch_size)))
+                      _batch_shapes(model, int(cfg.batch_size), input_shapes))
+
+
+def _unreached(model: Model) -> frozenset[str]:
+    """The params of the subgraphs subgraph 0 never runs (another signature's): no operator
+    of the step reads them, so they take no gradient (``fit`` leaves them as they are)."""
+    reached = reachable(model.ir, 0)
+    return frozenset(n for n, (k, _) in model.param_keys.items() if k not in reached)
 
 
 def _loss_spec(loss: str, reduction: str, num: Any) -> LossSpec:
@@ -210,15 +231,36 @@ def _optimizer_spec(name: str, lr: float, kwargs: Mapping[str, Any], grad_scale:
                          float(hyper["epsilon"]), placement, grad_scale)
 
 
-def _batch_shapes(model: Model, batch: int) -> dict[int, tuple[int, ...]]:
-    """Every tensor's shape of subgraph 0 at ``batch`` samples (circle-jax's own shape
-    propagation); refused when the graph does not follow the batch."""
+def _batch_shapes(model: Model, batch: int, input_shapes: Sequence[Sequence[int]] | None
+                  ) -> dict[int, tuple[int, ...]]:
+    """Every tensor's shape of subgraph 0 at ``batch`` samples, the inputs of
+    ``input_shapes`` or of their declared shapes past the batch (circle-jax's own shape
+    propagation); refused when the graph does not follow the batch, when an input's shape
+    signature leaves a dimension past the batch dynamic and no shape is given, and when a
+    given shape's rank or batch does not fit."""
     declared = model.inputs[0].shape[0] if model.inputs and model.inputs[0].shape else None
     if batch != declared and model.batch_blocker is not None:
         raise ConfigError(f"batch size {batch}: the graph does not follow the batch "
                           f"({model.batch_blocker}); export at its declared batch {declared}")
-    specs = [jax.ShapeDtypeStruct((batch, *s.shape[1:]), np.dtype(s.dtype))
-             for s in model.inputs]
+    shapes = [(batch, *s.shape[1:]) for s in model.inputs]
+    if input_shapes is None:
+        for s, i in zip(model.inputs, model.ir.main.inputs):
+            signature = model.ir.main.tensors[i].shape_signature or ()
+            if any(d < 0 for d in signature[1:]):
+                raise ConfigError(
+                    f"input {s.name!r} declares {list(s.shape)} for the dynamic shape "
+                    f"{list(signature)}: give its shape in the step (input_shapes, "
+                    "--input_shapes)")
+    else:
+        shapes = [tuple(int(d) for d in s) for s in input_shapes]
+        if len(shapes) != len(model.inputs) or any(
+                len(s) != len(t.shape) or s[0] != batch for s, t in zip(shapes, model.inputs)):
+            raise ConfigError(
+                f"input_shapes {[list(s) for s in shapes]}: expected one shape per input, "
+                f"of the declared ranks {[len(t.shape) for t in model.inputs]}, each of "
+                f"batch {batch}")
+    specs = [jax.ShapeDtypeStruct(shape, np.dtype(s.dtype))
+             for shape, s in zip(shapes, model.inputs)]
     _, tensors = jax.eval_shape(lambda *xs: model.tensors(model.params, *xs), *specs)
     shapes = {i: tuple(t.shape) for i, t in tensors.items()}
     for i, s in zip(model.ir.main.inputs, specs):

@@ -14,7 +14,7 @@ from jax import lax
 
 from ..errors import ConfigError, DataError
 from ..formats.rawdata import check_training_data, lossless_cast
-from ..graph.batching import check_input_count
+from ..graph.batching import check_input_count, takes_samples
 from ..lowering.interpreter import RANGES
 from ..model import Model, TensorSpec
 
@@ -59,17 +59,18 @@ def correct(out: jax.Array, y: jax.Array, ignore_index: int | None = None) -> ja
 
 def as_inputs(model: Model, x: Any) -> tuple[np.ndarray, ...]:
     """``x`` (an array or one per model input) as host arrays of the model's input dtypes
-    (`model_input`), shapes checked (callers move them to the device in one
+    (`model_input`), shapes checked (`takes_samples`; callers move them to the device in one
     `jax.device_put`)."""
     xs = tuple(x) if isinstance(x, (tuple, list)) else (x,)
     check_input_count(len(model.inputs), len(xs))
     out = []
-    for a, spec in zip(xs, model.inputs):
+    main = model.ir.main
+    for a, spec, i in zip(xs, model.inputs, main.inputs):
         a = np.asarray(a)
         if not spec.shape:
             raise DataError(f"input {spec.name!r} is a scalar: the model has no batch axis to "
                             "stack samples on (it runs only at its declared shapes)")
-        if a.shape[1:] != spec.shape[1:]:
+        if not takes_samples(main.tensors[i], a.shape):
             raise DataError(f"input {spec.name!r}: samples of shape {list(a.shape[1:])}, "
                             f"the model expects {list(spec.shape[1:])}")
         out.append(model_input(spec, a, f"input {spec.name!r}", round_floats=True,
@@ -169,21 +170,24 @@ def checked_samples(model: Model, x: Any, y: Any, dtype: Any,
     if ys.shape[0] == 0:
         raise DataError("no samples: expected at least one (samples on axis 0)")
     spec = model.outputs[output]
-    check_targets(y, loss, spec)
+    check_targets(y, loss, spec,
+                  model.ir.main.tensors[model.ir.main.outputs[output]].shape_signature)
     sparse = loss == "sparse_categorical_crossentropy"
     check_training_data(xs, y, spec.shape[-1] if sparse and spec.shape else None,
                         ignore_index, distributions=loss == "categorical_crossentropy")
     return xs, ys
 
 
-def check_targets(y: np.ndarray, loss: str, output: Any) -> None:
+def check_targets(y: np.ndarray, loss: str, output: Any,
+                  signature: Sequence[int] | None = None) -> None:
     """DataError (one line naming both shapes) unless the samples of ``y`` have the shape
     loss ``loss`` needs on ``output`` (a `TensorSpec`, batch on axis 0): the output's
     per-sample shape for mean squared error and categorical crossentropy, that without the
     class axis (or with a trailing 1 there) for sparse labels. Outputs of unknown or no
-    per-sample shape are not checked."""
+    per-sample shape, or whose shape ``signature`` leaves an axis past 0 free (-1: it follows
+    the inputs' shapes), are not checked."""
     per_sample = tuple(output.shape[1:])
-    if not output.shape or any(d < 0 for d in per_sample):
+    if not output.shape or any(d < 0 for d in (*per_sample, *(signature or ())[1:])):
         return
     wanted = [per_sample]
     if loss == "sparse_categorical_crossentropy":

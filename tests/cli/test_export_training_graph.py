@@ -90,3 +90,28 @@ def test_a_new_head_with_momentum_from_the_command_line(tmp_path, capsys) -> Non
     assert out.read_bytes() == same.model and wof.read_bytes() == same.wof
     assert list(same.state) == ["head/weights", "head/bias", "head/weights/momentum",
                                 "head/bias/momentum"]
+
+
+def test_input_shapes_give_a_dynamic_input_its_shape(tmp_path, capsys) -> None:
+    """openWakeWord's melspectrogram declares [1, 1] for a waveform of any length: without
+    ``--input_shapes`` the export names the dynamic input, with it the step takes that shape;
+    a shape of another batch or count is refused, nothing written."""
+    path = shared_model("oww_melspectrogram.tflite")
+    out = tmp_path / "step.tflite"
+    base = ["export", path, "--training_graph", "functional", "--batch_size", "1",
+            "--tflite", str(out)]
+    for extra, message in (([], "'serving_default_input:0' declares [1, 1] for the dynamic "
+                                "shape [-1, -1]: give its shape in the step"),
+                           (["--input_shapes", "2x1760"], "each of batch 1"),
+                           (["--input_shapes", "1x1760,1x3"], "one shape per input"),
+                           (["--input_shapes", "1x-5"], "expected shapes such as 1x1760")):
+        try:
+            assert main(base + extra) != 0
+        except SystemExit as e:  # argparse's usage error
+            assert e.code == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and message in err, err
+        assert not out.exists()
+    assert main(base + ["--input_shapes", "1x1760"]) == 0
+    graph = read_model(out.read_bytes()).main
+    assert graph.tensors[graph.inputs[0]].shape == (1, 1760)

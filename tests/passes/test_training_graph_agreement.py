@@ -35,7 +35,7 @@ at step 6; 4e-7 on the builtin kernels), so the trajectories run on the builtin 
 
 from __future__ import annotations
 
-from typing import NamedTuple
+from typing import Any, NamedTuple
 
 import jax
 import numpy as np
@@ -48,7 +48,6 @@ from tests import model_zoo
 from tests.passes.test_training_graph import _steps
 from tests.passes.test_training_graph_sweep import (
     REFUSED,
-    SKIPPED,
     TORCH,
     model_source,
     sweep_batch,
@@ -70,10 +69,11 @@ class Problem(NamedTuple):
     losses: list[float]  # circle-jax's per step
 
 
-def problem(name: str, optimizer: str, steps: int = STEPS) -> Problem:
-    """The model, its inputs, targets, step configuration and circle-jax's ``steps`` steps
-    (see the module docstring)."""
-    model = cj.load(model_source(name))
+def problem(name: str, optimizer: str, steps: int = STEPS, signature: str | None = None
+            ) -> Problem:
+    """The model (of ``signature``), its inputs, targets, step configuration and
+    circle-jax's ``steps`` steps (see the module docstring)."""
+    model = cj.load(model_source(name), signature=signature)
     batch = sweep_batch(model)
     xs = model_zoo.inputs(model, name, None if model.batch_blocker is not None else batch)
     rng = np.random.default_rng(1)
@@ -130,13 +130,14 @@ class Distance(NamedTuple):
 
 def distance(losses: list[float], params: dict[str, np.ndarray], ref_losses: list[float],
              ref_params: dict[str, np.ndarray]) -> Distance:
-    """How far a run (its per-step losses, its final params) is from a reference run."""
+    """How far a run (its per-step losses, its final params) is from a reference run, over
+    the params both hold."""
     ref = np.asarray(ref_losses, np.float64)
     dl = float(np.max(np.abs(np.asarray(losses, np.float64) - ref)
                       / np.maximum(np.abs(ref), 1e-30)))
     worst, dw = "", 0.0
-    for param, w_ref in ref_params.items():
-        w_ref = np.asarray(w_ref, np.float64)
+    for param in sorted(params.keys() & ref_params.keys()):
+        w_ref = np.asarray(ref_params[param], np.float64)
         d = float(np.max(np.abs(np.asarray(params[param], np.float64) - w_ref))
                   / max(float(np.max(np.abs(w_ref))), 1e-30))
         if d >= dw:
@@ -153,7 +154,21 @@ def float64_steps(p: Problem, config: dict | None = None, steps: int = STEPS
                                  fit_can_slice=False)
 
 
-EXPORTING = [n for n in model_zoo.all_models() + TORCH if n not in REFUSED and n not in SKIPPED]
+def _export(p: Problem, config: dict) -> Any:
+    """The problem's step exported with ``config``, at the shapes of its inputs."""
+    return export_training_graph(p.model, input_shapes=[x.shape for x in p.inputs], **config)
+
+
+def _check_unexported(p: Problem, state: dict[str, np.ndarray]) -> None:
+    """The export's state (weights, then optimizer slots) holds circle-jax's trainable
+    params but those no operator of the step reads (another signature's), which circle-jax
+    leaves as they are."""
+    moved = [k for k in set(p.params) - set(state)
+             if not np.array_equal(p.params[k], p.model.params[k])]
+    assert not moved, f"not in the export, yet trained: {moved}"
+
+
+EXPORTING = [n for n in model_zoo.all_models() + TORCH if n not in REFUSED]
 
 
 @pytest.mark.slow
@@ -161,8 +176,9 @@ EXPORTING = [n for n in model_zoo.all_models() + TORCH if n not in REFUSED and n
 @pytest.mark.parametrize("name", EXPORTING)
 def test_litert_trains_every_exported_step_as_circle_jax_does(name: str, optimizer: str) -> None:
     p = problem(name, optimizer)
-    losses, state = _steps(export_training_graph(p.model, **p.config), [*p.inputs, p.targets],
-                           STEPS, builtin_kernels=True)
+    losses, state = _steps(_export(p, p.config), [*p.inputs, p.targets], STEPS,
+                           builtin_kernels=True)
+    _check_unexported(p, state)
     d = distance(losses, state, p.losses, p.params)
     assert d.losses <= TOLERANCE, f"losses {d.losses:.1e} apart"
     if d.weights > TOLERANCE:
@@ -184,14 +200,31 @@ def test_litert_default_kernels_take_a_gradient_as_near_float64_as_circle_jax(na
     circle-jax's (plus 1e-6)."""
     p = problem(name, "sgd", 1)
     config = dict(p.config, learning_rate=1.0)
-    _, theirs = _steps(export_training_graph(p.model, **config), [*p.inputs, p.targets], 1)
+    _, theirs = _steps(_export(p, config), [*p.inputs, p.targets], 1)
+    _check_unexported(p, theirs)
     ours, _ = _circle_jax_steps(p.model, p.inputs, p.targets, 1, config, fit_can_slice=False)
     wide, _ = float64_steps(p, config, 1)
     err_litert = err_ours = 0.0
-    for k, w in wide.items():
-        w0 = np.asarray(p.model.params[k], np.float64)
+    for k in sorted(theirs.keys() & wide.keys()):
+        w, w0 = wide[k], np.asarray(p.model.params[k], np.float64)
         g = w0 - np.asarray(w, np.float64)
         scale = max(float(np.max(np.abs(g))), 1e-30)
         err_litert = max(err_litert, float(np.max(np.abs(w0 - theirs[k] - g))) / scale)
         err_ours = max(err_ours, float(np.max(np.abs(w0 - ours[k] - g))) / scale)
     assert err_litert <= FLOAT64_RATIO * err_ours + 1e-6, (err_litert, err_ours)
+
+
+@pytest.mark.parametrize("signature", ["signature_1", "signature_2"])
+def test_each_signature_exports_its_own_step(signature: str) -> None:
+    """A model of two signatures (prefill and decode of a KV-cache transformer): the step of
+    the one loaded trains the weights its subgraph reads, as circle-jax does, 3 SGD steps."""
+    p = problem("aeq_toy_transformer_kv_cache_2sig.tflite", "sgd", 3, signature)
+    export = _export(p, p.config)
+    losses, state = _steps(export, [*p.inputs, p.targets], 3, builtin_kernels=True)
+    main = p.model.ir.main
+    read = {n for n, (k, i) in p.model.param_keys.items()
+            if k == 0 and any(i in op.inputs for op in main.operators)}
+    assert set(state) & set(p.model.params) == read & p.model.trainable_params
+    _check_unexported(p, state)
+    d = distance(losses, state, p.losses, p.params)
+    assert d.losses <= TOLERANCE and d.weights <= TOLERANCE, d

@@ -6,7 +6,8 @@ refusals, checked before anything is built): every model exports but those pinne
 against ``fit`` in ``tests/passes/test_training_graph.py``.
 
 The step is configured at batch 2, or at the declared batch where the graph does not follow
-the batch (`Model.batch_blocker`; 1 for a scalar input). About 5 s for the 41 models.
+the batch (`Model.batch_blocker`; 1 for a scalar input), each input of its sample shape
+(`sweep_shapes`). About 5 s for the 42 models.
 """
 
 from __future__ import annotations
@@ -29,11 +30,8 @@ OUTSIDE = "trainable params outside subgraph 0 cannot be exported"
 # What the known models refuse (a substring of the one-line refusal)
 REFUSED = {
     "aeq_bmm.tflite": "nothing trains",  # two runtime inputs, no weight
-    "aeq_toy_transformer_kv_cache_2sig.tflite": OUTSIDE,
     "one_vscode_while_000.circle": OUTSIDE,  # the WHILE body's weight
 }
-# shapes of its own (a waveform of at least 512 samples, `model_zoo.SAMPLE_SHAPES`)
-SKIPPED = {"oww_melspectrogram.tflite"}
 
 
 def model_source(name: str) -> str | bytes:
@@ -48,21 +46,27 @@ def sweep_batch(model: cj.Model) -> int:
     return 2 if model.batch_blocker is None else (declared[0] if declared else 1)
 
 
+def sweep_shapes(model: cj.Model, name: str, batch: int) -> list[tuple[int, ...]]:
+    """Each input's shape in the sweep's step: ``batch`` samples of `model_zoo.sample_shapes`
+    (a model of dynamic input shapes gets its own, `model_zoo.SAMPLE_SHAPES`)."""
+    return [(batch, *s) for s in model_zoo.sample_shapes(model, name)]
+
+
 def _outcome(name: str) -> str:
     """"exports", or the refusal's line."""
     loaded = cj.load(model_source(name))
     model = exportable(loaded)
     batch = sweep_batch(model)
     try:
-        config = step_config(model, batch_size=batch, trainable=-1, trainable_of=loaded)
+        config = step_config(model, batch_size=batch, trainable=-1, trainable_of=loaded,
+                             input_shapes=sweep_shapes(model, name, batch))
     except cj.CircleJaxError as e:
         return str(e)
     missing = unsupported(model.ir, config)
     return f"no rule: {', '.join(missing)}" if missing else "exports"
 
 
-@pytest.mark.parametrize("name", [n for n in model_zoo.all_models() + TORCH
-                                  if n not in SKIPPED])
+@pytest.mark.parametrize("name", model_zoo.all_models() + TORCH)
 def test_every_model_exports_its_step_or_is_pinned(name: str) -> None:
     outcome = _outcome(name)
     if name in REFUSED:

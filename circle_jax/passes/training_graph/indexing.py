@@ -1,12 +1,17 @@
-"""Backward rule of GATHER (``batch_dims`` 0): the cotangent of the params, an embedding
-table among them, from the output's cotangent ``g`` of shape
-``params[:axis] + indices + params[axis+1:]``.
+"""Backward rules of GATHER (``batch_dims`` 0) and GATHER_ND: the cotangent of the params,
+an embedding table among them, from the output's cotangent ``g``.
 
+GATHER: ``g`` has the shape ``params[:axis] + indices + params[axis+1:]``.
 ``g`` is transposed to put the index dimensions first and flattened to one row per index;
 SCATTER_ND adds each row at its index of a zero table with the gathered axis first (an index
 gathered twice gets the sum of its rows), transposed back to the params' layout. The
 indices are int32 or int64 (CAST to int32) and lie in ``[0, params.shape[axis])`` (LiteRT's
 GATHER refuses others). The indices get no cotangent.
+
+GATHER_ND: ``g`` has the shape ``indices[:-1] + params[k:]`` (``k = indices[-1]``), a row of
+``params[k:]`` per index row, as SCATTER_ND takes its updates: SCATTER_ND of ``g`` at the
+indices (CAST to int32) into zeros of the params' shape is the cotangent, rows of repeated
+indices added up.
 """
 
 from __future__ import annotations
@@ -36,10 +41,18 @@ def gather(b: Backward) -> Cotangents:
     return {0: e.transpose(table, back) if axis else table}
 
 
+def gather_nd(b: Backward) -> Cotangents:
+    e = b.e
+    ind = b.x(1)
+    if e.dtype(ind) != "int32":
+        ind = e.op("CAST", [ind], b.shape(1), dtype="int32")
+    return {0: e.scatter_nd(ind, b.grad, b.shape(0))}
+
+
 def _refusal(b: Backward) -> str | None:
     if b.op.options.batch_dims:
         return f"batch_dims {b.op.options.batch_dims} (the rule: 0)"
     return None
 
 
-RULES = {"GATHER": Rule(gather, _refusal)}
+RULES = {"GATHER": Rule(gather, _refusal), "GATHER_ND": Rule(gather_nd)}
