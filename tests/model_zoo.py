@@ -5,7 +5,8 @@ models of tests/toy_models.py.
 
 ``all_models()`` names them (pytest ids); ``load(name)`` loads one once per process (a load
 refusal is returned, not raised); ``inputs(model, name, n)`` makes seeded random inputs of
-``n`` samples; ``LITERT_CANNOT_RUN`` and ``SAMPLE_SHAPES`` are the per-model special cases;
+``n`` samples, ``output_shapes(model, name)`` the outputs' per-sample shapes;
+``LITERT_CANNOT_RUN`` and ``SAMPLE_SHAPES`` are the per-model special cases;
 ``is_large(name)`` sorts a model into the slow tier of the costliest sweeps.
 """
 
@@ -16,6 +17,7 @@ import glob
 import os
 from collections.abc import Callable
 
+import jax
 import numpy as np
 
 import circle_jax as cj
@@ -98,6 +100,15 @@ def load(name: str, lowering: str | None = None) -> cj.Model | cj.CircleJaxError
 def sample_shapes(model: cj.Model, name: str) -> list[tuple[int, ...]]:
     """Each input's per-sample shape (the declared one without dimension 0)."""
     return SAMPLE_SHAPES.get(name, [tuple(s.shape[1:]) for s in model.inputs])
+
+
+def output_shapes(model: cj.Model, name: str) -> list[tuple[int, ...]]:
+    """Each output's per-sample shape: the declared one, or for a model of `SAMPLE_SHAPES`
+    the one a sample of those shapes gives it."""
+    if name not in SAMPLE_SHAPES:
+        return [tuple(s.shape[1:]) for s in model.outputs]
+    outs = jax.eval_shape(model.apply, model.params, *inputs(model, name, 1))
+    return [tuple(o.shape[1:]) for o in outs]
 
 
 def inputs(model: cj.Model, name: str, n: int | None, seed: int = 0) -> list[np.ndarray]:

@@ -66,9 +66,6 @@ REFUSED = {
 # What known models refuse to train on (a training refusal of a model that runs at batch 3).
 TRAIN_REFUSED = {
     **REFUSED,
-    # its declared [1, 1] is a placeholder of [1, -1] (it needs >= 512 samples): the trainer
-    # checks samples against the declared shape
-    "oww_melspectrogram.tflite": "the model expects [1]",
     # a BATCH_MATMUL of its two inputs: no weight at all, nothing to train
     "aeq_bmm.tflite": "the model has no trainable weights",
 }
@@ -216,7 +213,7 @@ def _float16_epoch(model: cj.Model, name: str, batch: int | None) -> tuple[dict,
                                                               jnp.zeros(out.shape)))
         return state.params, new.params, int(m.skipped), float(m.loss)
     xs = model_zoo.inputs(model, name, 2 * batch)
-    y = np.zeros((2 * batch, *model.outputs[0].shape[1:]), np.float32)
+    y = np.zeros((2 * batch, *model_zoo.output_shapes(model, name)[0]), np.float32)
     r = cj.fit(model, xs if len(xs) > 1 else xs[0], y, epochs=1, batch_size=batch, **kw)
     return model.params, r.params, r.history.skipped[0], r.history.loss[0]
 
@@ -240,6 +237,7 @@ def test_one_float16_epoch_at_batch_4_trains_or_refuses(name: str) -> None:
         assert name not in TRAIN_REFUSED, f"{name} trains at batch 4: drop it from REFUSED"
     assert skipped == 0, "float16 gradients not finite at loss scale 1"
     assert math.isfinite(loss), loss
-    assert all(np.isfinite(np.asarray(v)).all() for v in after.values())  # host: no compiles
+    assert all(np.isfinite(np.asarray(v)).all() for k, v in after.items()  # on the host
+               if np.isfinite(np.asarray(before[k])).all())  # (a constant may hold inf)
     assert not after or any(not np.array_equal(before[k], after[k]) for k in after), \
         "no weight changed"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import numbers
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import Any
 
 import jax
@@ -161,7 +162,8 @@ def checked_samples(model: Model, x: Any, y: Any, dtype: Any,
     """(inputs, targets as ``dtype``) from ``x`` (an array or one per input, `as_inputs`)
     and ``y``, or DataError (one line) for sample counts that differ or are 0, NaN or
     infinity, and targets that do not fit loss ``loss`` (a canonical name) on model output
-    ``output`` (`check_targets`)."""
+    ``output`` (`check_targets`; an output whose shape signature leaves an axis past 0 free
+    is checked at the shape one sample of ``x`` gives it)."""
     y = np.asarray(y)  # checked as given (sparse labels keep their own type)
     xs, ys = as_inputs(model, x), y.astype(dtype, copy=False)
     if any(a.shape[0] != ys.shape[0] for a in xs):
@@ -170,24 +172,25 @@ def checked_samples(model: Model, x: Any, y: Any, dtype: Any,
     if ys.shape[0] == 0:
         raise DataError("no samples: expected at least one (samples on axis 0)")
     spec = model.outputs[output]
-    check_targets(y, loss, spec,
-                  model.ir.main.tensors[model.ir.main.outputs[output]].shape_signature)
+    free = model.ir.main.tensors[model.ir.main.outputs[output]].shape_signature or ()
+    if any(d < 0 for d in free[1:]):  # the output's shape follows the inputs': one sample's
+        shape = jax.eval_shape(model.apply, model.params, *(a[:1] for a in xs))[output].shape
+        spec = replace(spec, shape=tuple(shape))
+    check_targets(y, loss, spec)
     sparse = loss == "sparse_categorical_crossentropy"
     check_training_data(xs, y, spec.shape[-1] if sparse and spec.shape else None,
                         ignore_index, distributions=loss == "categorical_crossentropy")
     return xs, ys
 
 
-def check_targets(y: np.ndarray, loss: str, output: Any,
-                  signature: Sequence[int] | None = None) -> None:
+def check_targets(y: np.ndarray, loss: str, output: Any) -> None:
     """DataError (one line naming both shapes) unless the samples of ``y`` have the shape
     loss ``loss`` needs on ``output`` (a `TensorSpec`, batch on axis 0): the output's
     per-sample shape for mean squared error and categorical crossentropy, that without the
     class axis (or with a trailing 1 there) for sparse labels. Outputs of unknown or no
-    per-sample shape, or whose shape ``signature`` leaves an axis past 0 free (-1: it follows
-    the inputs' shapes), are not checked."""
+    per-sample shape are not checked."""
     per_sample = tuple(output.shape[1:])
-    if not output.shape or any(d < 0 for d in (*per_sample, *(signature or ())[1:])):
+    if not output.shape or any(d < 0 for d in per_sample):
         return
     wanted = [per_sample]
     if loss == "sparse_categorical_crossentropy":
