@@ -181,12 +181,22 @@ def step_config(model: Model, config: TrainConfig | None = None, *,
     keys = model.param_keys
     outside = sorted(n for n in names if n not in keys or keys[n][0] != 0)
     if outside:
-        raise ConfigError(f"trainable params outside subgraph 0 cannot be exported (a loop "
-                          f"whose trip count is not static, a branch): {outside}")
+        held = {keys[n][0] for n in outside if n in keys}
+        raise ConfigError(f"{', '.join(_runners(model, held)) or 'another subgraph'} reads "
+                          f"the trainable params {outside}: a loop whose trip count is not "
+                          "static, or a branch, has no backward the step can write")
     trainable = tuple((n, keys[n][1]) for n in sorted(names, key=lambda n: keys[n][1]))
     reads = num.logits_of[0] if num.logits_of else model.ir.main.outputs[output]
     return StepConfig(loss_spec, opt_spec, reads, trainable,
                       _batch_shapes(model, int(cfg.batch_size), input_shapes))
+
+
+def _runners(model: Model, subgraphs: set[int]) -> list[str]:
+    """The operators of subgraph 0 that run any of ``subgraphs``, directly or not."""
+    ir_model = model.ir
+    return [f"{op.type} #{i}" for i, op in enumerate(ir_model.main.operators)
+            if any("subgraph" in name and isinstance(v, int) and 0 < v < len(ir_model.subgraphs)
+                   and reachable(ir_model, v) & subgraphs for name, v in op.options.items())]
 
 
 def _unreached(model: Model) -> frozenset[str]:
