@@ -1,11 +1,14 @@
 """Mutated copies of the real models (tests/fuzz.py's seeded mutator) are either loaded and
 run, or refused with a documented one-line error; never another exception, a crash, more
-than 4 GiB of memory or more than the time limit. A bounded sample runs here; the long
-mode is ``benchmarks/fuzz_long.py`` (its counts are in benchmarks/README.md)."""
+than 4 GiB of memory or more than the time limit. A bounded sample runs in the slow tier
+(``pytest -m slow``); the long mode is ``benchmarks/fuzz_long.py`` (its counts are in
+benchmarks/README.md)."""
 
 from __future__ import annotations
 
 from pathlib import Path
+
+import pytest
 
 from tests import fuzz
 from tests.aeq_files import quantized_path
@@ -27,6 +30,7 @@ def test_mutations_are_deterministic_and_change_the_file() -> None:
     assert sum(fuzz.mutate(data, s) != data for s in range(20)) >= 18
 
 
+@pytest.mark.slow
 def test_mutated_models_load_or_are_refused_in_one_line() -> None:
     bad = [(case, result) for case, result in
            fuzz.run_cases(fuzz.cases(SMALL, PER_MODEL, start=1000), timeout=30)
@@ -43,6 +47,7 @@ def _extra_corpus() -> list[str]:
     return ondevice + [quantized_path(mlp, r) for r in recipes]
 
 
+@pytest.mark.slow
 def test_mutated_resource_and_sub_byte_files_load_or_are_refused_in_one_line() -> None:
     corpus = _extra_corpus()
     assert all(fuzz.judge(Path(p).read_bytes()) in ("ok", "refused") for p in corpus)

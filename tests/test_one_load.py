@@ -130,6 +130,7 @@ def _with_outputs(ir_model: ir.Model, outputs: list[int]) -> ir.Model:
                                         *ir_model.subgraphs[1:]))
 
 
+@pytest.mark.slow
 def test_a_qat_load_lowers_once(counts: Counter) -> None:
     model = cj.load(QAT, qat=True)
     assert model.simulated is not None

@@ -59,6 +59,7 @@ def _train(model: cj.Model, optimizer: str) -> tuple[list[float], float]:
     return [float(v) for v in run.history.loss], float(np.mean(probs.argmax(-1) == labels[n:]))
 
 
+@pytest.mark.slow
 def test_qat_cross_entropy_reads_the_integer_logits() -> None:
     """A QAT model's CCE on its SOFTMAX output is the cross-entropy of the softmax of the
     integer model's logits (the SOFTMAX's input), not of its output's probabilities, which
@@ -84,6 +85,7 @@ def test_qat_cross_entropy_reads_the_integer_logits() -> None:
 
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.slow
 def test_qat_follows_tfmot(optimizer: str) -> None:
     """QAT of tfmot's start file with tfmot's moving ranges: per-epoch losses within
     LOSS_TOLERANCE of tfmot's, test accuracy within ACCURACY_TOLERANCE (module docstring)."""

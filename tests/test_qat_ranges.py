@@ -37,6 +37,7 @@ def _fit(model: cj.Model, n: int = 32, lr: float = 0.05, epochs: int = 1) -> cj.
                   optimizer="sgd", loss="categorical_crossentropy")
 
 
+@pytest.mark.slow
 def test_ema_ranges_move_toward_the_data_and_file_ranges_stay() -> None:
     """One step moves each range by exactly ``(1 - d)`` of the way to the batch's observed
     ``[min(0, lo), max(0, hi)]``; 8 steps take the input's range to the data's; with
@@ -75,6 +76,7 @@ def test_ema_ranges_move_toward_the_data_and_file_ranges_stay() -> None:
 
 
 @pytest.mark.parametrize("name", ["full_int8", "full_int8_float_io", "int16x8"])
+@pytest.mark.slow
 def test_ema_export_runs_in_litert_as_simulated(name: str) -> None:
     """After training with moving ranges, the export holds the moved ranges' parameters,
     and LiteRT computes every operator within 1 step of its grid of the simulation's
@@ -103,6 +105,7 @@ def test_ema_export_runs_in_litert_as_simulated(name: str) -> None:
     print(name, "worst per-operator steps", max(worst.values()))
 
 
+@pytest.mark.slow
 def test_resume_with_moving_ranges_is_bit_identical(tmp_path: Path) -> None:
     """2 epochs == 1 epoch + checkpoint (ranges beside it) + resume 1 epoch: losses,
     weights and ranges bit for bit; without the sidecar the resume is refused in one line."""

@@ -185,6 +185,7 @@ def test_requantized_float_weights_are_the_quantizers(model: str, recipe: str) -
 
 
 @pytest.mark.parametrize("forward", ["integer", "fake_quant"])
+@pytest.mark.slow
 def test_the_layernorm_s_grid_constants_train_on_the_file_s_grid(forward: str) -> None:
     """The LayerNorm's static file trains by QAT (either forward): its ADD / MUL constants
     (epsilon, gamma, beta) move, written on the file's own scale and zero point; LiteRT

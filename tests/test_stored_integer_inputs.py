@@ -53,6 +53,7 @@ def test_fit_dequantizes_stored_integers(options: dict) -> None:
 
 
 @pytest.mark.parametrize("flags", [["--qat", "off"], []], ids=str)  # --dequantize: off's
+@pytest.mark.slow
 def test_cli_training_on_stored_integers_is_training_on_their_real_values(
         tmp_path, flags: list[str]) -> None:
     q = _ints(16)

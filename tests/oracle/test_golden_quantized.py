@@ -42,6 +42,7 @@ def data(tmp_path_factory: pytest.TempPathFactory) -> dict[str, str]:
                                    ["--expected", "y", "--loss", "cce"],
                                    ["--expected", "y", "--loss", "cce", "--qat_forward",
                                     "fake_quant"]])
+@pytest.mark.slow
 def test_int8_data_is_the_stored_integers(data, tmp_path, extra) -> None:
     """input.h5 holds the int8 data given, and the tensors are LiteRT's for those integers
     (the integer kernels of a plain load, which `run` uses too)."""
@@ -83,6 +84,7 @@ def test_the_library_takes_stored_integers_or_real_values() -> None:
 
 @pytest.mark.parametrize("name, dtype", [("ops_full_int8", np.int8),
                                          ("ops_int16x8", np.float32)])
+@pytest.mark.slow
 def test_forward_only_golden_needs_no_qat_load(data, tmp_path, name, dtype) -> None:
     """A MUL reading a quantized constant, which the integer QAT forward cannot re-quantize,
     is no obstacle to forward-only golden (--qat on given or not): every tensor is the plain

@@ -363,6 +363,7 @@ def test_overlays_key_the_files_operators_after_the_dequantize_pass(path, tmp_pa
 
 
 @pytest.mark.parametrize("name", ["full_int8", "full_int8_float_io"])
+@pytest.mark.slow
 def test_forward_golden_overlay_of_an_integer_model_values_every_operator(name, tmp_path):
     """Integer tensors are dequantized with their h5 scale and zero point: every operator
     gets the largest |real value| of its outputs."""

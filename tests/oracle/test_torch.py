@@ -52,6 +52,7 @@ def _fit(model: cj.Model, case: str, key: str) -> list[float]:
 
 
 @pytest.mark.parametrize("case", list(REF["cases"]))
+@pytest.mark.slow
 def test_torch_profile_reproduces_torch(case: str) -> None:
     """``numerics="torch"`` gives torch's per-epoch losses within 2e-4 (measured over all 8
     runs of every case: worst 4.7e-6, mlp, CCE, Adam; float32 summation order). The attention

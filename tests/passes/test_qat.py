@@ -117,6 +117,7 @@ def _litert_reals(model: cj.Model, exported: bytes, x: np.ndarray) -> dict[int, 
 # full_int8 (int8 I/O) and int16x8 (float I/O through QUANTIZE and DEQUANTIZE, a requantizing
 # QUANTIZE inside); full_int8_float_io differs from full_int8 only by its I/O.
 @pytest.mark.parametrize("name", ["full_int8", "int16x8"])
+@pytest.mark.slow
 def test_integer_forward_is_the_exported_model(name: str) -> None:
     """After SGD steps of the integer forward (weights moved: new scales and integers),
     LiteRT on the export computes the simulation's forward: on 8 digits the outputs and

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import replace
 
 import numpy as np
+import pytest
 
 import circle_jax as cj
 from circle_jax.formats.reader import read_model
@@ -19,6 +20,7 @@ from tests.paths import shared_model
 PATH = shared_model("tflm_mnist_lstm_float.tflite")
 
 
+@pytest.mark.slow
 def test_the_unrolled_lstm_computes_what_the_layer_does() -> None:
     """No LSTM left; circle-jax's forward of the unrolled graph equals the layer's at the
     declared batch and at batch 3 (1e-6: the layer computes every step's input projection

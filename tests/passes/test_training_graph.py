@@ -326,6 +326,7 @@ def test_new_heads_and_lora_adapters_export_their_steps() -> None:
         assert weights == set(model.personal_params) - set(model.adapters.values()), options
 
 
+@pytest.mark.slow
 def test_mobilenet_step_takes_fits_gradient_from_the_same_params() -> None:
     """MobileNet v1 0.25/128 at batch 2 (1001 classes, CCE on its probabilities): after 3 of
     fit's Adam steps, one exported SGD step at learning rate 1 from fit's params moves each

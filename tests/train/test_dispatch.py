@@ -6,6 +6,8 @@ import subprocess
 import sys
 import textwrap
 
+import pytest
+
 TRAIN = """
 from circle_jax.examples import branching_cnn, digits
 from circle_jax.train import fit
@@ -21,6 +23,7 @@ def _run(code: str) -> list[str]:
     return out.stdout.strip().splitlines()
 
 
+@pytest.mark.slow
 def test_inline_before_jax_starts_and_same_results():
     *_, setting, inline = _run("import jax\nimport circle_jax as cj\n"
                                "print(cj.inline_cpu_dispatch(), "
