@@ -154,6 +154,25 @@ def test_crossentropy_on_one_unit_or_with_logits_of_a_softmax_is_refused() -> No
     assert cj.Trainer(logits, loss="cce", from_logits=True).numerics.from_logits
 
 
+def test_an_input_dynamic_past_the_batch_takes_samples_of_any_length() -> None:
+    """openWakeWord's melspectrogram declares [1, 1] for [-1, -1]: fit takes 1760-sample
+    waveforms, and checks the targets at the shape such a sample gives the output
+    ([1, 8, 32], where the file declares [1, 1, 32])."""
+    model = cj.load(shared_model("oww_melspectrogram.tflite"))
+    x = np.random.default_rng(0).uniform(-1, 1, (2, 1760)).astype(np.float32)
+    with pytest.raises(DataError, match=r"samples of shape \[1, 1, 32\], but loss "
+                                        r"mean_squared_error .* expects \[1, 8, 32\]") as e:
+        cj.fit(model, x, np.zeros((2, 1, 1, 32), np.float32), loss="mse", epochs=1,
+               batch_size=1)
+    _one_line(e)
+    with pytest.raises(DataError, match=r"samples of shape \[1760, 1\], the model expects "
+                                        r"\[1\]"):
+        cj.fit(model, x[..., None], np.zeros((2, 1, 8, 32)), loss="mse", epochs=1)
+    r = cj.fit(model, x, np.zeros((2, 1, 8, 32), np.float32), loss="mse", epochs=1,
+               batch_size=1, learning_rate=1e-9)
+    assert np.isfinite(r.history.loss[0])
+
+
 def test_targets_that_do_not_fit_the_loss_output_are_refused_naming_both_shapes() -> None:
     model = reshape_mlp()
     x, y = toy_data(8)
