@@ -214,6 +214,75 @@ def test_litert_default_kernels_take_a_gradient_as_near_float64_as_circle_jax(na
     assert err_litert <= FLOAT64_RATIO * err_ours + 1e-6, (err_litert, err_ours)
 
 
+# Models onert's inference session cannot run (its message), the model's own file as well
+# as the exported step: its limits, not the step's
+ONERT_CANNOT = {
+    "aeq_single_conv2d_transpose_bias.tflite": "Invalid number of input tensors",  # bias
+    "mediapipe_face_detection_short_range_fp16w.tflite": "Invalid number of input tensors",
+    "aeq_toy_transformer_kv_cache_2sig.tflite": "Unsupported operation: GATHER_ND",
+    "mediapipe_hand_recrop_fp32.tflite": "NYI for operation 'PReLU'",
+    "keras:embedding.tflite": "Select: unsupported data type",  # int32 SELECT
+}
+
+# onert runs a model's own file once on its declared inputs
+FORWARD_CHILD = """
+import sys, numpy as np
+from onert.native.libnnfw_api_pybind import infer, prepare_config
+data = np.load(sys.argv[2])
+s = infer.nnfw_session(sys.argv[1], "cpu")
+s.set_prepare_config(prepare_config.ENABLE_INTERNAL_OUTPUT_ALLOC)
+s.prepare()
+held = [np.ascontiguousarray(data[f"x{i}"]) for i in range(len(data.files))]
+for i, a in enumerate(held):
+    s.set_input(i, a)
+s.run()
+"""
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("optimizer", ["sgd", "adam"])
+@pytest.mark.parametrize("name", EXPORTING)
+def test_onert_trains_every_exported_step_as_circle_jax_does(tmp_path, name: str,
+                                                              optimizer: str) -> None:
+    """onert's inference session (the wheel's native API, in a child process) runs the
+    step written as .circle 20 times, each step's state fed to the next: the contract of
+    the LiteRT sweep; or, for a model of `ONERT_CANNOT`, onert refuses the step and the
+    model's own file alike, with the same message."""
+    pytest.importorskip("onert")
+    import subprocess
+    import sys
+
+    from tests.ondevice.test_functional_step_in_onert import _onert_run
+
+    p = problem(name, optimizer)
+    export = export_training_graph(p.model, input_shapes=[x.shape for x in p.inputs],
+                                   file_format="circle", **p.config)
+    done = _onert_run(tmp_path, export, [*p.inputs, p.targets], STEPS)
+    if name in ONERT_CANNOT:
+        path = model_source(name)  # a file (onert's loader goes by its extension)
+        np.savez(tmp_path / "x.npz", **{f"x{i}": x for i, x in
+                                        enumerate(model_zoo.inputs(p.model, name, None))})
+        forward = subprocess.run([sys.executable, "-c", FORWARD_CHILD, path,
+                                  str(tmp_path / "x.npz")], capture_output=True, text=True,
+                                 timeout=300)
+        for run in (done, forward):
+            assert run.returncode != 0 and ONERT_CANNOT[name] in run.stderr, run.stderr[-800:]
+        return
+    assert done.returncode == 0, f"onert: rc {done.returncode} {done.stderr[-1500:]}"
+    out = np.load(tmp_path / "out.npz")
+    state = {n: out[f"state{i}"] for i, n in enumerate(export.state)}
+    _check_unexported(p, state)
+    d = distance(list(out["losses"]), state, p.losses, p.params)
+    assert d.losses <= TOLERANCE, f"losses {d.losses:.1e} apart"
+    if d.weights > TOLERANCE:
+        wide_params, wide_losses = float64_steps(p)
+        theirs = distance(list(out["losses"]), state, wide_losses, wide_params).weights
+        ours = distance(p.losses, p.params, wide_losses, wide_params).weights
+        assert theirs <= FLOAT64_RATIO * ours, (
+            f"{d.worst} {d.weights:.1e} apart; from float64 training: onert {theirs:.1e}, "
+            f"circle-jax {ours:.1e}")
+
+
 @pytest.mark.parametrize("signature", ["signature_1", "signature_2"])
 def test_each_signature_exports_its_own_step(signature: str) -> None:
     """A model of two signatures (prefill and decode of a KV-cache transformer): the step of

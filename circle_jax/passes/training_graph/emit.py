@@ -10,6 +10,7 @@ buffers of their own.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -165,6 +166,19 @@ class Emitter:
         batch = np.broadcast_shapes(sa[:-2], sb[:-2])
         return self.op("BATCH_MATMUL", [a, b], (*batch, m, n), {"adjoint_lhs": adj_x,
                                                                  "adjoint_rhs": adj_y})
+
+    def dense(self, a: int, weights: np.ndarray) -> int:
+        """``a @ weights.T`` for ``a`` ``[..., K]`` and constant ``weights`` ``[O, K]``: one
+        FULLY_CONNECTED of ``a``'s rows with a zero bias, reshaped back to ``[..., O]`` (a
+        product every runtime has, where BATCH_MATMUL's broadcasting is not onert's)."""
+        shape, (o, k) = self.shape(a), weights.shape
+        assert shape[-1] == k, (shape, weights.shape)
+        rows = self.reshape(a, (math.prod(shape[:-1]), k))
+        out = self.op("FULLY_CONNECTED", [rows, self.const(weights),
+                                          self.const(np.zeros(o, np.float32))],
+                      (math.prod(shape[:-1]), o), {"fused_activation_function": ir.ACT_NONE,
+                                                   "keep_num_dims": False})
+        return self.reshape(out, (*shape[:-1], o))
 
     def concat(self, parts: Sequence[int], axis: int) -> int:
         """CONCATENATION along ``axis`` (one part: no operator)."""

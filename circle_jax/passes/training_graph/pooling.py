@@ -106,11 +106,8 @@ def max_pool_2d(b: Backward) -> Cotangents:
     top = e.reduce("REDUCE_MAX", windows, [3], keep_dims=True)
     equal = e.mask("EQUAL", windows, top)
     earlier = np.tril(np.ones((t, t), np.float32), -1)  # row u: the taps before tap u
-    flat = e.reshape(equal, (n * c * oh * ow, t))
-    before = e.op("FULLY_CONNECTED", [flat, e.const(earlier), e.const(np.zeros(t, np.float32))],
-                  (n * c * oh * ow, t), {"fused_activation_function": ir.ACT_NONE,
-                                         "keep_num_dims": False})
-    first = e.mul(equal, e.reshape(e.mask("EQUAL", before, e.scalar(0.0)), e.shape(equal)))
+    before = e.dense(equal, earlier)
+    first = e.mul(equal, e.mask("EQUAL", before, e.scalar(0.0)))
     g_rows = e.reshape(e.transpose(gz, (0, 3, 1, 2)), (n * c, oh, ow, 1))
     full = transposed(e, e.mul(first, g_rows), e.const(np.flip(taps, (1, 2)).copy()),
                       (n * c, h, w, 1), (sh, sw), (1, 1), o.padding, flip=False)

@@ -8,8 +8,9 @@ bilinear ``src = (dst + 0.5) * scale - 0.5`` with ``half_pixel_centers``, else
 ``dst * scale``, blending ``lo = max(floor(src), 0)`` and ``hi = min(ceil(src), in - 1)``
 by ``1 - (src - lo)`` and ``src - lo``; nearest ``(dst + offset) * scale``, offset 0.5 with
 ``half_pixel_centers``, rounded half up with ``align_corners`` else floored, clamped to
-``[0, in - 1]``). The input's cotangent is ``Mh^T g Mw``: the cotangent transposed to
-``[N, C, OH, OW]``, two BATCH_MATMULs with the constant matrices, transposed back.
+``[0, in - 1]``). The input's cotangent is ``Mh^T g Mw``: the cotangent's width axis, then
+its height axis, put last and multiplied by the constant matrix (`Emitter.dense`: a
+FULLY_CONNECTED), transposed back.
 """
 
 from __future__ import annotations
@@ -56,10 +57,9 @@ def _resize(bilinear: bool) -> Callable[[Backward], Cotangents]:
         flags = (bool(o.align_corners), bool(o.half_pixel_centers))
         mh = axis_matrix(h, oh, bilinear, *flags)
         mw = axis_matrix(w, ow, bilinear, *flags)
-        g = e.transpose(b.grad, (0, 3, 1, 2))  # [N, C, OH, OW]
-        g = e.matmul(e.const(mh), g, adj_x=True)  # [N, C, H, OW]
-        g = e.matmul(g, e.const(mw))  # [N, C, H, W]
-        return {0: e.transpose(g, (0, 2, 3, 1))}
+        g = e.dense(e.transpose(b.grad, (0, 1, 3, 2)), mw.T.copy())  # [N, OH, C, W]
+        g = e.dense(e.transpose(g, (0, 2, 3, 1)), mh.T.copy())  # [N, C, W, H]
+        return {0: e.transpose(g, (0, 3, 2, 1))}
     return backward
 
 

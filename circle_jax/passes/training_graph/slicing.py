@@ -4,9 +4,12 @@ another, their begins, sizes, strides and paddings constant:
 - SLICE: the cotangent PADded with zeros back to the input's shape (``begin`` before each
   dimension, the rest after).
 - STRIDED_SLICE (begin, end and shrink masks; every stride sign): the elements it selects
-  are known when the graph is built, so the cotangent is SCATTER_ND of its values to their
-  flat positions in the input (numpy's slicing of ``arange`` names them: TFLite's bounds
-  wrap negative values once and clamp, as Python's slices do), reshaped to the input.
+  are known when the graph is built (numpy's slicing of ``arange`` names their flat
+  positions in the input: TFLite's bounds wrap negative values once and clamp, as Python's
+  slices do), each once, so the cotangent is a GATHER from the flat cotangent with a zero
+  appended: each input position takes its element's value, or the zero where none was
+  selected, reshaped to the input (a GATHER of constant indices rather than SCATTER_ND,
+  which onert's and TFLite Micro's kernels lack).
 - PAD / PADV2: the SLICE of the cotangent where the input sits; PADV2's padding value gets
   the sum of the cotangent over the padding (all of it, less the input's part).
 """
@@ -52,9 +55,12 @@ def selected(b: Backward) -> np.ndarray:
 
 def strided_slice(b: Backward) -> Cotangents:
     e, shape = b.e, b.shape(0)
-    positions = selected(b)
-    indices = e.const(positions.reshape(-1, 1), "int32")
-    flat = e.scatter_nd(indices, e.reshape(b.grad, (positions.size,)), (math.prod(shape),))
+    positions = selected(b).reshape(-1)
+    source = np.full(math.prod(shape), positions.size, np.int32)  # the appended zero
+    source[positions] = np.arange(positions.size)
+    values = e.concat([e.reshape(b.grad, (positions.size,)), e.const(np.zeros(1, np.float32))],
+                      0)
+    flat = e.op("GATHER", [values, e.const(source, "int32")], (source.size,), {"axis": 0})
     return {0: e.reshape(flat, shape)}
 
 
