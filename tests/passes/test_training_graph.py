@@ -522,3 +522,25 @@ def test_the_export_stores_each_constant_once(packaging: str) -> None:
         infer = litert.Interpreter(model_content=export.model).get_signature_runner("infer")
         (out,) = infer(flatten_input=x).values()
         np.testing.assert_allclose(out, model.apply(model.params, x)[0], rtol=RTOL, atol=ATOL)
+
+
+def test_every_reshape_of_the_step_takes_its_shape_as_an_input() -> None:
+    """A RESHAPE of one input (its shape in the options only, as MediaPipe's face detector
+    writes them) is written with its shape at the training batch as a second input, which
+    onert's loader wants; LiteRT trains the step as fit does."""
+    b = Builder()
+    x = b.input("x", (1, 2, 3))
+    flat = b.op("RESHAPE", [x], {"new_shape": [1, 6]}, shapes=[(1, 6)])
+    b.output(b.op("FULLY_CONNECTED", [flat, b.constant("w", _normal(4, 6)),
+                                      b.constant("b", _normal(4))]))
+    model = cj.load(b.to_bytes("tflite"))
+    assert len(model.ir.main.operators[0].inputs) == 1
+    export = export_training_graph(model, loss="mse", batch_size=3, learning_rate=0.1)
+    graph = read_model(export.model).main
+    reshapes = [op for op in graph.operators if op.type == "RESHAPE"]
+    assert reshapes and all(len(op.inputs) == 2 and op.inputs[1] >= 0 for op in reshapes)
+    assert graph.tensors[reshapes[0].inputs[1]].data.tolist() == [3, 6]
+    xs, y = _normal(3, 2, 3), _normal(3, 4)
+    losses, _ = _steps(export, [xs, y], 3)
+    ref = cj.fit(model, xs, y, epochs=3, loss="mse", batch_size=3, learning_rate=0.1)
+    np.testing.assert_allclose(losses, ref.history.loss, rtol=1e-5)

@@ -218,7 +218,6 @@ def test_litert_default_kernels_take_a_gradient_as_near_float64_as_circle_jax(na
 # as the exported step: its limits, not the step's
 ONERT_CANNOT = {
     "aeq_single_conv2d_transpose_bias.tflite": "Invalid number of input tensors",  # bias
-    "mediapipe_face_detection_short_range_fp16w.tflite": "Invalid number of input tensors",
     "aeq_toy_transformer_kv_cache_2sig.tflite": "Unsupported operation: GATHER_ND",
     "mediapipe_hand_recrop_fp32.tflite": "NYI for operation 'PReLU'",
     "keras:embedding.tflite": "Select: unsupported data type",  # int32 SELECT

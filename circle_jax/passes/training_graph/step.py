@@ -153,7 +153,8 @@ def _detached(sg: ir.Subgraph) -> ir.Subgraph:
 
 def _rebatched(e: Emitter, op: ir.Operator) -> ir.Operator:
     """``op`` renumbered; a RESHAPE or TRANSPOSE_CONV asks for its output's shape at the
-    training batch."""
+    training batch, a RESHAPE always as its shape input too (onert's loader refuses a
+    RESHAPE of one input)."""
     out = e.shape(op.outputs[0])
     inputs = list(op.inputs)
     if op.type == "TRANSPOSE_CONV":
@@ -161,8 +162,7 @@ def _rebatched(e: Emitter, op: ir.Operator) -> ir.Operator:
         return replace(op, inputs=tuple(inputs))
     if op.type != "RESHAPE":
         return op
-    if len(inputs) > 1 and inputs[1] >= 0:
-        inputs[1] = e.const(out, "int32")
+    inputs = [inputs[0], e.const(out, "int32")]
     options = dict(op.options)
     if "new_shape" in options:
         options["new_shape"] = out
