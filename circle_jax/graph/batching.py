@@ -338,13 +338,18 @@ def check_inputs(model: ir.Model, inputs: Sequence[Any]) -> None:
                             "(integers: convert them yourself, circle-jax does not round)")
 
 
+def free_axes(t: ir.Tensor) -> set[int]:
+    """The axes past 0 that ``t``'s shape signature leaves free (-1): its declared size
+    there is a placeholder."""
+    return {k for k, d in enumerate(t.shape_signature or ()) if k > 0 and d < 0}
+
+
 def takes_samples(t: ir.Tensor, given: Sequence[int]) -> bool:
     """Whether input ``t`` takes an array of shape ``given``: its rank, and its declared size
-    on each axis past 0 but those its shape signature leaves free (-1)."""
-    free = t.shape_signature or ()
+    on each axis past 0 but its `free_axes`."""
+    free = free_axes(t)
     return len(given) == len(t.shape) and all(
-        given[k] == t.shape[k] for k in range(1, len(t.shape))
-        if not (k < len(free) and free[k] < 0))
+        given[k] == t.shape[k] for k in range(1, len(t.shape)) if k not in free)
 
 
 def check_input_count(declared: int, given: int) -> None:

@@ -49,13 +49,14 @@ import numpy as np
 from ..errors import ConfigError
 from ..formats.wof import encode_wof
 from ..formats.writer import write_model
+from ..graph.batching import free_axes
 from ..losses import get_clip, loss_name
 from ..model import Model
 from ..optim import hyperparameters, optimizer_name
 from ..passes.composite import COMPOSITE, inline_composites
 from ..passes.loops import unroll_static_whiles
 from ..passes.recurrent import LSTM, unroll_lstms
-from ..passes.signature import keep_reachable, reachable
+from ..passes.signature import keep_reachable, reachable, runs
 from ..passes.training_graph import (
     LossSpec,
     OptimizerSpec,
@@ -193,10 +194,8 @@ def step_config(model: Model, config: TrainConfig | None = None, *,
 
 def _runners(model: Model, subgraphs: set[int]) -> list[str]:
     """The operators of subgraph 0 that run any of ``subgraphs``, directly or not."""
-    ir_model = model.ir
-    return [f"{op.type} #{i}" for i, op in enumerate(ir_model.main.operators)
-            if any("subgraph" in name and isinstance(v, int) and 0 < v < len(ir_model.subgraphs)
-                   and reachable(ir_model, v) & subgraphs for name, v in op.options.items())]
+    return [f"{op.type} #{i}" for i, op in enumerate(model.ir.main.operators)
+            if any(reachable(model.ir, v) & subgraphs for v in runs(model.ir, op))]
 
 
 def _unreached(model: Model) -> frozenset[str]:
@@ -255,11 +254,11 @@ def _batch_shapes(model: Model, batch: int, input_shapes: Sequence[Sequence[int]
     shapes = [(batch, *s.shape[1:]) for s in model.inputs]
     if input_shapes is None:
         for s, i in zip(model.inputs, model.ir.main.inputs):
-            signature = model.ir.main.tensors[i].shape_signature or ()
-            if any(d < 0 for d in signature[1:]):
+            t = model.ir.main.tensors[i]
+            if free_axes(t):
                 raise ConfigError(
                     f"input {s.name!r} declares {list(s.shape)} for the dynamic shape "
-                    f"{list(signature)}: give its shape in the step (input_shapes, "
+                    f"{list(t.shape_signature)}: give its shape in the step (input_shapes, "
                     "--input_shapes)")
     else:
         shapes = [tuple(int(d) for d in s) for s in input_shapes]

@@ -93,9 +93,14 @@ def reachable(model: ir.Model, k: int) -> set[int]:
     reached, todo = {k}, [k]
     while todo:
         for op in model.subgraphs[todo.pop()].operators:
-            for name, v in op.options.items():
-                if "subgraph" in name and isinstance(v, int) and 0 <= v < len(model.subgraphs) \
-                        and v not in reached:
+            for v in runs(model, op):
+                if v not in reached:
                     reached.add(v)
                     todo.append(v)
     return reached
+
+
+def runs(model: ir.Model, op: ir.Operator) -> list[int]:
+    """The subgraphs ``op`` runs itself (options naming a subgraph of ``model``)."""
+    return [v for name, v in op.options.items()
+            if "subgraph" in name and isinstance(v, int) and 0 <= v < len(model.subgraphs)]

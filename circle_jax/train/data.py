@@ -15,7 +15,7 @@ from jax import lax
 
 from ..errors import ConfigError, DataError
 from ..formats.rawdata import check_training_data, lossless_cast
-from ..graph.batching import check_input_count, takes_samples
+from ..graph.batching import check_input_count, free_axes, takes_samples
 from ..lowering.interpreter import RANGES
 from ..model import Model, TensorSpec
 
@@ -172,8 +172,7 @@ def checked_samples(model: Model, x: Any, y: Any, dtype: Any,
     if ys.shape[0] == 0:
         raise DataError("no samples: expected at least one (samples on axis 0)")
     spec = model.outputs[output]
-    free = model.ir.main.tensors[model.ir.main.outputs[output]].shape_signature or ()
-    if any(d < 0 for d in free[1:]):  # the output's shape follows the inputs': one sample's
+    if free_axes(model.ir.main.tensors[model.ir.main.outputs[output]]):  # one sample's shape
         shape = jax.eval_shape(model.apply, model.params, *(a[:1] for a in xs))[output].shape
         spec = replace(spec, shape=tuple(shape))
     check_targets(y, loss, spec)

@@ -154,6 +154,21 @@ def float64_steps(p: Problem, config: dict | None = None, steps: int = STEPS
                                  fit_can_slice=False)
 
 
+def _assert_trains_as_circle_jax(p: Problem, losses: list[float],
+                                 state: dict[str, np.ndarray], runtime: str) -> None:
+    """The sweep's contract (module docstring) on a runtime's 20 steps of the problem."""
+    _check_unexported(p, state)
+    d = distance(losses, state, p.losses, p.params)
+    assert d.losses <= TOLERANCE, f"losses {d.losses:.1e} apart"
+    if d.weights > TOLERANCE:
+        wide_params, wide_losses = float64_steps(p)
+        theirs = distance(losses, state, wide_losses, wide_params).weights
+        ours = distance(p.losses, p.params, wide_losses, wide_params).weights
+        assert theirs <= FLOAT64_RATIO * ours, (
+            f"{d.worst} {d.weights:.1e} apart; from float64 training: {runtime} "
+            f"{theirs:.1e}, circle-jax {ours:.1e}")
+
+
 def _export(p: Problem, config: dict) -> Any:
     """The problem's step exported with ``config``, at the shapes of its inputs."""
     return export_training_graph(p.model, input_shapes=[x.shape for x in p.inputs], **config)
@@ -178,16 +193,7 @@ def test_litert_trains_every_exported_step_as_circle_jax_does(name: str, optimiz
     p = problem(name, optimizer)
     losses, state = _steps(_export(p, p.config), [*p.inputs, p.targets], STEPS,
                            builtin_kernels=True)
-    _check_unexported(p, state)
-    d = distance(losses, state, p.losses, p.params)
-    assert d.losses <= TOLERANCE, f"losses {d.losses:.1e} apart"
-    if d.weights > TOLERANCE:
-        wide_params, wide_losses = float64_steps(p)
-        theirs = distance(losses, state, wide_losses, wide_params).weights
-        ours = distance(p.losses, p.params, wide_losses, wide_params).weights
-        assert theirs <= FLOAT64_RATIO * ours, (
-            f"{d.worst} {d.weights:.1e} apart; from float64 training: LiteRT {theirs:.1e}, "
-            f"circle-jax {ours:.1e}")
+    _assert_trains_as_circle_jax(p, losses, state, "LiteRT")
 
 
 @pytest.mark.slow
@@ -270,16 +276,7 @@ def test_onert_trains_every_exported_step_as_circle_jax_does(tmp_path, name: str
     assert done.returncode == 0, f"onert: rc {done.returncode} {done.stderr[-1500:]}"
     out = np.load(tmp_path / "out.npz")
     state = {n: out[f"state{i}"] for i, n in enumerate(export.state)}
-    _check_unexported(p, state)
-    d = distance(list(out["losses"]), state, p.losses, p.params)
-    assert d.losses <= TOLERANCE, f"losses {d.losses:.1e} apart"
-    if d.weights > TOLERANCE:
-        wide_params, wide_losses = float64_steps(p)
-        theirs = distance(list(out["losses"]), state, wide_losses, wide_params).weights
-        ours = distance(p.losses, p.params, wide_losses, wide_params).weights
-        assert theirs <= FLOAT64_RATIO * ours, (
-            f"{d.worst} {d.weights:.1e} apart; from float64 training: onert {theirs:.1e}, "
-            f"circle-jax {ours:.1e}")
+    _assert_trains_as_circle_jax(p, list(out["losses"]), state, "onert")
 
 
 @pytest.mark.parametrize("signature", ["signature_1", "signature_2"])
